@@ -1,0 +1,159 @@
+"""Resolve a tensor operand when an instruction runs: bounds, dynamic offsets, read and write.
+
+A static view becomes a zero-copy ``as_strided`` NumPy view of its storage after a bounds check.
+A scalar dynamic offset moves the start by ``value * row_elems`` (value read now, from SBUF).
+A vector dynamic offset gathers/scatters one row per partition: element ``(w, rest...)`` is
+``offset + index[w] * row_elems + sum(rest * steps[1:])``; the pattern's first step is ignored.
+
+Out-of-bounds handling follows ``oob_mode``: ``"error"`` raises ``OutOfBoundsError``; ``"skip"``
+drops the offending rows (vector) or the whole access (scalar), leaving the destination untouched.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import numpy as np
+from numpy.lib.stride_tricks import as_strided
+
+import access_patterns as aps
+
+from . import context
+from .errors import OutOfBoundsError, ValidationError
+from .tensor import ndarray
+
+
+class Resolved:
+    """An operand ready to read or write; ``row_mask`` marks the rows that take part."""
+
+    def __init__(self, tensor: ndarray, op: str, role: str, offset: int,
+                 indices: Optional[np.ndarray] = None, row_mask: Optional[np.ndarray] = None,
+                 skipped: bool = False):
+        self.tensor, self.op, self.role = tensor, op, role
+        self.offset = offset          # resolved start (static/scalar)
+        self.indices = indices        # flat element indices (vector offsets), shape = tensor.shape
+        self.row_mask = row_mask      # bool (shape[0],) or None = all rows
+        self.skipped = skipped        # scalar offset out of bounds under oob_mode.skip
+
+    shape = property(lambda self: self.tensor.shape)
+    dtype = property(lambda self: self.tensor.dtype)
+    buffer = property(lambda self: self.tensor._storage.buffer)
+
+    @property
+    def indirect(self) -> Optional[str]:
+        dyn = self.tensor._dynamic
+        return dyn.kind if dyn is not None else None
+
+    def _flat(self) -> np.ndarray:
+        return self.tensor._storage.elements(self.tensor.dtype)
+
+    def _strided(self, writeable=False) -> np.ndarray:
+        flat, t = self._flat(), self.tensor
+        itemsize = flat.itemsize
+        base = flat[self.offset:] if self.offset < flat.size else flat[flat.size - 1:]
+        return as_strided(base, t.shape, [s * itemsize for s in t.strides], writeable=writeable)
+
+    def read(self) -> np.ndarray:
+        """The operand's values, shape ``tensor.shape`` (skipped rows hold zeros)."""
+        if self.skipped:
+            return np.zeros(self.shape, self.dtype)
+        if self.indices is not None:
+            idx = self.indices if self.row_mask is None else np.where(
+                self.row_mask.reshape((-1,) + (1,) * (self.indices.ndim - 1)), self.indices, 0)
+            out = self._flat()[idx]
+            if self.row_mask is not None:
+                out[~self.row_mask] = 0
+            return out
+        return self._strided().copy()
+
+    def write(self, values: np.ndarray, row_mask: Optional[np.ndarray] = None) -> None:
+        """Store ``values`` (already of the operand's dtype and shape) in the rows taking part."""
+        if self.skipped:
+            return
+        mask = _and(self.row_mask, row_mask)
+        values = np.broadcast_to(values, self.shape)
+        if self.indices is not None:
+            idx = self.indices if mask is None else self.indices[mask]
+            self._flat()[idx] = values if mask is None else values[mask]
+            return
+        view = self._strided(writeable=True)
+        if mask is None:
+            view[...] = values
+        else:
+            view[mask] = values[mask]
+
+    def pattern(self):
+        t = self.tensor
+        return tuple(zip(t.strides, t.shape))
+
+
+def _and(a, b):
+    if a is None:
+        return b
+    if b is None:
+        return a
+    return a & b
+
+
+def resolve(t, op: str, role: str, oob_mode: str = "error") -> Resolved:
+    """Resolve operand ``role`` of instruction ``op``; raise on out-of-bounds per ``oob_mode``."""
+    if not isinstance(t, ndarray):
+        context.fail(ValidationError, f"expected an nl.ndarray, got {type(t).__name__}",
+                     op=op, operand=role)
+    label = f"{role}={t.name}" if t.name else role
+    dyn = t._dynamic
+    flat_size = t._storage.elements(t.dtype).size
+    ap = aps.AccessPattern.from_strides(t.shape, t.strides, t.offset)
+    if dyn is None:
+        _check_static(ap, flat_size, op, label)
+        return Resolved(t, op, role, t.offset)
+    if dyn.kind == "scalar":
+        value = _scalar_value(dyn.source, op, label)
+        start = t.offset + value * dyn.row_elems
+        lo, hi = ap.with_offset(start).extent
+        if lo < 0 or hi >= flat_size:
+            if oob_mode == "skip":
+                return Resolved(t, op, role, start, skipped=True)
+            context.fail(OutOfBoundsError,
+                         f"scalar_offset={value} moves the access to flat indices [{lo}, {hi}], "
+                         f"tensor has {flat_size} elements", op=op, operand=label)
+        return Resolved(t, op, role, start)
+    rows = _vector_values(dyn.source, op, label)
+    inner = aps.AccessPattern(ap.pattern[1:] or ((0, 1),), 0).indices().reshape(-1)
+    starts = t.offset + rows * dyn.row_elems
+    indices = (starts[:, None] + inner[None, :]).reshape(t.shape)
+    lo_row = starts + inner.min()
+    hi_row = starts + inner.max()
+    ok = (lo_row >= 0) & (hi_row < flat_size)
+    if not ok.all():
+        if oob_mode != "skip":
+            w = int(np.flatnonzero(~ok)[0])
+            context.fail(OutOfBoundsError,
+                         f"vector_offset row {w} = {int(rows[w])} reaches flat indices "
+                         f"[{int(lo_row[w])}, {int(hi_row[w])}], tensor has {flat_size} elements "
+                         f"(out-of-bound indirect access)", op=op, operand=label)
+        return Resolved(t, op, role, t.offset, indices=indices, row_mask=ok)
+    return Resolved(t, op, role, t.offset, indices=indices)
+
+
+def _check_static(ap, flat_size, op, label):
+    try:
+        aps.check_bounds(ap, flat_size)
+    except aps.AccessPatternError as err:
+        context.fail(OutOfBoundsError, str(err), op=op, operand=label)
+
+
+def _scalar_value(source, op, label) -> int:
+    if isinstance(source, (int, np.integer)):
+        return int(source)
+    if hasattr(source, "read_value"):          # a register
+        return int(source.read_value())
+    values = resolve(source, op, "scalar_offset").read().reshape(-1)
+    return int(values[0])
+
+
+def _vector_values(source, op, label) -> np.ndarray:
+    values = resolve(source, op, "vector_offset").read()
+    if values.ndim != 2 or values.shape[1] != 1:
+        values = values.reshape(values.shape[0], -1)[:, :1]
+    return values[:, 0].astype(np.int64)

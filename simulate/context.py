@@ -1,0 +1,66 @@
+"""What the simulator is doing now: target, program id, trace, memory; and error construction."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+from dataclasses import dataclass, field
+from typing import Optional, Tuple
+
+from .targets import Target, get_target
+
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+
+
+@dataclass
+class Launch:
+    """One kernel launch: shared by all its program instances."""
+
+    target: Target
+    grid: Tuple[int, ...] = ()
+    trace: object = None          # simulate.trace.Trace
+    memory: object = None         # simulate.memory.Memory of the running instance
+    shared_hbm: list = field(default_factory=list)   # shared_hbm storages, by allocation order
+    program_id: Tuple[int, ...] = (0,)
+    shared_hbm_cursor: int = 0
+
+
+_current: Optional[Launch] = None
+
+
+def current() -> Launch:
+    """The running launch; outside a kernel, a default one (so tensors can be built in tests)."""
+    global _current
+    if _current is None:
+        from .memory import Memory
+        _current = Launch(target=get_target(), memory=Memory(get_target()))
+    return _current
+
+
+@contextlib.contextmanager
+def running(launch: Launch):
+    global _current
+    saved, _current = _current, launch
+    try:
+        yield launch
+    finally:
+        _current = saved
+
+
+def kernel_location() -> Optional[str]:
+    """``file:line`` of the innermost frame outside this package (the kernel's line)."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        filename = os.path.abspath(frame.f_code.co_filename)
+        if not filename.startswith(_PACKAGE_DIR + os.sep):
+            return f"{os.path.basename(filename)}:{frame.f_lineno}"
+        frame = frame.f_back
+    return None
+
+
+def fail(cls, message: str, op: str = None, operand: str = None):
+    """Raise ``cls(message)`` with the current program id and kernel line."""
+    launch = _current
+    pid = launch.program_id if launch is not None and launch.trace is not None else None
+    raise cls(message, op=op, operand=operand, program_id=pid, location=kernel_location())

@@ -1,0 +1,83 @@
+"""NKI data types as NumPy dtypes (bf16/fp8 from ml_dtypes), casts and uninitialised-memory sentinels.
+
+NKI has no 64-bit types: float64/int64/uint64/complex arrays are refused at kernel launch.
+``tfloat32`` is stored as float32.
+"""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+
+bool_ = np.dtype(np.bool_)
+int8, int16, int32 = np.dtype(np.int8), np.dtype(np.int16), np.dtype(np.int32)
+uint8, uint16, uint32 = np.dtype(np.uint8), np.dtype(np.uint16), np.dtype(np.uint32)
+float16, float32 = np.dtype(np.float16), np.dtype(np.float32)
+bfloat16 = np.dtype(ml_dtypes.bfloat16)
+tfloat32 = np.dtype(np.float32)
+float8_e4m3 = np.dtype(ml_dtypes.float8_e4m3)
+float8_e4m3fn = np.dtype(ml_dtypes.float8_e4m3fn)
+float8_e5m2 = np.dtype(ml_dtypes.float8_e5m2)
+float8_e8m0fnu = np.dtype(ml_dtypes.float8_e8m0fnu)
+
+NKI_DTYPES = {
+    "bool_": bool_, "int8": int8, "int16": int16, "int32": int32, "uint8": uint8,
+    "uint16": uint16, "uint32": uint32, "float16": float16, "float32": float32,
+    "bfloat16": bfloat16, "tfloat32": tfloat32, "float8_e4m3": float8_e4m3,
+    "float8_e4m3fn": float8_e4m3fn, "float8_e5m2": float8_e5m2, "float8_e8m0fnu": float8_e8m0fnu,
+}
+_SUPPORTED = set(NKI_DTYPES.values())
+
+
+def as_dtype(dtype) -> np.dtype:
+    """A NumPy dtype from a dtype, a NumPy type or an NKI name ("bfloat16", "float8_e4m3", ...)."""
+    if isinstance(dtype, str) and dtype in NKI_DTYPES:
+        return NKI_DTYPES[dtype]
+    return np.dtype(dtype)
+
+
+def is_nki_dtype(dtype) -> bool:
+    return np.dtype(dtype) in _SUPPORTED
+
+
+def is_float(dtype) -> bool:
+    dtype = np.dtype(dtype)
+    return dtype.kind == "f" or dtype in (bfloat16, float8_e4m3, float8_e4m3fn, float8_e5m2,
+                                          float8_e8m0fnu)
+
+
+def is_int(dtype) -> bool:
+    return np.dtype(dtype).kind in "iu"
+
+
+def sentinel(dtype):
+    """Fill value of fresh memory: NaN for floats, the most negative (signed) or largest
+    (unsigned) integer, True for bool: values a kernel never produces by accident."""
+    dtype = np.dtype(dtype)
+    if is_float(dtype):
+        return np.array(np.nan, dtype=np.float32).astype(dtype)
+    if dtype == bool_:
+        return True
+    info = np.iinfo(dtype)
+    return info.min if dtype.kind == "i" else info.max
+
+
+def cast(values: np.ndarray, dtype) -> np.ndarray:
+    """Convert as the engines do: through fp32; to integers round half to even and saturate."""
+    dtype = np.dtype(dtype)
+    values = np.asarray(values)
+    if values.dtype == dtype:
+        return values
+    if is_int(dtype):
+        if is_int(values.dtype):
+            info = np.iinfo(dtype)
+            return np.clip(values.astype(np.int64), info.min, info.max).astype(dtype)
+        wide = np.rint(values.astype(np.float64))
+        info = np.iinfo(dtype)
+        wide = np.nan_to_num(wide, nan=0.0, posinf=info.max, neginf=info.min)
+        return np.clip(wide, info.min, info.max).astype(dtype)
+    if dtype == bool_:
+        return values.astype(np.float32) != 0
+    if is_int(values.dtype) and dtype != float32:
+        return values.astype(np.float32).astype(dtype)
+    return values.astype(np.float32).astype(dtype) if values.dtype != float32 else values.astype(dtype)

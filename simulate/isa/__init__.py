@@ -1,0 +1,25 @@
+"""``nki.isa`` in NumPy: Beta 2 names and argument order (``dst`` first), each call returns an
+instruction handle and records a trace event."""
+
+from .. import context as _context
+from ..errors import NkiValidationError
+from .basic import iota, memset, tensor_copy
+from .core import Instruction
+from .dma import dma_copy
+from .enums import dge_mode, engine, matmul_perf_mode, nc_version, oob_mode, reduce_cmd
+
+# Deprecated engine aliases kept by NKI.
+tensor_engine, scalar_engine, gpsimd_engine = engine.tensor, engine.scalar, engine.gpsimd
+vector_engine, dma_engine = engine.vector, engine.dma
+
+
+def get_nc_version() -> nc_version:
+    """NeuronCore version of the selected target."""
+    return nc_version(_context.current().target.nc_version)
+
+
+try:  # compute instructions (matmul, activation, vector ops) live in their own modules
+    from .compute import *  # noqa: F401,F403
+except ImportError as _err:  # pragma: no cover - only while that module is being written
+    if "compute" not in str(_err):
+        raise

@@ -1,0 +1,96 @@
+"""What every instruction shares: operand checks, the trace event, the returned handle."""
+
+from __future__ import annotations
+
+import numpy as np
+
+import access_patterns as aps
+
+from .. import context
+from ..access import Resolved, resolve
+from ..errors import ValidationError
+from ..trace import Operand
+from .enums import ENGINE_NAMES, engine as engine_enum
+
+
+class Instruction:
+    """Handle returned by every ``nisa`` call (``NkiInstruction`` in NKI)."""
+
+    def __init__(self, event):
+        self.event = event
+
+    def depends_on(self, *producers) -> "Instruction":
+        """Scheduling hint; execution here is in program order, so nothing to do."""
+        return self
+
+
+def fail(message: str, op: str, operand: str = None, cls=ValidationError):
+    context.fail(cls, message, op=op, operand=operand)
+
+
+def engine_name(requested, default: str, allowed, op: str) -> str:
+    """The engine an instruction runs on: ``requested`` (nisa.engine) if allowed, else ``default``."""
+    if requested is None or requested == engine_enum.unknown:
+        return default
+    name = ENGINE_NAMES.get(engine_enum(requested))
+    if name not in allowed:
+        fail(f"engine={name} is not one of {allowed}", op, "engine")
+    return name
+
+
+def on_chip(t, op: str, role: str, buffers=("sbuf", "psum")) -> Resolved:
+    """Resolve a compute-engine operand: on chip, <= pmax partitions, legal start partition."""
+    r = resolve(t, op, role)
+    if r.buffer not in buffers:
+        fail(f"operand is in {r.buffer}; this instruction accepts {' or '.join(buffers)}", op, role)
+    if t._dynamic is not None:
+        fail("dynamic offsets are for DMA instructions only", op, role)
+    target = context.current().target
+    parts = t.shape[0]
+    if parts > target.pmax:
+        fail(f"partition dimension {parts} exceeds maximum {target.pmax}", op, role)
+    free = aps.free_size(t._storage.shape)
+    free = aps.reinterpret_count(free, t._storage.dtype, t.dtype)
+    start = t.offset // free if free else 0
+    legal = (0,) if parts > 64 else (0, 64) if parts > 32 else (0, 32, 64, 96)
+    if start not in legal:
+        fail(f"access of {parts} partitions starts at partition {start}; compute engines "
+             f"start such an access at partition {' or '.join(map(str, legal))}", op, role)
+    if t.strides[0] != free and parts > 1:
+        fail(f"partition stride {t.strides[0]} != free size {free}: partitions must be "
+             f"contiguous", op, role)
+    return r
+
+
+def as_2d(values: np.ndarray) -> np.ndarray:
+    """(P, free elements) view of an on-chip operand's values."""
+    return values.reshape(values.shape[0], -1)
+
+
+def same_partitions(op: str, **operands: Resolved) -> int:
+    parts = {role: r.shape[0] for role, r in operands.items()}
+    if len(set(parts.values())) != 1:
+        fail(f"partition counts differ: {parts}", op)
+    return next(iter(parts.values()))
+
+
+def free_elems(r: Resolved) -> int:
+    return int(np.prod(r.shape[1:], dtype=np.int64))
+
+
+def describe(role: str, r: Resolved) -> Operand:
+    t = r.tensor
+    return Operand(role=role, tensor=t.name, buffer=r.buffer, dtype=t.dtype.name,
+                   shape=t.shape, pattern=tuple(zip(t.strides, t.shape)), offset=r.offset,
+                   indirect=r.indirect)
+
+
+def record(op: str, engine: str, operands: dict, name=None, **fields) -> Instruction:
+    """Append an event to the current trace (if any) and return the instruction handle."""
+    launch = context.current()
+    event = None
+    if launch.trace is not None:
+        event = launch.trace.add(op=op, engine=engine, program_id=launch.program_id,
+                                 operands=tuple(describe(k, v) for k, v in operands.items()),
+                                 name=name, **fields)
+    return Instruction(event)

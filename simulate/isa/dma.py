@@ -1,0 +1,98 @@
+"""``nisa.dma_copy``: HBM<->SBUF, HBM<->HBM and SBUF<->SBUF copies, with indirect rows.
+
+Rules modelled: element counts match; PSUM is never a source; a dtype change casts through fp32
+(refused with hwdge); indirect (``vector_offset``) access needs software DGE and, here, a
+NeuronCore-v3+ target; ``hwdge`` needs v3+; ``oob_mode.skip`` leaves the rows of out-of-bounds
+indices untouched. Row ``w`` of an indirect side pairs with row ``w`` (dim 0) of the other side.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+import access_patterns as aps
+
+from .. import context, dtypes
+from ..access import Resolved, resolve
+from ..errors import TargetError
+from .core import fail, record
+from .enums import dge_mode as dge_enum, oob_mode as oob_enum
+
+OP = "dma_copy"
+
+
+def dma_copy(dst, src, priority=None, oob_mode=oob_enum.error, dge_mode=dge_enum.unknown,
+             engine=None, name=None):
+    """``dst = src`` through the DMA engines."""
+    oob = oob_enum(oob_mode).value
+    dge = dge_enum(dge_mode)
+    target = context.current().target
+    d = resolve(dst, OP, "dst", oob)
+    s = resolve(src, OP, "src", oob)
+    if s.buffer == "psum":
+        fail("PSUM cannot be a DMA source (since NKI 0.3.0); evict with tensor_copy first", OP, "src")
+    if d.buffer == "psum":
+        fail("PSUM cannot be a DMA destination; matmul writes PSUM", OP, "dst")
+    if dst.size != src.size:
+        fail(f"element counts differ: dst {dst.shape} has {dst.size}, src {src.shape} has "
+             f"{src.size}", OP)
+    indirect = d.indirect == "vector" or s.indirect == "vector"
+    if indirect and not target.indirect_dma:
+        context.fail(TargetError, f"indirect DMA (vector_offset) is modelled as NeuronCore-v3+ "
+                     f"only; target {target.name} needs one dynamic-offset DMA per row",
+                     op=OP, operand="dst" if d.indirect == "vector" else "src")
+    if dge == dge_enum.hwdge:
+        if not target.hwdge:
+            context.fail(TargetError, f"dge_mode=hwdge needs NeuronCore-v3+, target is "
+                         f"{target.name}", op=OP, operand="dge_mode")
+        if indirect:
+            fail("indirect DMA needs software DGE (dge_mode=swdge), not hwdge", OP, "dge_mode")
+        if dst.dtype != src.dtype:
+            fail(f"hwdge cannot cast {src.dtype.name} -> {dst.dtype.name}", OP, "dge_mode")
+    if priority is not None and target.nc_version < 4:
+        fail("priority is available on NeuronCore-v4 only", OP, "priority")
+    row_mask = _row_mask(d, s)
+    values = s.read()
+    if dst.dtype != src.dtype:
+        values = dtypes.cast(values, dst.dtype)
+    d.write(values.reshape(dst.shape), row_mask=row_mask if s.row_mask is not None else None)
+    moved = _moved_elems(d, s, row_mask)
+    itemsize = dst.dtype.itemsize
+    return record(OP, "dma", {"dst": d, "src": s}, name=name, dma_bytes=moved * itemsize,
+                  dma_runs=_runs(d, s, moved),
+                  details={"dge_mode": dge.value, "oob_mode": oob, "indirect": indirect,
+                           "queue_engine": None if engine is None else str(engine)})
+
+
+def _row_mask(d: Resolved, s: Resolved):
+    mask = s.row_mask if s.row_mask is not None else d.row_mask
+    if s.row_mask is not None and d.shape[0] != s.shape[0]:
+        fail(f"skipped source rows need dst rows to match: dst dim 0 is {d.shape[0]}, src has "
+             f"{s.shape[0]} rows", OP, "dst")
+    return mask
+
+
+def _moved_elems(d, s, mask) -> int:
+    if d.skipped or s.skipped:
+        return 0
+    if mask is None:
+        return d.tensor.size
+    return int(mask.sum()) * (d.tensor.size // max(1, d.shape[0]))
+
+
+def _run_elems(r: Resolved) -> int:
+    t = r.tensor
+    pattern = tuple(zip(t.strides, t.shape))
+    if r.indices is not None:
+        pattern = pattern[1:] or ((1, 1),)
+    return aps.contiguous_run(aps.AccessPattern(pattern, 0))
+
+
+def _runs(d, s, moved: int) -> int:
+    """Contiguous pieces the move splits into (a chunk must be contiguous on both sides)."""
+    if moved == 0:
+        return 0
+    run = min(_run_elems(d), _run_elems(s))
+    while moved % run:
+        run -= 1
+    return moved // run

@@ -1,0 +1,194 @@
+"""Launching kernels: ``nki.jit``, ``kernel[lnc](...)``, ``simulate(kernel)(...)``.
+
+A launch wraps each host array argument as an HBM tensor over the same memory (so kernels that
+write their inputs update them in place), runs every program instance of the grid in order (or
+shuffled) with its own SBUF/PSUM accounting, and returns the kernel's result with tensors turned
+into NumPy arrays (torch tensors when the inputs were torch tensors).
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import itertools
+import random
+from typing import Optional
+
+import numpy as np
+
+from . import context, dtypes
+from .memory import Memory
+from .targets import get_target
+from .tensor import ndarray
+from .trace import Trace
+
+_last_trace: Optional[Trace] = None
+_trace_sinks = []
+
+
+def last_trace() -> Optional[Trace]:
+    """The trace of the most recent launch."""
+    return _last_trace
+
+
+class Kernel:
+    """A kernel function plus launch options. ``kernel(*args)`` runs one program instance;
+    ``kernel[2](*args)`` runs two (LNC=2, ``nl.program_id(0)`` in {0, 1}); ``kernel[4, 2]`` a grid."""
+
+    def __init__(self, fn, grid=(), target=None, shuffle=False, seed=0, **options):
+        if "platform_target" in options:
+            raise ValueError("platform_target= is not accepted by nki.jit since NKI 0.3.0; set "
+                             "NEURON_PLATFORM_TARGET_OVERRIDE or simulate(kernel, target=...)")
+        self.fn, self.grid, self.target = fn, tuple(grid), target
+        self.shuffle, self.seed, self.options = shuffle, seed, options
+        functools.update_wrapper(self, fn)
+
+    def __getitem__(self, grid) -> "Kernel":
+        grid = grid if isinstance(grid, tuple) else (grid,)
+        for g in grid:
+            if not isinstance(g, (int, np.integer)) or g < 1:
+                raise ValueError(f"launch grid {grid} must hold positive integers")
+        return Kernel(self.fn, grid, self.target, self.shuffle, self.seed, **self.options)
+
+    def __call__(self, *args, **kwargs):
+        return launch(self.fn, args, kwargs, grid=self.grid, target=self.target,
+                      shuffle=self.shuffle, seed=self.seed)
+
+
+def jit(fn=None, **options):
+    """``@nki.jit`` / ``@nki.jit(...)``: the function as a launchable ``Kernel``."""
+    if fn is None:
+        return lambda f: Kernel(f, **options)
+    return Kernel(fn, **options)
+
+
+def simulate(kernel, target=None, shuffle=False, seed=0):
+    """``simulate(kernel)(*args)``: run ``kernel`` (jit or plain, maybe ``kernel[lnc]``) on the CPU.
+
+    Args:
+        target: "trn1" | "trn2" | "trn3" (default: $NEURON_PLATFORM_TARGET_OVERRIDE or trn2).
+        shuffle: run program instances in a seeded random order (catches order dependence).
+    """
+    fn = kernel.fn if isinstance(kernel, Kernel) else kernel
+    grid = kernel.grid if isinstance(kernel, Kernel) else ()
+    return Kernel(fn, grid, target, shuffle, seed)
+
+
+def launch(fn, args, kwargs, grid=(), target=None, shuffle=False, seed=0):
+    global _last_trace
+    target = get_target(target)
+    trace = Trace(target)
+    run = context.Launch(target=target, grid=grid, trace=trace)
+    with context.running(run):
+        converter = _Converter()
+        names = _parameter_names(fn, len(args))
+        args = tuple(converter.to_device(a, names[i]) for i, a in enumerate(args))
+        kwargs = {k: converter.to_device(v, k) for k, v in kwargs.items()}
+        instances = list(itertools.product(*map(range, grid))) if grid else [(0,)]
+        if shuffle:
+            random.Random(seed).shuffle(instances)
+        result = None
+        for pid in instances:
+            run.program_id = tuple(pid)
+            run.shared_hbm_cursor = 0
+            run.memory = Memory(target)
+            result = fn(*args, **kwargs)
+            trace.memory_peaks = {
+                "sbuf_bytes_per_partition": max(run.memory.sbuf_peak,
+                                                 trace.memory_peaks.get("sbuf_bytes_per_partition", 0)),
+                "psum_banks": max(run.memory.psum_banks_peak, trace.memory_peaks.get("psum_banks", 0)),
+            }
+        converter.write_back()
+        out = converter.to_host(result)
+    _last_trace = trace
+    for sink in _trace_sinks:
+        sink.append(trace)
+    return out
+
+
+def _parameter_names(fn, count):
+    try:
+        params = list(inspect.signature(fn).parameters)
+    except (TypeError, ValueError):
+        params = []
+    return [params[i] if i < len(params) else f"args[{i}]" for i in range(count)]
+
+
+class _Converter:
+    """Host arrays <-> HBM tensors for one launch."""
+
+    def __init__(self):
+        self.copies = []          # (host array, contiguous copy) to write back after the launch
+        self.torch_like = None
+
+    def to_device(self, value, where: str):
+        if isinstance(value, ndarray):
+            return value
+        if _is_torch(value):
+            self.torch_like = value
+            return self.to_device(_torch_to_numpy(value), where)
+        if isinstance(value, np.ndarray):
+            if not dtypes.is_nki_dtype(value.dtype):
+                raise TypeError(f"{where}: dtype {value.dtype.name} is not an NKI dtype (no 64-bit "
+                                f"or complex types on NeuronCores); convert it on the host")
+            if value.flags.c_contiguous and value.flags.writeable:
+                return ndarray._wrap(value, "shared_hbm", where)
+            copy = np.ascontiguousarray(value)
+            if value.flags.writeable:
+                self.copies.append((value, copy))
+            return ndarray._wrap(copy, "shared_hbm", where)
+        if isinstance(value, tuple):
+            return tuple(self.to_device(v, f"{where}[{i}]") for i, v in enumerate(value))
+        if isinstance(value, list):
+            raise TypeError(f"{where}: list kernel arguments are not allowed; pass a tuple")
+        return value
+
+    def write_back(self):
+        for host, copy in self.copies:
+            host[...] = copy
+
+    def to_host(self, value):
+        if isinstance(value, ndarray):
+            s = value._storage
+            array = s.data.reshape(s.shape).copy()
+            if value.dtype != s.dtype or value.shape != s.shape:
+                from .access import resolve
+                array = resolve(value, "return", "result").read()
+            return _numpy_to_torch(array, self.torch_like) if self.torch_like is not None else array
+        if isinstance(value, tuple):
+            return tuple(self.to_host(v) for v in value)
+        if isinstance(value, list):
+            return [self.to_host(v) for v in value]
+        if isinstance(value, dict):
+            return {k: self.to_host(v) for k, v in value.items()}
+        return value
+
+
+def _is_torch(value) -> bool:
+    return type(value).__module__.startswith("torch") and hasattr(value, "detach")
+
+
+def _torch_to_numpy(t) -> np.ndarray:
+    """A NumPy view of a CPU torch tensor (bf16/fp8 through their bit patterns)."""
+    import torch
+    if t.device.type != "cpu":
+        raise TypeError(f"the simulator runs on CPU tensors; got a tensor on {t.device}")
+    t = t.detach()
+    special = {torch.bfloat16: (torch.int16, dtypes.bfloat16),
+               getattr(torch, "float8_e4m3fn", None): (torch.uint8, dtypes.float8_e4m3fn),
+               getattr(torch, "float8_e5m2", None): (torch.uint8, dtypes.float8_e5m2)}
+    if t.dtype in special:
+        bits, dtype = special[t.dtype]
+        return t.view(bits).numpy().view(dtype)
+    return t.numpy()
+
+
+def _numpy_to_torch(array: np.ndarray, like):
+    import torch
+    mapping = {dtypes.bfloat16: (np.int16, torch.bfloat16),
+               dtypes.float8_e4m3fn: (np.uint8, getattr(torch, "float8_e4m3fn", None)),
+               dtypes.float8_e5m2: (np.uint8, getattr(torch, "float8_e5m2", None))}
+    if array.dtype in mapping:
+        bits, dtype = mapping[array.dtype]
+        return torch.from_numpy(array.view(bits)).view(dtype)
+    return torch.from_numpy(array)

@@ -1,0 +1,90 @@
+"""The instruction trace: one ``Event`` per executed ISA instruction, for the cost model.
+
+Each event records the engine, the program id, every operand's buffer/dtype/shape/pattern and the
+bytes a DMA moved, with the contiguous runs (descriptor-sized pieces) it moved them in.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Optional, Tuple
+
+
+@dataclass(frozen=True)
+class Operand:
+    """One operand of an instruction as the hardware sees it."""
+
+    role: str                     # parameter name: "dst", "src", "data", "stationary", ...
+    tensor: str                   # tensor name (allocation name, or "" when unnamed)
+    buffer: str                   # "sbuf" | "psum" | "private_hbm" | "shared_hbm"
+    dtype: str
+    shape: Tuple[int, ...]
+    pattern: Optional[Tuple[Tuple[int, int], ...]] = None   # ((step, num), ...) in elements
+    offset: int = 0
+    indirect: Optional[str] = None                         # None | "scalar" | "vector"
+
+    @property
+    def itemsize(self) -> int:
+        import numpy as np
+        from . import dtypes
+        return dtypes.as_dtype(self.dtype).itemsize
+
+    @property
+    def nbytes(self) -> int:
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n * self.itemsize
+
+
+@dataclass
+class Event:
+    """One executed instruction."""
+
+    index: int
+    op: str                        # "dma_copy", "nc_matmul", ...
+    engine: str                    # "dma" | "tensor" | "vector" | "scalar" | "gpsimd"
+    program_id: Tuple[int, ...]
+    operands: Tuple[Operand, ...]
+    partitions: int = 0            # compute ops: partitions processed
+    free_elems: int = 0            # compute ops: elements per partition processed
+    dma_bytes: int = 0             # DMA: bytes written to dst (rows skipped by oob_mode.skip excluded)
+    dma_runs: int = 0              # DMA: number of contiguous runs moved (descriptor count model)
+    flops: int = 0                 # TensorE: 2*K*M*N
+    details: dict = field(default_factory=dict)
+    name: Optional[str] = None     # the instruction's ``name=`` label
+
+
+class Trace:
+    """Events of one or more kernel launches, in program order."""
+
+    def __init__(self, target=None):
+        self.target = target
+        self.events = []
+        self.memory_peaks = {}     # {"sbuf_bytes_per_partition": int, "psum_banks": int}
+
+    def add(self, **fields) -> Event:
+        event = Event(index=len(self.events), **fields)
+        self.events.append(event)
+        return event
+
+    def __len__(self):
+        return len(self.events)
+
+    def __iter__(self):
+        return iter(self.events)
+
+    def count_by_engine(self) -> Counter:
+        return Counter(e.engine for e in self.events)
+
+    def count_by_op(self) -> Counter:
+        return Counter(e.op for e in self.events)
+
+    @property
+    def dma_bytes(self) -> int:
+        return sum(e.dma_bytes for e in self.events)
+
+    def summary(self) -> str:
+        ops = ", ".join(f"{op} x{n}" for op, n in sorted(self.count_by_op().items()))
+        return f"{len(self.events)} instructions ({ops}); DMA {self.dma_bytes} bytes"

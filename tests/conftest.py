@@ -1,0 +1,48 @@
+"""Shared fixtures: seeded randomness, simulator targets, and the device switch.
+
+``--device=sim`` (default) runs kernels in the NumPy simulator; ``--device=trn`` runs them through
+the real ``nki`` on a Trainium instance (tests marked ``sim_only`` are skipped there).
+"""
+
+import zlib
+
+import numpy as np
+import pytest
+
+import simulate
+
+SIM_TARGETS = ("trn1", "trn2")
+
+
+def pytest_addoption(parser):
+    parser.addoption("--device", default="sim", choices=("sim", "trn"),
+                     help="sim: NumPy simulator (default); trn: real NKI on Trainium")
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "sim_only: relies on simulator internals (trace, errors)")
+    if config.getoption("--device") == "trn":
+        import os
+        os.environ["NKI_KERNELS_BACKEND"] = "nki"
+
+
+def pytest_collection_modifyitems(config, items):
+    if config.getoption("--device") == "trn":
+        skip = pytest.mark.skip(reason="simulator-only test")
+        for item in items:
+            if "sim_only" in item.keywords:
+                item.add_marker(skip)
+
+
+@pytest.fixture
+def rng(request):
+    """A NumPy generator seeded from the test's name: reproducible and distinct per test."""
+    seed = zlib.crc32(request.node.nodeid.encode())
+    return np.random.default_rng(seed)
+
+
+@pytest.fixture(params=SIM_TARGETS)
+def target(request):
+    """Run the test once per simulated NeuronCore generation (trn1: v2, trn2: v3)."""
+    with simulate.use_target(request.param):
+        yield request.param
