@@ -52,6 +52,8 @@ class Event:
     dma_bytes: int = 0             # DMA: bytes written to dst (rows skipped by oob_mode.skip excluded)
     dma_runs: int = 0              # DMA: number of contiguous runs moved (descriptor count model)
     flops: int = 0                 # TensorE: 2*K*M*N
+    hbm_read_bytes: int = 0        # DMA: bytes read from HBM (src in HBM)
+    hbm_write_bytes: int = 0       # DMA: bytes written to HBM (dst in HBM)
     details: dict = field(default_factory=dict)
     name: Optional[str] = None     # the instruction's ``name=`` label
 
@@ -84,6 +86,11 @@ class Trace:
     @property
     def dma_bytes(self) -> int:
         return sum(e.dma_bytes for e in self.events)
+
+    @property
+    def hbm_bytes(self) -> int:
+        """HBM traffic: bytes DMAs read from plus wrote to HBM."""
+        return sum(e.hbm_read_bytes + e.hbm_write_bytes for e in self.events)
 
     def summary(self) -> str:
         ops = ", ".join(f"{op} x{n}" for op, n in sorted(self.count_by_op().items()))

@@ -58,7 +58,10 @@ def dma_copy(dst, src, priority=None, oob_mode=oob_enum.error, dge_mode=dge_enum
     d.write(values.reshape(dst.shape), row_mask=row_mask if s.row_mask is not None else None)
     moved = _moved_elems(d, s, row_mask)
     itemsize = dst.dtype.itemsize
+    hbm = ("private_hbm", "shared_hbm")
     return record(OP, "dma", {"dst": d, "src": s}, name=name, dma_bytes=moved * itemsize,
+                  hbm_read_bytes=moved * src.dtype.itemsize if s.buffer in hbm else 0,
+                  hbm_write_bytes=moved * itemsize if d.buffer in hbm else 0,
                   dma_runs=_runs(d, s, moved),
                   details={"dge_mode": dge.value, "oob_mode": oob, "indirect": indirect,
                            "queue_engine": None if engine is None else str(engine)})
