@@ -66,10 +66,20 @@ class Resolved:
             return out
         return self._strided().copy()
 
+    def flat_indices(self) -> np.ndarray:
+        """Flat element indices (in the operand's dtype) of every element, shape ``tensor.shape``."""
+        if self.indices is not None:
+            return self.indices
+        t = self.tensor
+        return aps.AccessPattern.from_strides(t.shape, t.strides, self.offset).indices()
+
     def write(self, values: np.ndarray, row_mask: Optional[np.ndarray] = None) -> None:
         """Store ``values`` (already of the operand's dtype and shape) in the rows taking part."""
         if self.skipped:
             return
+        storage = self.tensor._storage
+        if storage.mm_written is not None:          # a non-matmul write ends PSUM accumulation
+            storage.mm_written.reshape(-1)[self.flat_indices().reshape(-1)] = False
         mask = _and(self.row_mask, row_mask)
         values = np.broadcast_to(values, self.shape)
         if self.indices is not None:

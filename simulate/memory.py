@@ -24,7 +24,7 @@ HBM = ("private_hbm", "shared_hbm")
 class Storage:
     """Flat memory of one allocation (or one wrapped host array)."""
 
-    __slots__ = ("data", "shape", "buffer", "name", "address", "__weakref__")
+    __slots__ = ("data", "shape", "buffer", "name", "address", "mm_written", "__weakref__")
 
     def __init__(self, data: np.ndarray, shape, buffer: str, name: str = "", address=None):
         self.data = data            # 1-D, contiguous, of the allocation dtype
@@ -32,6 +32,7 @@ class Storage:
         self.buffer = buffer        # "sbuf" | "psum" | "private_hbm" | "shared_hbm"
         self.name = name
         self.address = address
+        self.mm_written = None      # PSUM: bool per element, True where nc_matmul wrote last
 
     @property
     def dtype(self) -> np.dtype:
