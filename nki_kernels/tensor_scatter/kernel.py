@@ -1,0 +1,101 @@
+"""TensorScatter-24 as an in-place NKI kernel that moves only the update's bytes.
+
+Dimensions:  B batch, O = prod(shape[:axis]) prefixes (O/B per batch), M max_seq, S seq_len,
+             I = prod(shape[axis+1:]) elements after the sequence axis (as 1/2/4-byte words)
+Device view: cache [O, M, I] @ HBM (written in place), update [O, S, I] @ HBM, w [B, 1] int32
+             (write indices, already reduced modulo M in circular mode).
+Paths:
+  linear (all targets): one HBM->HBM DMA per batch; the destination pattern covers the batch's
+      O/B prefixes x S rows x I words and starts at row w[b] through ``scalar_offset``.
+  circular, NeuronCore-v3+ (trn2): rows land at (w[b] + s) mod M, which is not affine in s, so the
+      update is staged in SBUF with s on partitions (<= 128 per tile) and scattered with one
+      indirect DMA (``vector_offset``) per tile; the row index is computed on device
+      (iota + w[b] - M * (iota + w[b] >= M)).
+  circular, NeuronCore-v2 (trn1, no indirect DMA): one HBM->HBM DMA per (batch, s) whose
+      ``scalar_offset`` row (w[b] + s) mod M is computed on device.
+A write that wraps would be two static patterns if w were known at trace time; it is runtime data
+(a device tensor on Trainium), so the split is done per row instead.
+"""
+
+from __future__ import annotations
+
+from nki_kernels.backend import nki, nisa, nl
+
+P_MAX = 128
+SBUF_TILE_BYTES = 64 * 1024          # staging budget per partition for the circular path
+
+
+@nki.jit
+def tensor_scatter_kernel(cache, update, w, batch, circular):
+    """In place: cache[o, (w[b] + s) (mod M), :] = update[o, s, :] for o of batch b = o // (O/B)."""
+    O, M, I = cache.shape
+    S = update.shape[1]
+    per_batch = O // batch
+    if not circular:
+        _linear(cache, update, w, batch, per_batch)
+    elif nisa.get_nc_version() >= 3:
+        _circular_indirect(cache, update, w, batch, per_batch)
+    else:
+        _circular_rows(cache, update, w, batch, per_batch)
+
+
+def _linear(cache, update, w, batch, per_batch):
+    O, M, I = cache.shape
+    S = update.shape[1]
+    for b0 in range(0, batch, P_MAX):
+        nb = min(P_MAX, batch - b0)
+        w_sb = nl.ndarray((nb, 1), nl.int32, buffer=nl.sbuf, name="w_sb")
+        nisa.dma_copy(dst=w_sb, src=w[b0:b0 + nb, :])
+        for b in range(b0, b0 + nb):
+            dst = cache.ap([[M * I, per_batch], [I, S], [1, I]], offset=b * per_batch * M * I,
+                           scalar_offset=w_sb[b - b0:b - b0 + 1, 0:1], indirect_dim=1)
+            src = update.ap([[S * I, per_batch], [I, S], [1, I]], offset=b * per_batch * S * I)
+            nisa.dma_copy(dst=dst, src=src)
+
+
+def _wrapped_rows(idx, w, b, s0, M, rows):
+    """idx[p, 0] = (w[b] + s0 + p) mod M for p < rows, on device (w[b] + s < 2M)."""
+    w_b = nl.ndarray((rows, 1), nl.int32, buffer=nl.sbuf, name="w_b")
+    nisa.dma_copy(dst=w_b, src=w.ap([[0, rows], [1, 1]], offset=b))      # broadcast w[b]
+    nisa.iota(dst=idx, pattern=[[1, 1]], offset=s0, channel_multiplier=1)
+    nisa.tensor_tensor(dst=idx, data1=idx, data2=w_b, op=nl.add)
+    wrap = nl.ndarray((rows, 1), nl.int32, buffer=nl.sbuf, name="wrap")
+    nisa.tensor_scalar(dst=wrap, data=idx, op0=nl.greater_equal, operand0=M,
+                       op1=nl.multiply, operand1=M)
+    nisa.tensor_tensor(dst=idx, data1=idx, data2=wrap, op=nl.subtract)
+
+
+def _circular_indirect(cache, update, w, batch, per_batch):
+    O, M, I = cache.shape
+    S = update.shape[1]
+    rows_view = cache.reshape((O * M, I))
+    chunk = max(1, min(per_batch, SBUF_TILE_BYTES // (I * cache.dtype.itemsize)))
+    for b in range(batch):
+        for s0 in range(0, S, P_MAX):
+            rows = min(P_MAX, S - s0)
+            idx = nl.ndarray((rows, 1), nl.int32, buffer=nl.sbuf, name="row_idx")
+            _wrapped_rows(idx, w, b, s0, M, rows)
+            for o0 in range(0, per_batch, chunk):
+                n = min(chunk, per_batch - o0)
+                o = b * per_batch + o0
+                upd_sb = nl.ndarray((rows, n, I), cache.dtype, buffer=nl.sbuf, name="upd_sb")
+                nisa.dma_copy(dst=upd_sb,
+                              src=update.ap([[I, rows], [S * I, n], [1, I]], offset=(o * S + s0) * I))
+                dst = rows_view.ap([[I, rows], [M * I, n], [1, I]], offset=o * M * I,
+                                   vector_offset=idx, indirect_dim=0)
+                nisa.dma_copy(dst=dst, src=upd_sb)
+
+
+def _circular_rows(cache, update, w, batch, per_batch):
+    O, M, I = cache.shape
+    S = update.shape[1]
+    for b in range(batch):
+        for s0 in range(0, S, P_MAX):
+            rows = min(P_MAX, S - s0)
+            idx = nl.ndarray((rows, 1), nl.int32, buffer=nl.sbuf, name="row_idx")
+            _wrapped_rows(idx, w, b, s0, M, rows)
+            for s in range(s0, s0 + rows):
+                dst = cache.ap([[M * I, per_batch], [1, I]], offset=b * per_batch * M * I,
+                               scalar_offset=idx[s - s0:s - s0 + 1, 0:1], indirect_dim=1)
+                src = update.ap([[S * I, per_batch], [1, I]], offset=(b * per_batch * S + s) * I)
+                nisa.dma_copy(dst=dst, src=src)
