@@ -50,8 +50,10 @@ class Resolved:
     def _strided(self, writeable=False) -> np.ndarray:
         flat, t = self._flat(), self.tensor
         itemsize = flat.itemsize
-        base = flat[self.offset:] if self.offset < flat.size else flat[flat.size - 1:]
-        return as_strided(base, t.shape, [s * itemsize for s in t.strides], writeable=writeable)
+        bits = flat.view(np.dtype(f"u{itemsize}"))      # as_strided cannot take ml_dtypes fp8
+        base = bits[self.offset:] if self.offset < bits.size else bits[bits.size - 1:]
+        view = as_strided(base, t.shape, [s * itemsize for s in t.strides], writeable=writeable)
+        return view.view(flat.dtype)
 
     def read(self) -> np.ndarray:
         """The operand's values, shape ``tensor.shape`` (skipped rows hold zeros)."""

@@ -1,0 +1,80 @@
+"""``append_paged_kv_cache`` (FlashInfer) and ``reshape_and_cache`` (vLLM) over one device kernel."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .checks import check_append_shapes, check_page_table, destination_slots
+from .kernel import SKIP_SLOT, paged_kv_scatter_kernel
+from .layout import CacheGeometry, geometry, row_views
+
+
+def scatter_tokens(append_key, append_value, paged_kv_cache, geo: CacheGeometry, rows, keep=None):
+    """Launch the device kernel for tokens whose first K row is ``rows`` (``keep`` False = skip)."""
+    if append_key.shape[0] == 0:
+        return
+    k_rows, v_rows = row_views(paged_kv_cache, geo)
+    slots = np.where(keep if keep is not None else True, rows, SKIP_SLOT).astype(np.int32)
+    heads, stride = (1, 0) if geo.layout == "NHD" else (geo.num_heads, geo.page_size * geo.head_dim)
+    paged_kv_scatter_kernel(k_rows, v_rows, np.ascontiguousarray(append_key),
+                            np.ascontiguousarray(append_value), slots.reshape(-1, 1),
+                            heads, stride, geo.v_offset)
+
+
+def append_paged_kv_cache(append_key, append_value, batch_indices, positions, paged_kv_cache,
+                          kv_indices, kv_indptr, kv_last_page_len, kv_layout="NHD"):
+    """Append T ragged K/V rows into a paged cache in place (FlashInfer semantics).
+
+    Dimensions:  T appended tokens, B requests, N pages, P page_size, H kv heads, D head_dim
+    Args:
+        append_key, append_value: [T, H, D], the cache's dtype
+        batch_indices, positions: [T] int32: request and position (within the request's sequence,
+            which already counts the appended tokens) of each row; see get_batch_indices_positions
+        paged_kv_cache: [N, 2, P, H, D] (NHD) / [N, 2, H, P, D] (HND), or a (k, v) pair of 4-D
+            [N, P, H, D] / [N, H, P, D]; C-contiguous; written in place
+        kv_indices: [>= kv_indptr[-1]] int32 pages; kv_indptr: [B + 1] int32;
+        kv_last_page_len: [B] int32 in [1, P] (0 for a request with no pages)
+    Semantics:   page = kv_indices[kv_indptr[b] + pos // P], entry = pos % P.
+    Notes:       every index is validated on the host first (nothing is written on bad input);
+        the host then turns (batch, position) into cache rows (as vLLM's slot_mapping) and the
+        device kernel scatters. Computing rows on device from a device-resident page table is the
+        way to skip the host round trip; here validation needs the values on the host anyway.
+    """
+    geo = check_append_shapes(append_key, append_value, batch_indices, positions, paged_kv_cache,
+                              kv_indices, kv_indptr, kv_last_page_len, kv_layout)
+    lens = check_page_table(kv_indices, kv_indptr, kv_last_page_len, geo)
+    pages, entries = destination_slots(batch_indices, positions, kv_indices, kv_indptr, lens, geo)
+    scatter_tokens(append_key, append_value, paged_kv_cache, geo, geo.rows(pages, entries))
+
+
+def reshape_and_cache(key, value, key_cache, value_cache, slot_mapping, kv_layout="NHD"):
+    """vLLM-style write: token t goes to slot_mapping[t] = block * block_size + offset.
+
+    Args:
+        key, value: [T, H, D]; key_cache, value_cache: [N, P, H, D] (NHD) / [N, H, P, D] (HND)
+        slot_mapping: [T] int32 or int64; a negative slot marks a padded token, which is skipped.
+    Raises ValueError for slots >= N * P or two tokens on one slot, before anything is written.
+    """
+    cache = (key_cache, value_cache)
+    geo = geometry(cache, kv_layout)
+    for name, a in (("key", key), ("value", value)):
+        if not isinstance(a, np.ndarray) or a.shape[1:] != (geo.num_heads, geo.head_dim) or a.ndim != 3:
+            raise ValueError(f"{name} shape {getattr(a, 'shape', None)} must be [T, {geo.num_heads}, {geo.head_dim}]")
+        if a.dtype != key_cache.dtype:
+            raise TypeError(f"{name} dtype {a.dtype} must equal the cache dtype {key_cache.dtype}")
+    if key.shape != value.shape:
+        raise ValueError(f"key {key.shape} and value {value.shape} differ")
+    if not isinstance(slot_mapping, np.ndarray) or slot_mapping.dtype not in (np.int32, np.int64):
+        raise TypeError("slot_mapping must be a numpy int32 or int64 array")
+    if slot_mapping.shape != (key.shape[0],):
+        raise ValueError(f"slot_mapping shape {slot_mapping.shape} must be ({key.shape[0]},)")
+    slots = slot_mapping.astype(np.int64)
+    keep = slots >= 0
+    capacity = geo.num_pages * geo.page_size
+    if (slots[keep] >= capacity).any():
+        i = int(np.flatnonzero(keep & (slots >= capacity))[0])
+        raise ValueError(f"slot_mapping[{i}]={slots[i]} exceeds the cache's {capacity} slots")
+    if np.unique(slots[keep]).size != int(keep.sum()):
+        raise ValueError("slot_mapping holds the same slot twice")
+    pages, entries = np.divmod(np.where(keep, slots, 0), geo.page_size)
+    scatter_tokens(key, value, cache, geo, geo.rows(pages, entries), keep)

@@ -1,0 +1,97 @@
+"""Input rules of append_paged_kv_cache, checked on the host before anything is written.
+
+Shape/dtype checks (``check_append_shapes``) are kept apart from the checks on index values
+(``check_page_table``, ``destination_slots``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .layout import CacheGeometry, geometry, split_cache
+
+
+def require_int32_vector(name: str, a, length=None):
+    if not isinstance(a, np.ndarray):
+        raise TypeError(f"{name} must be a numpy int32 array, got {type(a).__name__}")
+    if a.dtype != np.int32:
+        raise TypeError(f"{name} dtype {a.dtype} must be int32 (int64 index arrays are refused, "
+                        f"as in FlashInfer)")
+    if a.ndim != 1:
+        raise ValueError(f"{name} must be 1-D, got shape {a.shape}")
+    if length is not None and a.shape[0] != length:
+        raise ValueError(f"{name} has {a.shape[0]} entries, expected {length}")
+
+
+def check_append_shapes(append_key, append_value, batch_indices, positions, paged_kv_cache,
+                        kv_indices, kv_indptr, kv_last_page_len, kv_layout) -> CacheGeometry:
+    geo = geometry(paged_kv_cache, kv_layout)
+    k_cache = split_cache(paged_kv_cache)[0]
+    for name, a in (("append_key", append_key), ("append_value", append_value)):
+        if not isinstance(a, np.ndarray) or a.ndim != 3:
+            raise ValueError(f"{name} must be a 3-D array [nnz, H, D], got {getattr(a, 'shape', type(a).__name__)}")
+        if a.shape[1:] != (geo.num_heads, geo.head_dim):
+            raise ValueError(f"{name} shape {a.shape} must be [nnz, H={geo.num_heads}, D={geo.head_dim}] "
+                             f"to match the cache")
+        if a.dtype != k_cache.dtype:
+            raise TypeError(f"{name} dtype {a.dtype} must equal the cache dtype {k_cache.dtype}")
+    if append_key.shape != append_value.shape:
+        raise ValueError(f"append_key {append_key.shape} and append_value {append_value.shape} differ")
+    nnz = append_key.shape[0]
+    require_int32_vector("batch_indices", batch_indices, nnz)
+    require_int32_vector("positions", positions, nnz)
+    require_int32_vector("kv_indptr", kv_indptr)
+    if kv_indptr.shape[0] < 1:
+        raise ValueError("kv_indptr must have batch + 1 >= 1 entries")
+    require_int32_vector("kv_last_page_len", kv_last_page_len, kv_indptr.shape[0] - 1)
+    require_int32_vector("kv_indices", kv_indices)
+    return geo
+
+
+def check_page_table(kv_indices, kv_indptr, kv_last_page_len, geo: CacheGeometry) -> np.ndarray:
+    """Validate the CSR page table; returns each request's KV length (int64)."""
+    if kv_indptr[0] != 0:
+        raise ValueError(f"kv_indptr[0]={kv_indptr[0]} must be 0")
+    pages = np.diff(kv_indptr.astype(np.int64))
+    if (pages < 0).any():
+        b = int(np.flatnonzero(pages < 0)[0])
+        raise ValueError(f"kv_indptr must be non-decreasing: kv_indptr[{b + 1}] < kv_indptr[{b}]")
+    if kv_indptr[-1] > kv_indices.shape[0]:
+        raise ValueError(f"kv_indptr[-1]={kv_indptr[-1]} exceeds len(kv_indices)={kv_indices.shape[0]}")
+    used = kv_indices[:kv_indptr[-1]]
+    bad = (used < 0) | (used >= geo.num_pages)
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        raise ValueError(f"kv_indices[{i}]={used[i]} is not a page of the cache (0..{geo.num_pages - 1})")
+    last = kv_last_page_len.astype(np.int64)
+    empty = pages == 0
+    bad = np.where(empty, last != 0, (last < 1) | (last > geo.page_size))
+    if bad.any():
+        b = int(np.flatnonzero(bad)[0])
+        rule = "0 for a request with no pages" if empty[b] else f"in [1, page_size={geo.page_size}]"
+        raise ValueError(f"kv_last_page_len[{b}]={last[b]} must be {rule}")
+    return np.where(empty, 0, (pages - 1) * geo.page_size + last)
+
+
+def destination_slots(batch_indices, positions, kv_indices, kv_indptr, kv_lens, geo: CacheGeometry):
+    """(page, entry) of every appended token, refusing tokens outside what their request owns."""
+    batch = kv_indptr.shape[0] - 1
+    b = batch_indices.astype(np.int64)
+    if ((b < 0) | (b >= batch)).any():
+        i = int(np.flatnonzero((b < 0) | (b >= batch))[0])
+        raise ValueError(f"batch_indices[{i}]={b[i]} is not a request index (0..{batch - 1})")
+    pos = positions.astype(np.int64)
+    bad = (pos < 0) | (pos >= kv_lens[b])
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        raise ValueError(f"positions[{i}]={pos[i]} is outside request {b[i]}'s KV length "
+                         f"{kv_lens[b[i]]} (its pages and kv_last_page_len must already cover "
+                         f"the appended tokens)")
+    flat = kv_indptr[b].astype(np.int64) * geo.page_size + pos
+    pages = kv_indices[flat // geo.page_size].astype(np.int64)
+    entries = flat % geo.page_size
+    slots = pages * geo.page_size + entries
+    if np.unique(slots).size != slots.size:
+        raise ValueError("two appended tokens target the same cache slot (duplicate (batch, position) "
+                         "pairs or pages shared between requests)")
+    return pages, entries

@@ -1,0 +1,105 @@
+"""Host-side page management FlashInfer leaves to users: a page allocator plus the CSR page table.
+
+    cache = PagedKVCache(num_pages=64, page_size=16, num_kv_heads=8, head_dim=128)
+    cache.add_request("a"); cache.add_request("b")
+    cache.append(["a", "b"], keys, values, append_lens=[7, 1])   # reserve pages + kernel write
+    kv_indptr, kv_indices, kv_last_page_len = cache.page_table(["a", "b"])
+    cache.free_request("a")                                       # its pages return to the pool
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .append import append_paged_kv_cache
+from .batch_indices import get_batch_indices_positions
+
+
+class OutOfPages(RuntimeError):
+    """The pool has fewer free pages than a reservation needs (nothing was reserved)."""
+
+
+class PagedKVCache:
+    """A paged KV cache [N, 2, P, H, D] (NHD) / [N, 2, H, P, D] (HND), or a (k, v) pair, with pages
+    allocated per request; the page table it hands out is always consistent with what it stores."""
+
+    def __init__(self, num_pages, page_size, num_kv_heads, head_dim, dtype=np.float32,
+                 kv_layout="NHD", fused=True, fill=0.0):
+        if kv_layout not in ("NHD", "HND"):
+            raise ValueError(f"kv_layout={kv_layout!r} must be 'NHD' or 'HND'")
+        if min(num_pages, page_size, num_kv_heads, head_dim) < 1:
+            raise ValueError("num_pages, page_size, num_kv_heads and head_dim must be >= 1")
+        self.page_size, self.kv_layout = page_size, kv_layout
+        inner = (page_size, num_kv_heads, head_dim) if kv_layout == "NHD" else (num_kv_heads, page_size, head_dim)
+        if fused:
+            self.data = np.full((num_pages, 2) + inner, fill, dtype=dtype)
+        else:
+            self.data = tuple(np.full((num_pages,) + inner, fill, dtype=dtype) for _ in range(2))
+        self._free = list(range(num_pages - 1, -1, -1))        # pop() hands out low pages first
+        self._pages, self._lens = {}, {}
+
+    # -- requests -------------------------------------------------------------------------------
+    def add_request(self, rid):
+        if rid in self._pages:
+            raise KeyError(f"request {rid!r} already exists")
+        self._pages[rid], self._lens[rid] = [], 0
+
+    def free_request(self, rid):
+        """Forget request ``rid`` and return its pages to the pool."""
+        self._free.extend(reversed(self._pages.pop(rid)))
+        del self._lens[rid]
+
+    @property
+    def num_free_pages(self) -> int:
+        return len(self._free)
+
+    def seq_len(self, rid) -> int:
+        return self._lens[rid]
+
+    def pages(self, rid):
+        return list(self._pages[rid])
+
+    def reserve(self, rids, num_new_tokens):
+        """Grow each request by its count of tokens, allocating pages; all or nothing."""
+        counts = np.broadcast_to(np.asarray(num_new_tokens, np.int64), (len(rids),))
+        need = [max(0, -(-(self._lens[r] + int(n)) // self.page_size) - len(self._pages[r]))
+                for r, n in zip(rids, counts)]
+        if sum(need) > len(self._free):
+            raise OutOfPages(f"need {sum(need)} pages, {len(self._free)} free")
+        for r, n, k in zip(rids, counts, need):
+            self._pages[r].extend(self._free.pop() for _ in range(k))
+            self._lens[r] += int(n)
+
+    # -- FlashInfer page table ------------------------------------------------------------------
+    def page_table(self, rids):
+        """(kv_indptr [B+1], kv_indices [total pages], kv_last_page_len [B]) int32 for ``rids``."""
+        counts = [len(self._pages[r]) for r in rids]
+        kv_indptr = np.concatenate([[0], np.cumsum(counts)]).astype(np.int32)
+        kv_indices = np.array([p for r in rids for p in self._pages[r]], np.int32)
+        last = [(self._lens[r] - 1) % self.page_size + 1 if self._lens[r] else 0 for r in rids]
+        return kv_indptr, kv_indices, np.array(last, np.int32)
+
+    def append(self, rids, keys, values, append_lens):
+        """Reserve room and write ragged K/V ([sum(append_lens), H, D]) for requests ``rids``."""
+        append_lens = np.asarray(append_lens, np.int64)
+        if append_lens.shape != (len(rids),) or append_lens.sum() != keys.shape[0]:
+            raise ValueError(f"append_lens {append_lens.tolist()} must give one count per request "
+                             f"summing to {keys.shape[0]} tokens")
+        self.reserve(rids, append_lens)
+        kv_indptr, kv_indices, last = self.page_table(rids)
+        append_indptr = np.concatenate([[0], np.cumsum(append_lens)]).astype(np.int32)
+        seq_lens = np.array([self._lens[r] for r in rids], np.int32)
+        batch, positions = get_batch_indices_positions(append_indptr, seq_lens, keys.shape[0])
+        try:
+            append_paged_kv_cache(keys, values, batch, positions, self.data, kv_indices, kv_indptr,
+                                  last, self.kv_layout)
+        except (ValueError, TypeError):
+            self._rollback(rids, append_lens)
+            raise
+
+    def _rollback(self, rids, append_lens):
+        for r, n in zip(rids, append_lens):
+            self._lens[r] -= int(n)
+            keep = -(-self._lens[r] // self.page_size)
+            self._free.extend(reversed(self._pages[r][keep:]))
+            del self._pages[r][keep:]

@@ -1,0 +1,103 @@
+"""append_paged_kv_cache in the simulator vs the NumPy reference, bit for bit."""
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import simulate
+from nki_kernels.paged_kv_append import (append_paged_kv_cache, append_paged_kv_cache_ref,
+                                         get_batch_indices_positions, reshape_and_cache)
+
+from .conftest import assert_bits_equal, bits
+
+
+def run_both(args):
+    ref = append_paged_kv_cache_ref(*args)
+    append_paged_kv_cache(*args)
+    assert_bits_equal(args[4], ref)
+
+
+def test_flashinfer_example(case, target):
+    # FlashInfer test_page.py: appends [45, 8, 25, 22] into [3, 1, 2, 2] pages of 16,
+    # last_page_len [13, 8, 9, 6] (45 = 2*16 + 13, 25 = 16 + 9, 22 = 16 + 6).
+    args = case([45, 8, 25, 22], [45, 8, 25, 22], 16, 4, 16)
+    assert args[6].tolist() == [0, 3, 4, 6, 8] and args[7].tolist() == [13, 8, 9, 6]
+    run_both(args)
+
+
+GRID = [  # (kv_lens, append_lens, page_size)
+    ([1], [1], 1), ([17], [1], 16), ([16], [16], 16), ([33, 1, 129], [1, 1, 1], 16),
+    ([5, 200, 77], [5, 73, 77], 8), ([128, 129], [64, 2], 128), ([300], [130], 32),
+    ([9, 0, 12], [3, 0, 12], 4), (list(range(1, 18)), [1] * 17, 16),
+]
+
+
+@pytest.mark.parametrize("layout", ["NHD", "HND"])
+@pytest.mark.parametrize("fused", [True, False], ids=["5d", "pair"])
+@pytest.mark.parametrize("kv_lens, append_lens, page_size", GRID, ids=str)
+def test_matches_reference(case, target, kv_lens, append_lens, page_size, layout, fused):
+    run_both(case(kv_lens, append_lens, page_size, 3, 8, layout=layout, fused=fused))
+
+
+DTYPES = [np.float32, np.float16, ml_dtypes.bfloat16, ml_dtypes.float8_e4m3fn, ml_dtypes.float8_e5m2]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("H, D", [(1, 64), (8, 128), (2, 256)])
+def test_dtypes_heads_dims(case, dtype, H, D):
+    run_both(case([37, 5], [20, 1], 16, H, D, dtype=dtype, layout="HND" if H == 2 else "NHD"))
+
+
+def test_only_appended_slots_change(case, target):
+    args = case([40, 23, 7], [9, 23, 1], 8, 2, 4, layout="HND")
+    cache_before = bits(args[4]).copy()
+    append_paged_kv_cache(*args)
+    changed = (bits(args[4]) != cache_before).reshape(args[4].shape[0], 2, -1)
+    # every changed byte was NaN before; exactly the appended K and V elements changed
+    assert np.isnan(args[4]).sum() == np.isnan(np.full(args[4].shape, np.nan)).sum() - 2 * 33 * 2 * 4
+    assert changed.any(axis=2).sum() > 0
+
+
+def test_reshape_and_cache_skips_negative_slots(rng, target):
+    N, P, H, D = 6, 4, 2, 8
+    kc = np.full((N, P, H, D), np.nan, np.float32)
+    vc = kc.copy()
+    key = rng.standard_normal((5, H, D)).astype(np.float32)
+    value = rng.standard_normal((5, H, D)).astype(np.float32)
+    slots = np.array([3, -1, 17, 0, -5], np.int64)
+    reshape_and_cache(key, value, kc, vc, slots)
+    for t, s in enumerate(slots):
+        if s >= 0:
+            np.testing.assert_array_equal(kc[s // P, s % P], key[t])
+            np.testing.assert_array_equal(vc[s // P, s % P], value[t])
+    assert np.isnan(kc).sum() == (N * P - 3) * H * D
+
+
+def test_get_batch_indices_positions_docstring_example():
+    b, p = get_batch_indices_positions(np.array([0, 1, 3, 6, 10]), np.array([5, 5, 5, 5]), 12)
+    assert b.tolist() == [0, 1, 1, 2, 2, 2, 3, 3, 3, 3, -1, -1]
+    assert p.tolist() == [4, 3, 4, 2, 3, 4, 1, 2, 3, 4, 0, 0]
+    assert b.dtype == p.dtype == np.int32
+
+
+@pytest.mark.sim_only
+@pytest.mark.parametrize("layout", ["NHD", "HND"])
+def test_traffic_is_appended_bytes(case, target, layout):
+    args = case([70, 130], [70, 130], 16, 4, 32, layout=layout)
+    append_paged_kv_cache(*args)
+    trace = simulate.last_trace()
+    kv_bytes = args[0].nbytes + args[1].nbytes
+    assert trace.hbm_bytes == 2 * kv_bytes + 4 * 200           # + int32 slot per token
+    if target == "trn2":
+        # 2 tiles x (slot load + K load + K scatter + V load + V scatter)
+        assert len(trace) == 10
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("page_size", [1, 8, 16, 32, 128])
+@pytest.mark.parametrize("batch", [1, 12, 17])
+def test_flashinfer_grid(rng, case, target, page_size, batch):
+    kv_lens = rng.integers(1, 400, size=batch)
+    append = np.minimum(kv_lens, rng.integers(1, 64, size=batch))
+    for layout in ("NHD", "HND"):
+        run_both(case(kv_lens, append, page_size, 4, 64, layout=layout))
