@@ -1,0 +1,61 @@
+"""Input rules of batch_decode, checked on the host; returns what the kernel and reference need."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from nki_kernels.paged_kv_append.checks import check_page_table, require_int32_vector
+from nki_kernels.paged_kv_append.layout import CacheGeometry, geometry, split_cache
+
+Q_DTYPES = ("float32", "float16", "bfloat16")
+KV_DTYPES = Q_DTYPES + ("float8_e4m3fn", "float8_e5m2", "float8_e4m3")
+
+
+@dataclass(frozen=True)
+class DecodeProblem:
+    geo: CacheGeometry
+    batch: int
+    num_qo_heads: int
+    group: int                     # num_qo_heads // num_kv_heads
+    kv_lens: np.ndarray            # [B] int64
+    sm_scale: float
+
+
+def check_batch_decode_inputs(q, paged_kv_cache, kv_indptr, kv_indices, kv_last_page_len, kv_layout,
+                              sm_scale, logits_soft_cap, window_left, sinks, k_scale, v_scale):
+    geo = geometry(paged_kv_cache, kv_layout)
+    k_cache = split_cache(paged_kv_cache)[0]
+    if not isinstance(q, np.ndarray) or q.ndim != 3:
+        raise ValueError(f"q must be a 3-D array [batch, num_qo_heads, head_dim], got {getattr(q, 'shape', type(q).__name__)}")
+    if q.dtype.name not in Q_DTYPES:
+        raise TypeError(f"q dtype {q.dtype} must be one of {Q_DTYPES}")
+    if k_cache.dtype.name not in KV_DTYPES:
+        raise TypeError(f"cache dtype {k_cache.dtype} must be one of {KV_DTYPES}")
+    batch, hq, d = q.shape
+    if d != geo.head_dim:
+        raise ValueError(f"q head_dim {d} != cache head_dim {geo.head_dim}")
+    if hq % geo.num_heads:
+        raise ValueError(f"num_qo_heads={hq} must be a multiple of num_kv_heads={geo.num_heads}")
+    require_int32_vector("kv_indptr", kv_indptr, batch + 1)
+    require_int32_vector("kv_indices", kv_indices)
+    require_int32_vector("kv_last_page_len", kv_last_page_len, batch)
+    kv_lens = check_page_table(kv_indices, kv_indptr, kv_last_page_len, geo)
+    if sm_scale is None:
+        sm_scale = 1.0 / np.sqrt(d)
+    if not np.isfinite(sm_scale) or sm_scale <= 0:
+        raise ValueError(f"sm_scale={sm_scale} must be a positive finite number")
+    if not np.isfinite(logits_soft_cap) or logits_soft_cap < 0:
+        raise ValueError(f"logits_soft_cap={logits_soft_cap} must be >= 0 (0 disables it)")
+    if not isinstance(window_left, (int, np.integer)) or window_left < -1:
+        raise ValueError(f"window_left={window_left} must be an integer >= -1 (-1 disables the window)")
+    for name, s in (("k_scale", k_scale), ("v_scale", v_scale)):
+        if not np.isfinite(s) or s <= 0:
+            raise ValueError(f"{name}={s} must be a positive finite number")
+    if sinks is not None:
+        if not isinstance(sinks, np.ndarray) or sinks.shape != (hq,):
+            raise ValueError(f"sinks must be an array of shape (num_qo_heads,) = ({hq},)")
+        if not np.isfinite(sinks.astype(np.float64)).all():
+            raise ValueError("sinks must be finite")
+    return DecodeProblem(geo, batch, hq, hq // geo.num_heads, kv_lens, float(sm_scale))

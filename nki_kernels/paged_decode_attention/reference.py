@@ -1,0 +1,65 @@
+"""Float64 NumPy reference of one batched decode step over a paged KV cache (FlashInfer semantics)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from nki_kernels.paged_kv_append.layout import split_cache
+
+from .checks import check_batch_decode_inputs
+
+LOG2E = 1.0 / np.log(2.0)
+
+
+def gather_kv(paged_kv_cache, kv_indptr, kv_indices, kv_len, b, page_size, kv_layout):
+    """K, V of request b as float64 [kv_len, H, D] (pages in page-table order)."""
+    k, v, _ = split_cache(paged_kv_cache)
+    pages = kv_indices[kv_indptr[b]:kv_indptr[b + 1]]
+    out = []
+    for cache in (k, v):
+        rows = cache[pages].astype(np.float64)                      # [n, P, H, D] or [n, H, P, D]
+        if kv_layout == "HND":
+            rows = rows.transpose(0, 2, 1, 3)
+        out.append(rows.reshape(-1, rows.shape[2], rows.shape[3])[:kv_len])
+    return out
+
+
+def batch_decode_ref(q, paged_kv_cache, kv_indptr, kv_indices, kv_last_page_len, kv_layout="NHD",
+                     sm_scale=None, logits_soft_cap=0.0, window_left=-1, sinks=None, k_scale=1.0,
+                     v_scale=1.0, return_lse=False):
+    """out[b, h] = v_scale * sum_j softmax_j(logit_j) V[j, h // G], logit_j = k_scale * sm_scale *
+    q[b, h] . K[j, h // G], soft-capped as cap * tanh(logit / cap) when cap > 0, keys limited to the
+    last window_left + 1 when window_left >= 0, and sinks[h] added to the softmax denominator.
+
+    Returns out [B, H_qo, D] in q's dtype, and with return_lse the base-2 log-sum-exp [B, H_qo]
+    float32 (log2 of the softmax denominator, sink included). An empty request gives zeros and
+    LSE -inf (or sinks[h] * log2(e) with sinks).
+    """
+    prob = check_batch_decode_inputs(q, paged_kv_cache, kv_indptr, kv_indices, kv_last_page_len,
+                                     kv_layout, sm_scale, logits_soft_cap, window_left, sinks,
+                                     k_scale, v_scale)
+    B, HQ, D = q.shape
+    out = np.zeros((B, HQ, D))
+    lse = np.full((B, HQ), -np.inf)
+    for b in range(B):
+        L = int(prob.kv_lens[b])
+        keys, values = gather_kv(paged_kv_cache, kv_indptr, kv_indices, L, b, prob.geo.page_size, kv_layout)
+        start = max(0, L - 1 - window_left) if window_left >= 0 else 0
+        keys, values = keys[start:], values[start:]
+        for h in range(HQ):
+            kvh = h // prob.group
+            logits = keys[:, kvh] @ q[b, h].astype(np.float64) * prob.sm_scale * k_scale
+            if logits_soft_cap > 0:
+                logits = logits_soft_cap * np.tanh(logits / logits_soft_cap)
+            if sinks is not None:
+                logits = np.append(logits, float(sinks[h]))
+            if logits.size == 0:
+                continue
+            m = logits.max()
+            p = np.exp(logits - m)
+            denom = p.sum()
+            weights = p[:keys.shape[0]] / denom
+            out[b, h] = v_scale * (weights @ values[:, kvh])
+            lse[b, h] = (m + np.log(denom)) * LOG2E
+    out = out.astype(q.dtype)
+    return (out, lse.astype(np.float32)) if return_lse else out
