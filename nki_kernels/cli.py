@@ -1,0 +1,169 @@
+"""``nki-kernels``: check, profile and benchmark the kernels (simulator on a CPU, real NKI on trn).
+
+    nki-kernels list
+    nki-kernels check paged_decode_attention --size batch=4 --size kv_len=300 [--target trn1]
+    nki-kernels profile tensor_scatter --trace-json ts.json --png ts.png [--set hbm_bytes_per_s=3e11]
+    nki-kernels bench [--out benchmarks/results]
+    nki-kernels demo                     # the README's main job: every kernel checked and costed
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+import numpy as np
+
+from .registry import KERNELS, compare
+
+
+def _sizes(spec, pairs, default):
+    sizes = dict(default)
+    for pair in pairs or []:
+        key, _, value = pair.partition("=")
+        if key not in sizes and key not in ("dtype", "mode", "layout"):
+            raise SystemExit(f"--size {key}: {spec.name} takes {sorted(sizes)}")
+        sizes[key] = value
+    return sizes
+
+
+def _device_check(device):
+    if device == "trn":
+        from .backend import require_hardware
+        try:
+            require_hardware("--device trn")
+        except RuntimeError as err:
+            raise SystemExit(f"error: {err}") from None
+
+
+def _simulate(spec, inputs, target):
+    import simulate
+    with simulate.use_target(target):
+        t0 = time.perf_counter()
+        out = spec.run(inputs)
+        elapsed = time.perf_counter() - t0
+    return out, elapsed, simulate.last_trace()
+
+
+def check(name, sizes, target, log=print):
+    """Run one kernel in the simulator against its reference; returns a result row."""
+    spec = KERNELS[name]
+    inputs = spec.make(sizes, np.random.default_rng(0))
+    log(f"[{name}] {target}: running the kernel in the simulator ...")
+    out, sim_s, trace = _simulate(spec, inputs, target)
+    t0 = time.perf_counter()
+    ref = spec.ref(inputs)
+    ref_s = time.perf_counter() - t0
+    ok, err = compare(spec, inputs, out, ref)
+    log(f"[{name}] {'OK' if ok else 'MISMATCH'} vs NumPy reference (max abs error {err:.3g}); "
+        f"{len(trace)} instructions, simulator {sim_s:.2f} s, reference {ref_s:.3f} s")
+    return dict(kernel=name, target=target, ok=ok, max_err=err, sim_s=sim_s, ref_s=ref_s,
+                trace=trace, inputs=inputs, spec=spec)
+
+
+def cost_row(row, overrides=None):
+    from .profile import estimate
+    est = estimate(row["trace"], target=row["target"], **(overrides or {}))
+    spec, inputs = row["spec"], row["inputs"]
+    min_bytes = spec.min_bytes(inputs)
+    floor = max(min_bytes / est.hw.hbm_bytes_per_s, spec.flops(inputs) / est.hw.tensor_peak_bf16)
+    return dict(kernel=row["kernel"], target=row["target"], ok=row["ok"],
+                instructions=sum(est.instructions.values()), dma=est.dma_count,
+                hbm_bytes=est.hbm_bytes, min_bytes=min_bytes,
+                bytes_ratio=est.hbm_bytes / max(1, min_bytes),
+                est_us=est.seconds * 1e6, floor_us=floor * 1e6,
+                vs_floor=est.seconds / floor if floor else float("nan"),
+                sim_vs_ref=row["sim_s"] / max(row["ref_s"], 1e-9)), est
+
+
+def markdown(rows):
+    head = ("| kernel | target | ok | instr | DMAs | HBM bytes | min bytes | bytes/min | est. us "
+            "| floor us | est/floor | sim/ref time |")
+    lines = [head, "|" + "---|" * 12]
+    for r in rows:
+        lines.append(f"| {r['kernel']} | {r['target']} | {'yes' if r['ok'] else 'NO'} | {r['instructions']} "
+                     f"| {r['dma']} | {r['hbm_bytes']} | {r['min_bytes']} | {r['bytes_ratio']:.2f} "
+                     f"| {r['est_us']:.1f} | {r['floor_us']:.1f} | {r['vs_floor']:.1f} | {r['sim_vs_ref']:.1f} |")
+    return "\n".join(lines)
+
+
+def _parse_overrides(pairs):
+    return {k: float(v) if "." in v or "e" in v.lower() else int(v)
+            for k, _, v in (p.partition("=") for p in pairs or [])}
+
+
+def cmd_profile(args):
+    spec = KERNELS[args.kernel]
+    row = check(args.kernel, _sizes(spec, args.size, spec.demo), args.target)
+    table, est = cost_row(row, _parse_overrides(args.set))
+    print(markdown([table]))
+    print("\nper engine (modelled busy time): " + ", ".join(
+        f"{k} {v * 1e6:.1f} us ({est.instructions[k]} instr)" for k, v in sorted(est.engine_seconds.items())))
+    from .profile import chrome_trace, png_timeline
+    if args.trace_json:
+        chrome_trace(est, args.trace_json, args.kernel)
+        print(f"wrote {args.trace_json} (open in ui.perfetto.dev or chrome://tracing)")
+    if args.png:
+        png_timeline(est, args.png, f"{args.kernel} on {args.target} (modelled)")
+        print(f"wrote {args.png}")
+    return 0 if row["ok"] else 1
+
+
+def cmd_suite(args, which):
+    rows, ok = [], True
+    for name, spec in KERNELS.items():
+        for target in args.targets:
+            row = check(name, getattr(spec, which), target)
+            rows.append(cost_row(row)[0])
+            ok &= row["ok"]
+    table = markdown(rows)
+    print("\n" + table)
+    if which == "bench":
+        os.makedirs(args.out, exist_ok=True)
+        with open(os.path.join(args.out, "bench.md"), "w") as f:
+            f.write(table + "\n")
+        with open(os.path.join(args.out, "bench.json"), "w") as f:
+            json.dump(rows, f, indent=1, default=float)
+        print(f"\nwrote {args.out}/bench.md and bench.json")
+    print("\nall kernels match their references" if ok else "\nSOME KERNELS DO NOT MATCH")
+    return 0 if ok else 1
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(prog="nki-kernels", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="cmd", required=True)
+    sub.add_parser("list", help="the kernels and their default sizes")
+    for cmd in ("run", "check", "profile"):
+        s = sub.add_parser(cmd, help="run a kernel against its reference" + (" and cost it" if cmd == "profile" else ""))
+        s.add_argument("kernel", choices=sorted(KERNELS))
+        s.add_argument("--size", action="append", help="key=value (see `list`)")
+        s.add_argument("--target", default="trn2", choices=("trn1", "trn2"))
+        s.add_argument("--device", default="sim", choices=("sim", "trn"))
+        s.add_argument("--set", action="append", help="override a cost-model constant, name=value")
+        s.add_argument("--trace-json")
+        s.add_argument("--png")
+    for cmd in ("demo", "bench"):
+        s = sub.add_parser(cmd, help="every kernel at " + ("moderate" if cmd == "demo" else "realistic") + " sizes")
+        s.add_argument("--targets", nargs="+", default=["trn1", "trn2"] if cmd == "demo" else ["trn2"])
+        s.add_argument("--device", default="sim", choices=("sim", "trn"))
+        s.add_argument("--out", default=os.path.join("benchmarks", "results"))
+    args = p.parse_args(argv)
+    _device_check(getattr(args, "device", "sim"))
+    if args.cmd == "list":
+        for name, spec in KERNELS.items():
+            print(f"{name}: {spec.doc}\n  demo sizes: {spec.demo}\n  bench sizes: {spec.bench}")
+        return 0
+    if args.cmd in ("run", "check"):
+        spec = KERNELS[args.kernel]
+        return 0 if check(args.kernel, _sizes(spec, args.size, spec.demo), args.target)["ok"] else 1
+    if args.cmd == "profile":
+        return cmd_profile(args)
+    return cmd_suite(args, args.cmd)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,63 @@
+"""Hardware figures of the cost model, one named field each, with its source.
+
+Sources (see ../shared/reference/nki-api.md): [ARCH] NKI architecture guides (trn1/trn2), [NC]
+neuron-core-v2/v3 pages, [ISA] Beta 1 ISA "estimated instruction cost", [DMA] NKI DMA overview and
+bandwidth guide, [CHIP] Trainium/Trainium2 chip pages. "(derived)" = our arithmetic; "(assumed)" =
+our modelling choice where no source gives a number. Override any field:
+``hardware("trn2", hbm_bytes_per_s=3.0e11)`` or ``nki-kernels profile ... --set hbm_bytes_per_s=3e11``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+
+
+@dataclass(frozen=True)
+class Hardware:
+    name: str
+    tensor_hz: float              # TensorE clock [ARCH]
+    vector_hz: float              # VectorE clock [ARCH]
+    scalar_hz: float              # ScalarE clock [ARCH]
+    gpsimd_hz: float              # GpSimd clock [ARCH]
+    tensor_peak_bf16: float       # FLOP/s per NeuronCore, bf16/fp16/fp8 [NC]
+    tensor_peak_fp32: float       # FLOP/s per NeuronCore, fp32 [NC]
+    hbm_bytes_per_s: float        # per NeuronCore: chip HBM bandwidth / cores (derived from [CHIP])
+    dma_bytes_per_s: float        # per NeuronCore, all 16 DMA engines [DMA] table (B/ns)
+    dma_engines: int = 16         # per NeuronCore [DMA]
+    partitions_per_dma_engine: int = 8    # a 128-partition transfer uses all 16 engines [DMA]
+    dma_fixed_s: float = 1.3e-6   # semaphore-to-start overhead per DMA instruction [ISA]
+    dma_queues_in_flight: int = 16        # DMAs whose fixed overhead overlaps (assumed: 16 queues [DMA])
+    dma_descriptor_bytes: int = 256       # per contiguous run overhead, in bytes-equivalent (assumed,
+                                          # fits [DMA]: <256 B runs overhead-bound, >= 2 KiB efficient)
+    min_ii_cycles: int = 64       # minimum initiation interval, Vector/Scalar [ISA]
+    static_overhead_cycles: int = 60      # SBUF/PSUM access overhead per instruction [ISA]
+    gpsimd_start_cycles: int = 150        # GpSimd start-up [ISA]
+    matmul_init_cycles: int = 64  # MM_INIT_LATENCY [ISA]
+    fp32_matmul_factor: int = 4   # fp32 matmul is 4x slower than bf16 [ISA]
+    reciprocal_factor: int = 8    # VectorE reciprocal ~8 N cycles [ISA]
+
+    def override(self, **changes) -> "Hardware":
+        known = {f.name for f in fields(self)}
+        unknown = set(changes) - known
+        if unknown:
+            raise ValueError(f"unknown hardware constant(s) {sorted(unknown)}; known: {sorted(known)}")
+        return replace(self, **changes)
+
+
+TRN1 = Hardware("trn1", tensor_hz=2.8e9, vector_hz=1.12e9, scalar_hz=1.4e9, gpsimd_hz=1.4e9,
+                tensor_peak_bf16=92e12, tensor_peak_fp32=23e12,
+                hbm_bytes_per_s=820e9 / 2,          # 820 GB/s per chip, 2 NeuronCores
+                dma_bytes_per_s=17e9 * 16)          # 17 B/ns per engine x 16 = 272 GB/s
+TRN2 = Hardware("trn2", tensor_hz=2.4e9, vector_hz=0.96e9, scalar_hz=1.2e9, gpsimd_hz=1.2e9,
+                tensor_peak_bf16=79e12, tensor_peak_fp32=20e12,
+                hbm_bytes_per_s=2.9e12 / 8,         # 2.9 TB/s per chip, 8 NeuronCores
+                dma_bytes_per_s=23e9 * 16)          # 23 B/ns per engine x 16 = 368 GB/s
+HARDWARE = {"trn1": TRN1, "trn2": TRN2}
+
+
+def hardware(target: str = "trn2", **overrides) -> Hardware:
+    try:
+        hw = HARDWARE[target]
+    except KeyError:
+        raise ValueError(f"no cost model for target {target!r}; choose from {sorted(HARDWARE)}") from None
+    return hw.override(**overrides) if overrides else hw

@@ -1,0 +1,110 @@
+"""Estimate a kernel's time from the simulator's instruction trace.
+
+Per instruction (``instruction_seconds``):
+- DMA: bytes / (engines used x per-engine bandwidth x run efficiency) where engines used =
+  ceil(rows / 8) capped at 16 and a contiguous run of b bytes moves at efficiency
+  b / (b + dma_descriptor_bytes); plus the fixed overhead, of which ``dma_queues_in_flight`` DMAs
+  overlap (counted as dma_fixed_s / dma_queues_in_flight per DMA).
+- TensorE matmul: matmul_init + max(min(64, M), N) cycles (x4 with fp32 inputs); transpose
+  max(P, min(64, F)).
+- VectorE: static overhead + max(MIN_II, N) for one-input ops, 2N for tensor_tensor, 8N reciprocal.
+- ScalarE: static overhead + max(MIN_II, N) (+ MIN_II when it also reduces).
+- GpSimd: start-up + N.
+Engines run concurrently and each runs its instructions in program order; dependencies between
+engines are not modelled, so the estimate (busiest engine) is a lower bound on a well-pipelined
+kernel, and the sum over engines an upper bound on a fully serialised one.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Dict, List, Tuple
+
+from .constants import Hardware, hardware
+
+HBM = ("private_hbm", "shared_hbm")
+
+
+def _dma_seconds(e, hw: Hardware) -> float:
+    if e.dma_bytes == 0:
+        return hw.dma_fixed_s / hw.dma_queues_in_flight
+    rows = max(1, e.operands[0].shape[0] if e.operands[0].buffer not in HBM else e.operands[1].shape[0])
+    engines = min(hw.dma_engines, math.ceil(rows / hw.partitions_per_dma_engine))
+    run = e.dma_bytes / max(1, e.dma_runs)
+    efficiency = run / (run + hw.dma_descriptor_bytes)
+    rate = engines * hw.dma_bytes_per_s / hw.dma_engines * efficiency
+    return e.dma_bytes / rate + hw.dma_fixed_s / hw.dma_queues_in_flight
+
+
+def _cycles(e, hw: Hardware) -> Tuple[float, float]:
+    """(cycles, clock) of a compute instruction."""
+    n = max(1, e.free_elems)
+    if e.engine == "tensor":
+        if e.op == "nc_matmul":
+            m = e.details.get("M", 1)
+            factor = hw.fp32_matmul_factor if e.operands[2].dtype == "float32" else 1
+            return hw.matmul_init_cycles + max(min(64, m), n) * factor, hw.tensor_hz
+        return max(e.partitions, min(64, n)), hw.tensor_hz
+    if e.engine == "gpsimd":
+        return hw.gpsimd_start_cycles + n, hw.gpsimd_hz
+    if e.engine == "scalar":
+        extra = hw.min_ii_cycles if e.details.get("reduce") else 0
+        return hw.static_overhead_cycles + max(hw.min_ii_cycles, n) + extra, hw.scalar_hz
+    work = {"tensor_tensor": 2 * n, "reciprocal": hw.reciprocal_factor * n}.get(e.op, n)
+    return hw.static_overhead_cycles + max(hw.min_ii_cycles, work), hw.vector_hz
+
+
+def instruction_seconds(e, hw: Hardware) -> float:
+    if e.engine == "dma":
+        return _dma_seconds(e, hw)
+    cycles, clock = _cycles(e, hw)
+    return cycles / clock
+
+
+@dataclass
+class Estimate:
+    """Modelled cost of one trace."""
+
+    hw: Hardware
+    engine_seconds: Dict[str, float]
+    instructions: Dict[str, int]
+    hbm_bytes: int
+    dma_count: int
+    dma_runs: int
+    flops: int
+    timeline: List[Tuple[str, str, float, float]] = field(default_factory=list)  # engine, op, start, dur
+
+    @property
+    def seconds(self) -> float:
+        """Engines overlapped: the busiest engine."""
+        return max(self.engine_seconds.values(), default=0.0)
+
+    @property
+    def serial_seconds(self) -> float:
+        return sum(self.engine_seconds.values())
+
+    @property
+    def hbm_floor_seconds(self) -> float:
+        return self.hbm_bytes / self.hw.hbm_bytes_per_s
+
+    def flop_floor_seconds(self, fp32=False) -> float:
+        peak = self.hw.tensor_peak_fp32 if fp32 else self.hw.tensor_peak_bf16
+        return self.flops / peak
+
+
+def estimate(trace, target: str = None, hw: Hardware = None, **overrides) -> Estimate:
+    """Cost of ``trace`` (a simulate.Trace) on ``target`` (default: the trace's own)."""
+    hw = hw or hardware(target or trace.target.name, **overrides)
+    busy: Dict[str, float] = {}
+    counts: Dict[str, int] = {}
+    timeline = []
+    for e in trace:
+        dur = instruction_seconds(e, hw)
+        start = busy.get(e.engine, 0.0)
+        busy[e.engine] = start + dur
+        counts[e.engine] = counts.get(e.engine, 0) + 1
+        timeline.append((e.engine, e.name or e.op, start, dur))
+    dmas = [e for e in trace if e.engine == "dma"]
+    return Estimate(hw, busy, counts, trace.hbm_bytes, len(dmas), sum(e.dma_runs for e in dmas),
+                    sum(e.flops for e in trace), timeline)

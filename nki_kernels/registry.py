@@ -1,0 +1,162 @@
+"""The kernels as the CLI and benchmarks see them: inputs for given sizes, kernel, reference,
+comparison, and the physical minimum of bytes and FLOPs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Dict
+
+import ml_dtypes
+import numpy as np
+
+DTYPES = {"float32": np.float32, "float16": np.float16, "bfloat16": ml_dtypes.bfloat16,
+          "float8_e4m3fn": ml_dtypes.float8_e4m3fn}
+
+
+@dataclass(frozen=True)
+class KernelSpec:
+    name: str
+    doc: str
+    make: Callable           # (sizes, rng) -> inputs dict
+    run: Callable            # inputs -> result (simulator / hardware)
+    ref: Callable            # inputs -> result (NumPy)
+    tolerance: Callable      # inputs -> atol (0 = bit exact)
+    min_bytes: Callable      # inputs -> bytes that must cross HBM
+    flops: Callable          # inputs -> FLOPs
+    demo: Dict[str, object]
+    bench: Dict[str, object]
+
+
+def _page_table(rng, kv_lens, page_size, spare=2):
+    pages = -(-np.asarray(kv_lens) // page_size)
+    n = int(pages.sum()) + spare
+    kv_indptr = np.concatenate([[0], np.cumsum(pages)]).astype(np.int32)
+    kv_indices = rng.permutation(n).astype(np.int32)[:kv_indptr[-1]]
+    last = np.where(np.asarray(kv_lens) > 0, (np.asarray(kv_lens) - 1) % page_size + 1, 0).astype(np.int32)
+    return n, kv_indptr, kv_indices, last
+
+
+# -- tensor_scatter --------------------------------------------------------------------------
+def _ts_make(s, rng):
+    dt = DTYPES[s.get("dtype", "float32")]
+    B, H, M, S, D = (int(s[k]) for k in ("batch", "heads", "max_seq", "seq_len", "head_dim"))
+    cache = rng.standard_normal((B, H, M, D)).astype(dt)
+    update = rng.standard_normal((B, H, S, D)).astype(dt)
+    hi = M if s.get("mode", "linear") == "circular" else M - S + 1
+    return dict(past_cache=cache, update=update, write_indices=rng.integers(0, hi, B).astype(np.int64),
+                axis=2, mode=s.get("mode", "linear"))
+
+
+def _ts_run(i):
+    from nki_kernels.tensor_scatter import tensor_scatter
+    return tensor_scatter(**i)
+
+
+def _ts_ref(i):
+    from nki_kernels.tensor_scatter import tensor_scatter_ref
+    return tensor_scatter_ref(**i)
+
+
+# -- paged_kv_append -------------------------------------------------------------------------
+def _ap_make(s, rng):
+    dt = DTYPES[s.get("dtype", "float32")]
+    B, L, T = int(s["batch"]), int(s["kv_len"]), int(s["append"])
+    P, H, D, layout = int(s["page_size"]), int(s["kv_heads"]), int(s["head_dim"]), s.get("layout", "NHD")
+    n, kv_indptr, kv_indices, last = _page_table(rng, [L] * B, P)
+    inner = (P, H, D) if layout == "NHD" else (H, P, D)
+    cache = rng.standard_normal((n, 2) + inner).astype(dt)
+    from nki_kernels.paged_kv_append import get_batch_indices_positions
+    append_indptr = (np.arange(B + 1) * T).astype(np.int32)
+    batch, pos = get_batch_indices_positions(append_indptr, np.full(B, L, np.int32), B * T)
+    k = rng.standard_normal((B * T, H, D)).astype(dt)
+    return dict(append_key=k, append_value=-k, batch_indices=batch, positions=pos, paged_kv_cache=cache,
+                kv_indices=kv_indices, kv_indptr=kv_indptr, kv_last_page_len=last, kv_layout=layout)
+
+
+def _ap_run(i):
+    from nki_kernels.paged_kv_append import append_paged_kv_cache
+    i = dict(i, paged_kv_cache=i["paged_kv_cache"].copy())
+    append_paged_kv_cache(**i)
+    return i["paged_kv_cache"]
+
+
+def _ap_ref(i):
+    from nki_kernels.paged_kv_append import append_paged_kv_cache_ref
+    return append_paged_kv_cache_ref(**i)
+
+
+# -- paged_decode_attention ------------------------------------------------------------------
+def _dec_make(s, rng):
+    dt = DTYPES[s.get("dtype", "float32")]
+    B, L, P = int(s["batch"]), int(s["kv_len"]), int(s["page_size"])
+    H, G, D, layout = int(s["kv_heads"]), int(s["group"]), int(s["head_dim"]), s.get("layout", "NHD")
+    n, kv_indptr, kv_indices, last = _page_table(rng, [L] * B, P)
+    inner = (P, H, D) if layout == "NHD" else (H, P, D)
+    cache = rng.standard_normal((n, 2) + inner).astype(dt)
+    q = rng.standard_normal((B, H * G, D)).astype(dt if dt != ml_dtypes.float8_e4m3fn else ml_dtypes.bfloat16)
+    return dict(q=q, paged_kv_cache=cache, kv_indptr=kv_indptr, kv_indices=kv_indices,
+                kv_last_page_len=last, kv_layout=layout)
+
+
+def _dec_run(i):
+    from nki_kernels.paged_decode_attention import batch_decode
+    return batch_decode(**i)
+
+
+def _dec_ref(i):
+    from nki_kernels.paged_decode_attention import batch_decode_ref
+    return batch_decode_ref(**i)
+
+
+def _dec_tokens(i):
+    """Total KV tokens the batch attends over (and page size, kv heads) from the page table."""
+    cache, layout = i["paged_kv_cache"], i["kv_layout"]
+    P = cache.shape[2] if layout == "NHD" else cache.shape[3]
+    H = cache.shape[3] if layout == "NHD" else cache.shape[2]
+    pages = np.diff(i["kv_indptr"]).astype(np.int64)
+    lens = np.where(pages > 0, (pages - 1) * P + i["kv_last_page_len"], 0)
+    return int(lens.sum()), H
+
+
+def _dec_bytes(i):
+    tokens, H = _dec_tokens(i)
+    D = i["q"].shape[2]
+    return 2 * tokens * H * D * i["paged_kv_cache"].itemsize + 2 * i["q"].nbytes
+
+
+def _dec_flops(i):
+    tokens, _ = _dec_tokens(i)
+    HQ, D = i["q"].shape[1:]
+    return 4 * tokens * HQ * D                     # QK^T and PV, 2 FLOPs per multiply-add
+
+
+KERNELS = {
+    "tensor_scatter": KernelSpec(
+        "tensor_scatter", "ONNX TensorScatter-24 KV-cache update (in place)", _ts_make, _ts_run, _ts_ref,
+        lambda i: 0.0, lambda i: 2 * i["update"].nbytes, lambda i: 0,
+        demo=dict(batch=4, heads=8, max_seq=256, seq_len=7, head_dim=64, mode="circular"),
+        bench=dict(batch=32, heads=8, max_seq=4096, seq_len=1, head_dim=128, mode="linear")),
+    "paged_kv_append": KernelSpec(
+        "paged_kv_append", "FlashInfer append_paged_kv_cache (in place)", _ap_make, _ap_run, _ap_ref,
+        lambda i: 0.0, lambda i: 2 * (i["append_key"].nbytes + i["append_value"].nbytes), lambda i: 0,
+        demo=dict(batch=8, kv_len=100, append=20, page_size=16, kv_heads=4, head_dim=64),
+        bench=dict(batch=32, kv_len=4096, append=1, page_size=16, kv_heads=8, head_dim=128)),
+    "paged_decode_attention": KernelSpec(
+        "paged_decode_attention", "FlashInfer batch decode over a paged KV cache", _dec_make, _dec_run,
+        _dec_ref, lambda i: {"float32": 2e-5, "float16": 2e-3}.get(i["q"].dtype.name, 2e-2), _dec_bytes,
+        _dec_flops,
+        demo=dict(batch=4, kv_len=300, page_size=16, kv_heads=2, group=4, head_dim=64),
+        bench=dict(batch=32, kv_len=4096, page_size=16, kv_heads=8, group=4, head_dim=128,
+                   dtype="bfloat16")),
+}
+
+
+def compare(spec: KernelSpec, inputs, out, ref):
+    """(ok, max abs error) of a kernel result against the reference."""
+    atol = spec.tolerance(inputs)
+    a, b = np.asarray(out), np.asarray(ref)
+    if atol == 0.0:
+        ok = a.shape == b.shape and np.array_equal(a.view(np.uint8), b.view(np.uint8))
+        return ok, 0.0 if ok else float("nan")
+    err = float(np.max(np.abs(a.astype(np.float64) - b.astype(np.float64)))) if a.size else 0.0
+    return err <= atol * (1 + float(np.max(np.abs(b.astype(np.float64)), initial=0))), err
