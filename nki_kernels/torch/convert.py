@@ -1,0 +1,32 @@
+"""Zero-copy views between CPU torch tensors and NumPy arrays (bf16/fp8 through their bits)."""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import torch
+
+_BITS = {torch.bfloat16: (torch.int16, ml_dtypes.bfloat16),
+         torch.float8_e4m3fn: (torch.uint8, ml_dtypes.float8_e4m3fn),
+         torch.float8_e5m2: (torch.uint8, ml_dtypes.float8_e5m2)}
+_BACK = {np.dtype(np_dtype): (bits, dtype) for dtype, (bits, np_dtype) in _BITS.items()}
+
+
+def to_numpy(t: torch.Tensor) -> np.ndarray:
+    """A NumPy array sharing ``t``'s memory (``t`` must be a CPU tensor)."""
+    if t.device.type != "cpu":
+        raise TypeError(f"expected a CPU tensor, got one on {t.device}")
+    t = t.detach()
+    if t.dtype in _BITS:
+        bits, np_dtype = _BITS[t.dtype]
+        return t.view(bits).numpy().view(np_dtype)
+    return t.numpy()
+
+
+def to_torch(a: np.ndarray) -> torch.Tensor:
+    """A torch tensor sharing ``a``'s memory."""
+    a = np.ascontiguousarray(a)
+    if a.dtype in _BACK:
+        bits, dtype = _BACK[a.dtype]
+        return torch.from_numpy(a.view(np.int16 if bits == torch.int16 else np.uint8)).view(dtype)
+    return torch.from_numpy(a)

@@ -1,0 +1,107 @@
+"""The kernels as ``torch.library`` custom ops (namespace ``nki_kernels``).
+
+    torch.ops.nki_kernels.append_paged_kv_cache(k, v, batch_indices, positions, kv_cache,
+                                                 kv_indices, kv_indptr, kv_last_page_len, "NHD")
+    out, lse = torch.ops.nki_kernels.batch_decode(q, kv_cache, kv_indptr, kv_indices,
+                                                  kv_last_page_len, "NHD", sm_scale, soft_cap,
+                                                  window_left)
+    present = torch.ops.nki_kernels.tensor_scatter(past_cache, update, write_indices, axis, "linear")
+
+CPU tensors run the kernels in the NKI simulator (``set_backend("ref")``: the NumPy references);
+tensors on a Neuron XLA device go to the real NKI kernels (see ``device.py``). The fused 5-D
+cache form is used here; the cache op declares that it mutates ``kv_cache``. Every op has a fake
+implementation, so ``torch.compile`` traces through it.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Optional, Tuple
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from .convert import to_numpy, to_torch
+
+BACKEND_ENV = "NKI_KERNELS_TORCH_BACKEND"       # "sim" (default) | "ref"
+_backend = [os.environ.get(BACKEND_ENV, "sim")]
+
+
+def set_backend(name: str) -> None:
+    """CPU execution of the ops: "sim" (kernels in the simulator) or "ref" (NumPy references)."""
+    if name not in ("sim", "ref"):
+        raise ValueError(f"backend={name!r} must be 'sim' or 'ref'")
+    _backend[0] = name
+
+
+def get_backend() -> str:
+    return _backend[0]
+
+
+def _on_neuron(t: Tensor) -> bool:
+    return t.device.type in ("xla", "neuron", "privateuseone")
+
+
+@torch.library.custom_op("nki_kernels::append_paged_kv_cache", mutates_args=("kv_cache",))
+def append_paged_kv_cache(append_key: Tensor, append_value: Tensor, batch_indices: Tensor,
+                          positions: Tensor, kv_cache: Tensor, kv_indices: Tensor, kv_indptr: Tensor,
+                          kv_last_page_len: Tensor, kv_layout: str = "NHD") -> None:
+    if _on_neuron(kv_cache):
+        from .device import append_on_neuron
+        return append_on_neuron(append_key, append_value, batch_indices, positions, kv_cache,
+                                kv_indices, kv_indptr, kv_last_page_len, kv_layout)
+    from nki_kernels.paged_kv_append import append_paged_kv_cache as run, append_paged_kv_cache_ref
+    args = [to_numpy(t) for t in (append_key, append_value, batch_indices, positions, kv_cache,
+                                  kv_indices, kv_indptr, kv_last_page_len)]
+    if get_backend() == "ref":
+        to_numpy(kv_cache)[...] = append_paged_kv_cache_ref(*args, kv_layout)
+    else:
+        run(*args, kv_layout)                         # writes kv_cache's memory in place
+
+
+@append_paged_kv_cache.register_fake
+def _(append_key, append_value, batch_indices, positions, kv_cache, kv_indices, kv_indptr,
+      kv_last_page_len, kv_layout="NHD"):
+    return None
+
+
+@torch.library.custom_op("nki_kernels::batch_decode", mutates_args=())
+def batch_decode(q: Tensor, kv_cache: Tensor, kv_indptr: Tensor, kv_indices: Tensor,
+                 kv_last_page_len: Tensor, kv_layout: str = "NHD", sm_scale: Optional[float] = None,
+                 logits_soft_cap: float = 0.0, window_left: int = -1,
+                 sinks: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
+    if _on_neuron(q):
+        from .device import decode_on_neuron
+        return decode_on_neuron(q, kv_cache, kv_indptr, kv_indices, kv_last_page_len, kv_layout,
+                                sm_scale, logits_soft_cap, window_left, sinks)
+    from nki_kernels.paged_decode_attention import batch_decode as run, batch_decode_ref
+    fn = batch_decode_ref if get_backend() == "ref" else run
+    out, lse = fn(to_numpy(q), to_numpy(kv_cache), to_numpy(kv_indptr), to_numpy(kv_indices),
+                  to_numpy(kv_last_page_len), kv_layout, sm_scale=sm_scale,
+                  logits_soft_cap=logits_soft_cap, window_left=window_left,
+                  sinks=None if sinks is None else to_numpy(sinks), return_lse=True)
+    return to_torch(out).clone(), torch.from_numpy(np.ascontiguousarray(lse, np.float32)).clone()
+
+
+@batch_decode.register_fake
+def _(q, kv_cache, kv_indptr, kv_indices, kv_last_page_len, kv_layout="NHD", sm_scale=None,
+      logits_soft_cap=0.0, window_left=-1, sinks=None):
+    return torch.empty_like(q), q.new_empty(q.shape[:2], dtype=torch.float32)
+
+
+@torch.library.custom_op("nki_kernels::tensor_scatter", mutates_args=())
+def tensor_scatter(past_cache: Tensor, update: Tensor, write_indices: Optional[Tensor] = None,
+                   axis: int = -2, mode: str = "linear") -> Tensor:
+    if _on_neuron(past_cache):
+        from .device import tensor_scatter_on_neuron
+        return tensor_scatter_on_neuron(past_cache, update, write_indices, axis, mode)
+    from nki_kernels.tensor_scatter import tensor_scatter as run, tensor_scatter_ref
+    fn = tensor_scatter_ref if get_backend() == "ref" else run
+    w = None if write_indices is None else to_numpy(write_indices)
+    return to_torch(fn(to_numpy(past_cache), to_numpy(update), w, axis, mode)).clone()
+
+
+@tensor_scatter.register_fake
+def _(past_cache, update, write_indices=None, axis=-2, mode="linear"):
+    return torch.empty_like(past_cache)
