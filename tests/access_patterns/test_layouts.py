@@ -1,0 +1,55 @@
+"""Layout builders vs NumPy fancy indexing of the same region."""
+
+import itertools
+
+import numpy as np
+import pytest
+
+from access_patterns import contiguous_run, page_rows, ragged_rows, scatter_write
+
+
+@pytest.mark.parametrize("fused", [True, False])
+@pytest.mark.parametrize("layout", ["NHD", "HND"])
+def test_page_rows(layout, fused):
+    N, P, H, D = 3, 8, 2, 4
+    inner = (P, H, D) if layout == "NHD" else (H, P, D)
+    shape = (N, 2) + inner if fused else (N,) + inner
+    arr = np.arange(int(np.prod(shape))).reshape(shape)
+    for page, kv, start, count, head in itertools.product([0, 2], [0, 1] if fused else [0], [0, 3],
+                                                           [1, 5], [None, 1]):
+        block = arr[page, kv] if fused else arr[page]
+        if layout == "NHD":
+            region = block[start:start + count] if head is None else block[start:start + count, head]
+        else:
+            region = block[:, start:start + count] if head is None else block[head, start:start + count]
+        ap = page_rows(layout, shape, page, start, count, kv=kv, head=head)
+        np.testing.assert_array_equal(np.sort(ap.indices().ravel()), np.sort(region.ravel()))
+        np.testing.assert_array_equal(ap.indices().ravel(), region.ravel())
+    # NHD rows of all heads are one run; HND rows of one head are one run of count * D
+    run = contiguous_run(page_rows(layout, shape, 1, 2, 3, head=None if layout == "NHD" else 0))
+    assert run == 3 * H * D if layout == "NHD" else run == 3 * D
+
+
+def test_ragged_rows():
+    indptr = [0, 3, 3, 7]
+    arr = np.arange(7 * 2 * 3).reshape(7, 2, 3)
+    np.testing.assert_array_equal(ragged_rows(indptr, 2, (2, 3)).indices().ravel(), arr[3:7].ravel())
+    with pytest.raises(ValueError, match="no rows"):
+        ragged_rows(indptr, 1, (2, 3))
+
+
+@pytest.mark.parametrize("mode", ["linear", "circular"])
+def test_scatter_write_matches_onnx_semantics(mode):
+    shape, axis = (3, 2, 8, 5), 2
+    cache = np.arange(int(np.prod(shape))).reshape(shape)
+    update = np.arange(3 * 2 * 5 * 5).reshape(3, 2, 5, 5) + 10 ** 6
+    for b, w in itertools.product(range(3), range(0, 12 if mode == "circular" else 4)):
+        pieces = scatter_write(shape, axis, b, w, 5, mode)
+        assert len(pieces) == (2 if mode == "circular" and (w % 8) + 5 > 8 else 1)
+        got = cache.copy().ravel()
+        for dst, src in pieces:
+            got[dst.indices().ravel()] = update.ravel()[src.indices().ravel()]
+        want = cache.copy()
+        for s in range(5):
+            want[b, :, (w + s) % 8 if mode == "circular" else w + s] = update[b, :, s]
+        np.testing.assert_array_equal(got.reshape(shape), want)

@@ -1,0 +1,113 @@
+"""The simulator's .ap (static, scalar_offset, vector_offset, dtype=) gives exactly what the seed's
+pseudo-code loop gives, and refuses every illegal pattern."""
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+import simulate
+from simulate import jit, nisa, nl
+
+
+def loop_gather(flat, pattern, offset):
+    """The seed's loop: access[i...] = flat[offset + sum(i_k * step_k)]."""
+    out = np.empty([n for _, n in pattern], flat.dtype)
+    for idx in np.ndindex(*out.shape):
+        out[idx] = flat[offset + sum(i * s for i, (s, _) in zip(idx, pattern))]
+    return out
+
+
+@jit
+def read_ap(t, pattern, offset):
+    shape = tuple(n for _, n in pattern)
+    out = nl.ndarray(shape, t.dtype, buffer=nl.shared_hbm)
+    nisa.dma_copy(dst=out, src=t.ap([list(p) for p in pattern], offset=offset))
+    return out
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.tuples(st.integers(0, 9), st.integers(1, 4)), min_size=1, max_size=4),
+       st.integers(0, 20))
+def test_static_ap_equals_seed_loop(pattern, offset):
+    flat = np.arange(400, dtype=np.float32)
+    lo, hi = offset, offset + sum(s * (n - 1) for s, n in pattern)
+    if hi >= 400:
+        with pytest.raises(simulate.OutOfBoundsError, match="reaches flat index"):
+            read_ap(flat.reshape(20, 20), tuple(pattern), offset)
+        return
+    np.testing.assert_array_equal(read_ap(flat.reshape(20, 20), tuple(pattern), offset),
+                                  loop_gather(flat, pattern, offset))
+
+
+@jit
+def gather_vector(t, idx, inner):
+    P = idx.shape[0]
+    idx_sb = nl.ndarray((P, 1), nl.int32, buffer=nl.sbuf)
+    nisa.dma_copy(dst=idx_sb, src=idx)
+    shape = (P,) + tuple(n for _, n in inner)
+    out_sb = nl.ndarray((P, int(np.prod([n for _, n in inner]))), t.dtype, buffer=nl.sbuf)
+    nisa.dma_copy(dst=out_sb, src=t.ap([[1, P]] + [list(p) for p in inner], offset=0,
+                                       vector_offset=idx_sb, indirect_dim=0))
+    out = nl.ndarray(shape, t.dtype, buffer=nl.shared_hbm)
+    nisa.dma_copy(dst=out, src=out_sb)
+    return out
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.integers(0, 9), min_size=1, max_size=6),
+       st.lists(st.tuples(st.integers(0, 3), st.integers(1, 3)), min_size=1, max_size=2))
+def test_vector_offset_equals_seed_loop(rows, inner):
+    t = np.arange(10 * 16, dtype=np.float32).reshape(10, 16)   # row size prod(shape[1:]) = 16
+    if sum(s * (n - 1) for s, n in inner) >= 16:
+        return
+    idx = np.array(rows, np.int32).reshape(-1, 1)
+    want = np.stack([loop_gather(t.ravel(), inner, r * 16) for r in rows])
+    np.testing.assert_array_equal(gather_vector(t, idx, tuple(inner)), want)
+
+
+@jit
+def gather_scalar(t, value, pattern, indirect_dim):
+    v_sb = nl.ndarray((1, 1), nl.int32, buffer=nl.sbuf)
+    nisa.dma_copy(dst=v_sb, src=value)
+    shape = tuple(n for _, n in pattern)
+    out = nl.ndarray(shape, t.dtype, buffer=nl.shared_hbm)
+    nisa.dma_copy(dst=out, src=t.ap([list(p) for p in pattern], offset=2, scalar_offset=v_sb,
+                                    indirect_dim=indirect_dim))
+    return out
+
+
+@pytest.mark.parametrize("indirect_dim, row", [(0, 60), (1, 12), (2, 3)])
+@pytest.mark.parametrize("value", [0, 1, 3])
+def test_scalar_offset_scales_by_base_shape(indirect_dim, row, value):
+    t = np.arange(4 * 5 * 4 * 3, dtype=np.float32).reshape(4, 5, 4, 3)
+    pattern = ((3, 2), (1, 3))
+    want = loop_gather(t.ravel(), pattern, 2 + value * row)       # start = offset + value * prod(shape[d+1:])
+    got = gather_scalar(t, np.array([[value]], np.int32), pattern, indirect_dim)
+    np.testing.assert_array_equal(got, want)
+
+
+def test_dtype_reinterpret_seed_example():
+    # (128, 256) int32 read as bf16 through .ap: 512 elements per partition.
+    @jit
+    def k(x):
+        t = nl.ndarray((128, 256), nl.int32, buffer=nl.sbuf)
+        nisa.dma_copy(dst=t, src=x)
+        out = nl.ndarray((128, 512), nl.bfloat16, buffer=nl.shared_hbm)
+        nisa.dma_copy(dst=out, src=t.ap([[512, 128], [1, 512]], offset=0, dtype=nl.bfloat16))
+        return out
+    x = np.random.default_rng(0).integers(-2 ** 31, 2 ** 31, (128, 256)).astype(np.int32)
+    import ml_dtypes
+    np.testing.assert_array_equal(k(x).view(np.uint16), x.view(ml_dtypes.bfloat16).view(np.uint16))
+
+
+@pytest.mark.parametrize("make, exc, match", [
+    (lambda t: t.ap([[64, 8], [1, 32]]), simulate.AccessError, "partition step 64 must equal"),
+    (lambda t: t.ap([[32, 16], [1, 32]]).ap([[32, 16], [1, 32]]), simulate.AccessError, "already indexed"),
+    (lambda t: t.ap([[32, 16], [1, 33]]), simulate.AccessError, "addressed on its own"),
+    (lambda t: t.ap([[32, 16], [1, 32]], dtype=nl.float8_e4m3).ap, simulate.AccessError, "partition step 32"),
+    (lambda t: t.ap([[32, 16], [1, 32]], scalar_offset=t, vector_offset=t), simulate.AccessError, "at most one"),
+])
+def test_simulator_refuses_illegal_patterns(make, exc, match):
+    t = nl.ndarray((16, 32), nl.float32, buffer=nl.sbuf)
+    with pytest.raises(exc, match=match):
+        make(t)
