@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import builtins
+
 import numpy as np
 
 from . import context as _context, dtypes as _dtypes
@@ -69,7 +71,7 @@ def empty_like(x, dtype=None, buffer=None, name=""):
 def program_id(axis=0) -> int:
     launch = _context.current()
     pid = launch.program_id
-    if not 0 <= axis < max(1, len(launch.grid)):
+    if not 0 <= axis < builtins.max(1, len(launch.grid)):
         raise ValueError(f"program_id(axis={axis}) outside a {len(launch.grid)}-D launch grid")
     return pid[axis] if axis < len(pid) else 0
 
@@ -110,6 +112,7 @@ tile_size = _TileSize()
 
 try:  # nl convenience ops (load/store/matmul/exp ...) live in their own module
     from .language_ops import *  # noqa: F401,F403
+    from .language_ops import copy_tile as _copy_tile
 except ImportError as _err:  # pragma: no cover - only while that module is being written
     if "language_ops" not in str(_err):
         raise

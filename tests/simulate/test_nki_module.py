@@ -1,0 +1,57 @@
+"""The simulator stands in for `import nki`: an unmodified Beta 2 kernel file runs on the CPU."""
+
+import importlib
+import sys
+import types
+
+import numpy as np
+import pytest
+
+import simulate
+
+
+def test_foreign_kernel_runs_unchanged(rng):
+    with simulate.patched():
+        sys.modules.pop("examples.foreign_kernels.rmsnorm_rows", None)
+        mod = importlib.import_module("examples.foreign_kernels.rmsnorm_rows")
+        x = rng.standard_normal((300, 77)).astype(np.float32)
+        y = mod.rmsnorm_rows(x, 1e-6)
+    want = x / np.sqrt((x.astype(np.float64) ** 2).mean(1, keepdims=True) + 1e-6)
+    np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-6)
+    assert "nki" not in sys.modules or not getattr(sys.modules["nki"], "__nki_kernels_simulator__", False)
+
+
+def test_nl_convenience_ops(rng):
+    from simulate import jit, nl
+
+    @jit
+    def k(a, b):
+        x, y = nl.load(a), nl.load(b)
+        z = nl.add(nl.exp(x), y)
+        s = nl.softmax(z)
+        m = nl.matmul(x, nl.load(b[:, 0:8]), transpose_x=True)     # [F, 8] = x^T @ b[:, :8]
+        out = nl.ndarray(s.shape, s.dtype, buffer=nl.shared_hbm)
+        nl.store(out, s)
+        out2 = nl.ndarray(m.shape, nl.float32, buffer=nl.shared_hbm)
+        nl.store(out2, m)
+        return out, out2
+    a = rng.standard_normal((16, 24)).astype(np.float32)
+    b = rng.standard_normal((16, 24)).astype(np.float32)
+    s, m = k(a, b)
+    z = np.exp(a) + b
+    want = np.exp(z - z.max(1, keepdims=True))
+    np.testing.assert_allclose(s, want / want.sum(1, keepdims=True), rtol=1e-5)
+    np.testing.assert_allclose(m, a.T @ b[:, :8], rtol=1e-4, atol=1e-5)
+
+
+def test_backend_treats_pypi_placeholder_as_absent(monkeypatch):
+    from nki_kernels import backend
+    placeholder = types.ModuleType("nki")           # the PyPI 'nki' 0.0.1 has no jit
+    monkeypatch.setitem(sys.modules, "nki", placeholder)
+    monkeypatch.setitem(sys.modules, "nki.language", types.ModuleType("nki.language"))
+    monkeypatch.setitem(sys.modules, "nki.isa", types.ModuleType("nki.isa"))
+    assert backend._real_nki() is None
+    assert backend._select()[0] == "sim"
+    monkeypatch.setenv(backend.BACKEND_ENV, "nki")
+    with pytest.raises(ImportError, match="placeholder"):
+        backend._select()
