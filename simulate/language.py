@@ -10,6 +10,7 @@ from . import context as _context, dtypes as _dtypes
 from .dtypes import (bfloat16, bool_, float8_e4m3, float8_e4m3fn, float8_e5m2, float8_e8m0fnu,
                      float16, float32, int8, int16, int32, tfloat32, uint8, uint16, uint32)
 from .ops import ALL_OPS as _ALL_OPS
+from .registers import fori_loop, while_loop
 from .tensor import MemoryRegion, ds, ndarray
 
 NkiTensor = ndarray
@@ -109,6 +110,22 @@ class _TileSize:
 
 
 tile_size = _TileSize()
+
+
+def device_print(prefix, tensor):
+    """Print a tile's current values (simulation only, as in NKI)."""
+    from .access import resolve
+    print(prefix, resolve(tensor, "device_print", "tensor").read())
+
+
+class no_reorder:
+    """``with nl.no_reorder():`` keeps program order; execution here is in program order anyway."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
 
 try:  # nl convenience ops (load/store/matmul/exp ...) live in their own module
     from .language_ops import *  # noqa: F401,F403

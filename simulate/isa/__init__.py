@@ -6,6 +6,7 @@ from ..errors import NkiValidationError
 from .basic import iota, memset, tensor_copy
 from .core import Instruction
 from .dma import dma_copy
+from ..registers import register_alloc, register_load, register_move, register_store
 from .enums import dge_mode, engine, matmul_perf_mode, nc_version, oob_mode, reduce_cmd
 
 # Deprecated engine aliases kept by NKI.

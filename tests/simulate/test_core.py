@@ -1,0 +1,154 @@
+"""Simulator core: views, fresh-memory sentinels, capacity, launch grids, host conversion, registers."""
+
+import numpy as np
+import pytest
+
+import simulate
+from simulate import jit, nisa, nl
+
+
+def test_partition_dim_rules():
+    s = nl.ndarray((8, 4, 6), nl.float32, buffer=nl.sbuf)
+    assert s[3].shape == (1, 4, 6)                 # int on dim 0 keeps a size-1 partition dim
+    assert s[:, 2].shape == (8, 6)                 # int on a free dim drops it
+    assert s[:, 2, 5].shape == (8, 1)              # ... unless the tile would drop below 2-D
+    h = nl.ndarray((8, 4, 6), nl.float32, buffer=nl.hbm)
+    assert h[3].shape == (4, 6) and h[:, 2, 5].shape == (8,)
+    assert s[:, nl.ds(1, 2), ::2].shape == (8, 2, 3)
+    assert s.permute((0, 2, 1)).strides == (24, 1, 6)
+    with pytest.raises(simulate.ValidationError, match="partition dim must stay first"):
+        s.permute((1, 0, 2))
+    assert s.view(nl.bfloat16).shape == (8, 4, 12)
+    assert h.reshape((32, 6)).shape == (32, 6)
+    with pytest.raises(simulate.OutOfBoundsError, match="out of range"):
+        s[:, 4]
+
+
+def test_fresh_memory_is_a_sentinel():
+    f = nl.ndarray((2, 3), nl.bfloat16, buffer=nl.sbuf)
+    i = nl.ndarray((2, 3), nl.int32, buffer=nl.sbuf)
+    u = nl.ndarray((2, 3), nl.uint8, buffer=nl.sbuf)
+    assert np.isnan(simulate.to_numpy(f).astype(np.float32)).all()
+    assert (simulate.to_numpy(i) == np.iinfo(np.int32).min).all()
+    assert (simulate.to_numpy(u) == 255).all()
+
+
+@pytest.mark.parametrize("target, ok_tiles", [("trn1", 44), ("trn2", 51)])
+def test_sbuf_capacity_per_target(target, ok_tiles):
+    @jit
+    def k(x, n):
+        keep = [nl.ndarray((128, 1024), nl.float32, buffer=nl.sbuf) for _ in range(n)]   # 4 KiB each
+        return x
+    x = np.zeros((1, 1), np.float32)
+    simulate.simulate(k, target=target)(x, ok_tiles)        # 44 * 4096 <= 180224; 51 * 4096 <= 212984
+    with pytest.raises(simulate.CapacityError, match=f"usable on {target}"):
+        simulate.simulate(k, target=target)(x, ok_tiles + 1)
+
+
+def test_dropped_tiles_are_freed_and_psum_banks_counted():
+    @jit
+    def loop(x):
+        for _ in range(200):
+            t = nl.ndarray((128, 4096), nl.float32, buffer=nl.sbuf)   # 16 KiB, freed when rebound
+        banks = [nl.ndarray((128, 512), nl.float32, buffer=nl.psum) for _ in range(8)]
+        return x
+    loop(np.zeros((1, 1), np.float32))
+    assert simulate.last_trace().memory_peaks["psum_banks"] == 8
+
+    @jit
+    def nine(x):
+        banks = [nl.ndarray((128, 100), nl.float32, buffer=nl.psum) for _ in range(9)]
+    with pytest.raises(simulate.CapacityError, match="PSUM over capacity"):
+        nine(np.zeros((1, 1), np.float32))
+
+
+def test_lnc_grid_shares_shared_hbm_outputs():
+    @jit
+    def halves(x):
+        n = x.shape[0] // nl.num_programs(0)
+        r0 = nl.program_id(0) * n
+        out = nl.ndarray(x.shape, x.dtype, buffer=nl.shared_hbm)
+        t = nl.ndarray((n, x.shape[1]), x.dtype, buffer=nl.sbuf)
+        nisa.dma_copy(dst=t, src=x[r0:r0 + n, :])
+        nisa.tensor_scalar(dst=t, data=t, op0=nl.add, operand0=float(nl.program_id(0)))
+        nisa.dma_copy(dst=out[r0:r0 + n, :], src=t)
+        return out
+    x = np.arange(12, dtype=np.float32).reshape(4, 3)
+    want = x + np.array([[0], [0], [1], [1]])
+    np.testing.assert_array_equal(halves[2](x), want)
+    np.testing.assert_array_equal(simulate.simulate(halves[2], shuffle=True, seed=3)(x), want)
+    assert {e.program_id for e in simulate.last_trace()} == {(0,), (1,)}
+
+
+def test_inputs_written_in_place_and_64bit_refused():
+    @jit
+    def fill(x):
+        t = nl.ndarray((2, 2), nl.float32, buffer=nl.sbuf)
+        nisa.memset(dst=t, value=7.0)
+        nisa.dma_copy(dst=x, src=t)
+    a = np.zeros((2, 2), np.float32)
+    fill(a)
+    assert (a == 7).all()
+    b = np.zeros((2, 4), np.float32)[:, ::2]              # non-contiguous: copied in and back
+    fill(b)
+    assert (b == 7).all()
+    with pytest.raises(TypeError, match="int64 is not an NKI dtype"):
+        fill(np.zeros((2, 2), np.int64))
+
+
+def test_torch_tensors_in_and_out():
+    torch = pytest.importorskip("torch")
+
+    @jit
+    def double(x):
+        t = nl.load(x)
+        out = nl.ndarray(x.shape, x.dtype, buffer=nl.shared_hbm)
+        nl.store(out, nl.multiply(t, 2.0))
+        return out
+    x = torch.arange(6, dtype=torch.bfloat16).reshape(2, 3)
+    y = double(x)
+    assert isinstance(y, torch.Tensor) and y.dtype == torch.bfloat16
+    assert torch.equal(y, x * 2)
+
+
+def test_registers_loops_and_scalar_offset():
+    @jit
+    def k(x):
+        out = nl.ndarray((4, 3), x.dtype, buffer=nl.shared_hbm)
+        idx = nl.ndarray((1, 1), nl.int32, buffer=nl.sbuf)
+
+        def body(i):
+            reg = nisa.register_alloc()
+            nisa.register_move(reg, i)
+            nisa.register_store(idx, reg)
+            row = nl.ndarray((1, 3), x.dtype, buffer=nl.sbuf)
+            nisa.dma_copy(dst=row, src=x.ap([[3, 1], [1, 3]], scalar_offset=reg, indirect_dim=0))
+            nisa.dma_copy(dst=out.ap([[3, 1], [1, 3]], scalar_offset=idx), src=row)
+        nl.fori_loop(0, 4, body)
+        return out
+    x = np.arange(12, dtype=np.float32).reshape(4, 3)
+    np.testing.assert_array_equal(k(x), x)
+
+
+def test_dma_rules():
+    @jit
+    def from_psum(x):
+        p = nl.ndarray((2, 2), nl.float32, buffer=nl.psum)
+        nisa.dma_copy(dst=x, src=p)
+    with pytest.raises(simulate.ValidationError, match="PSUM cannot be a DMA source"):
+        from_psum(np.zeros((2, 2), np.float32))
+
+    @jit
+    def hw(x):
+        t = nl.ndarray((2, 2), nl.float32, buffer=nl.sbuf)
+        nisa.dma_copy(dst=t, src=x, dge_mode=nisa.dge_mode.hwdge)
+    hw(np.zeros((2, 2), np.float32))
+    with pytest.raises(simulate.TargetError, match="hwdge needs NeuronCore-v3"):
+        simulate.simulate(hw, target="trn1")(np.zeros((2, 2), np.float32))
+
+    @jit
+    def mismatch(x):
+        t = nl.ndarray((2, 3), nl.float32, buffer=nl.sbuf)
+        nisa.dma_copy(dst=t, src=x)
+    with pytest.raises(simulate.ValidationError, match="element counts differ"):
+        mismatch(np.zeros((2, 2), np.float32))
