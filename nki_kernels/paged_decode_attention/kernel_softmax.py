@@ -1,6 +1,7 @@
 """Online-softmax pieces of the decode kernel: per (request, kv head) state [G rows] in SBUF fp32.
 
-State: m (running max, starts at -3.4e38, finite so that exp(m_old - m_new) never sees inf - inf),
+State: negm (minus the running max m; m starts at -3.4e38, finite so exp(m_old - m_new) never sees
+inf - inf),
 l (running sum of exp), acc [G, D] (running P @ V). Masked logits get -3.4e38 added, so their exp
 is 0 once any real logit has been seen; a chunk seen before any real logit is wiped by the
 rescale exp(m_old - m_new) = 0 when one arrives.
@@ -19,11 +20,12 @@ def _f32(shape, name):
 
 
 def init_state(G, D):
-    m, l, acc = _f32((G, 1), "m"), _f32((G, 1), "l"), _f32((G, D), "acc")
-    nisa.memset(dst=m, value=NEG_BIG)
+    """[negm, l, acc]: negm = -(running max), starting at -NEG_BIG (finite)."""
+    negm, l, acc = _f32((G, 1), "neg_m"), _f32((G, 1), "l"), _f32((G, D), "acc")
+    nisa.memset(dst=negm, value=-NEG_BIG)
     nisa.memset(dst=l, value=0.0)
     nisa.memset(dst=acc, value=0.0)
-    return m, l, acc
+    return [negm, l, acc]
 
 
 def mask_bias(c, T, G, L_g, W_g):
@@ -49,13 +51,15 @@ def _scores(qT_parts, k_sb, h, D, mm_dtype):
         kT_ps = nl.ndarray((dp, T), k_sb.dtype, buffer=nl.psum, name="kT_ps")
         nisa.nc_transpose(dst=kT_ps, data=k_sb[:, h * D + d0:h * D + d0 + dp])
         kT = nl.ndarray((dp, T), k_sb.dtype, buffer=nl.sbuf, name="kT")
-        nisa.tensor_copy(dst=kT, src=kT_ps)
+        nisa.activation(dst=kT, op=nl.copy, data=kT_ps)        # evict on ScalarE: VectorE is busier
         nisa.nc_matmul(dst=s_ps, stationary=qT_parts[k], moving=kT, accumulate=k > 0)
     return s_ps
 
 
 def online_update(state, qT_parts, k_sb, v_sb, h, D, bias, scale, soft_cap, mm_dtype):
-    m, l, acc = state
+    """Fold one chunk into the state. VectorE: bias add, row max, running max, two rescales;
+    ScalarE: scaling, exp with the row sum, alpha, PSUM evictions."""
+    negm, l, acc = state
     G, T = bias.shape
     s_ps = _scores(qT_parts, k_sb, h, D, mm_dtype)
     s = _f32((G, T), "s")
@@ -64,39 +68,36 @@ def online_update(state, qT_parts, k_sb, v_sb, h, D, bias, scale, soft_cap, mm_d
         nisa.activation(dst=s, op=nl.tanh, data=s, scale=1.0 / soft_cap)
         nisa.tensor_scalar(dst=s, data=s, op0=nl.multiply, operand0=float(soft_cap))
     nisa.tensor_tensor(dst=s, data1=s, data2=bias, op=nl.add)
-    m_new, neg = _f32((G, 1), "m_new"), _f32((G, 1), "neg_m")
-    nisa.tensor_reduce(dst=m_new, op=nl.maximum, data=s, axis=1)
-    nisa.tensor_tensor(dst=m_new, data1=m_new, data2=m, op=nl.maximum)
-    nisa.tensor_scalar(dst=neg, data=m_new, op0=nl.multiply, operand0=-1.0)
-    p, row_sum, alpha = _f32((G, T), "p"), _f32((G, 1), "row_sum"), _f32((G, 1), "alpha")
-    nisa.activation(dst=p, op=nl.exp, data=s, bias=neg, reduce_op=nl.add, reduce_res=row_sum,
+    negm_new = _f32((G, 1), "neg_m")
+    nisa.tensor_reduce(dst=negm_new, op=nl.maximum, data=s, axis=1, negate=True)
+    nisa.tensor_tensor(dst=negm_new, data1=negm_new, data2=negm, op=nl.minimum)
+    p_dtype = v_sb.dtype if v_sb.dtype.itemsize > 1 else mm_dtype
+    p = nl.ndarray((G, T), p_dtype, buffer=nl.sbuf, name="p")
+    row_sum, alpha = _f32((G, 1), "row_sum"), _f32((G, 1), "alpha")
+    nisa.activation(dst=p, op=nl.exp, data=s, bias=negm_new, reduce_op=nl.add, reduce_res=row_sum,
                     reduce_cmd=nisa.reduce_cmd.reset_reduce)
-    nisa.activation(dst=alpha, op=nl.exp, data=m, bias=neg)
+    nisa.activation(dst=alpha, op=nl.exp, data=negm, bias=negm_new, scale=-1.0)  # e^(m_old - m_new)
     nisa.scalar_tensor_tensor(dst=l, data=l, op0=nl.multiply, operand0=alpha, op1=nl.add,
                               operand1=row_sum)
-    p_mm = nl.ndarray((G, T), v_sb.dtype if v_sb.dtype.itemsize > 1 else mm_dtype,
-                      buffer=nl.sbuf, name="p_mm")
-    nisa.tensor_copy(dst=p_mm, src=p)
-    pT_ps = nl.ndarray((T, G), p_mm.dtype, buffer=nl.psum, name="pT_ps")
-    nisa.nc_transpose(dst=pT_ps, data=p_mm)
-    pT = nl.ndarray((T, G), p_mm.dtype, buffer=nl.sbuf, name="pT")
-    nisa.tensor_copy(dst=pT, src=pT_ps)
+    pT_ps = nl.ndarray((T, G), p_dtype, buffer=nl.psum, name="pT_ps")
+    nisa.nc_transpose(dst=pT_ps, data=p)
+    pT = nl.ndarray((T, G), p_dtype, buffer=nl.sbuf, name="pT")
+    nisa.activation(dst=pT, op=nl.copy, data=pT_ps)
     pv = nl.ndarray((G, D), nl.float32, buffer=nl.psum, name="pv_ps")
     nisa.nc_matmul(dst=pv, stationary=pT, moving=v_sb[:, h * D:(h + 1) * D], accumulate=False)
     nisa.scalar_tensor_tensor(dst=acc, data=acc, op0=nl.multiply, operand0=alpha, op1=nl.add,
                               operand1=pv)
-    nisa.tensor_copy(dst=m, src=m_new)
+    state[0] = negm_new
 
 
 def finalize(state, out, lse, sinks, b, h, v_scale):
     """out[b, group h] = acc / l * v_scale; lse[b, group h] = (m + ln l) * log2(e); sinks join l."""
-    m, l, acc = state
+    negm, l, acc = state
     G, D = acc.shape
     if sinks is not None:
-        sk, neg = _f32((G, 1), "sink"), _f32((G, 1), "neg_m")
+        sk = _f32((G, 1), "sink")
         nisa.dma_copy(dst=sk, src=sinks[h * G:(h + 1) * G, :])
-        nisa.tensor_scalar(dst=neg, data=m, op0=nl.multiply, operand0=-1.0)
-        nisa.activation(dst=sk, op=nl.exp, data=sk, bias=neg)
+        nisa.activation(dst=sk, op=nl.exp, data=sk, bias=negm)
         nisa.tensor_tensor(dst=l, data1=l, data2=sk, op=nl.add)
     rl = _f32((G, 1), "inv_l")
     nisa.reciprocal(dst=rl, data=l)
@@ -106,6 +107,6 @@ def finalize(state, out, lse, sinks, b, h, v_scale):
     nisa.dma_copy(dst=out[b, h * G:(h + 1) * G, :], src=o)
     ln_l = _f32((G, 1), "ln_l")
     nisa.activation(dst=ln_l, op=nl.log, data=l)
-    nisa.tensor_tensor(dst=ln_l, data1=ln_l, data2=m, op=nl.add)
+    nisa.tensor_tensor(dst=ln_l, data1=ln_l, data2=negm, op=nl.subtract)
     nisa.tensor_scalar(dst=ln_l, data=ln_l, op0=nl.multiply, operand0=LN_TO_LOG2)
     nisa.dma_copy(dst=lse[b, h * G:(h + 1) * G, :], src=ln_l)
