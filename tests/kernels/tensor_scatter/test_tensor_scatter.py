@@ -127,7 +127,7 @@ def test_string_dtype_refused():
 @pytest.mark.slow
 @pytest.mark.parametrize("rank", [3, 4, 5])
 def test_sweep(rng, target, rank):
-    for dims in itertools.islice(itertools.product([1, 2, 3], [1, 4], [5, 17], [1, 3]), 24):
+    for dims in itertools.islice(itertools.product([1, 3], [1, 4], [5, 17], [1, 3], [2]), 12):
         shape = tuple(dims[:rank])
         for axis in range(1, rank):
             for mode in ("linear", "circular"):
