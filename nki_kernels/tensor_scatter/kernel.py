@@ -5,6 +5,8 @@ Dimensions:  B batch, O = prod(shape[:axis]) prefixes (O/B per batch), M max_seq
 Device view: cache [O, M, I] @ HBM (written in place), update [O, S, I] @ HBM, w [B, 1] int32
              (write indices, already reduced modulo M in circular mode).
 Paths:
+  seq_len 1 (decode), NeuronCore-v3+: all batches' rows in one indirect DMA per 128 batches
+      (row index b * O/B * M + w[b] computed on device), whatever the mode.
   linear (all targets): one HBM->HBM DMA per batch; the destination pattern covers the batch's
       O/B prefixes x S rows x I words and starts at row w[b] through ``scalar_offset``.
   circular, NeuronCore-v3+ (trn2): rows land at (w[b] + s) mod M, which is not affine in s, so the
@@ -31,7 +33,9 @@ def tensor_scatter_kernel(cache, update, w, batch, circular):
     O, M, I = cache.shape
     S = update.shape[1]
     per_batch = O // batch
-    if not circular:
+    if S == 1 and nisa.get_nc_version() >= 3 and per_batch * I * cache.dtype.itemsize <= SBUF_TILE_BYTES:
+        _single_row_indirect(cache, update, w, batch, per_batch)
+    elif not circular:
         _linear(cache, update, w, batch, per_batch)
     elif nisa.get_nc_version() >= 3:
         _circular_indirect(cache, update, w, batch, per_batch)
@@ -51,6 +55,25 @@ def _linear(cache, update, w, batch, per_batch):
                            scalar_offset=w_sb[b - b0:b - b0 + 1, 0:1], indirect_dim=1)
             src = update.ap([[S * I, per_batch], [I, S], [1, I]], offset=b * per_batch * S * I)
             nisa.dma_copy(dst=dst, src=src)
+
+
+def _single_row_indirect(cache, update, w, batch, per_batch):
+    """S == 1 (decode): batch b's row w[b] of all its prefixes, <= 128 batches per indirect DMA."""
+    O, M, I = cache.shape
+    rows_view = cache.reshape((O * M, I))
+    for b0 in range(0, batch, P_MAX):
+        nb = min(P_MAX, batch - b0)
+        idx = nl.ndarray((nb, 1), nl.int32, buffer=nl.sbuf, name="row_idx")
+        nisa.dma_copy(dst=idx, src=w[b0:b0 + nb, :])
+        base = nl.ndarray((nb, 1), nl.int32, buffer=nl.sbuf, name="batch_base")
+        nisa.iota(dst=base, pattern=[[1, 1]], offset=b0 * per_batch * M, channel_multiplier=per_batch * M)
+        nisa.tensor_tensor(dst=idx, data1=idx, data2=base, op=nl.add)       # b * O/B * M + w[b]
+        upd_sb = nl.ndarray((nb, per_batch, I), cache.dtype, buffer=nl.sbuf, name="upd_sb")
+        nisa.dma_copy(dst=upd_sb, src=update.ap([[per_batch * I, nb], [I, per_batch], [1, I]],
+                                                offset=b0 * per_batch * I))
+        dst = rows_view.ap([[I, nb], [M * I, per_batch], [1, I]], offset=0, vector_offset=idx,
+                           indirect_dim=0)
+        nisa.dma_copy(dst=dst, src=upd_sb)
 
 
 def _wrapped_rows(idx, w, b, s0, M, rows):

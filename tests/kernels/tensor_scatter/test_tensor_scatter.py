@@ -135,3 +135,17 @@ def test_sweep(rng, target, rank):
                     c, u, w = make_case(rng, shape, axis, seq_len, mode)
                     np.testing.assert_array_equal(tensor_scatter(c, u, w, axis, mode),
                                                   tensor_scatter_ref(c, u, w, axis, mode))
+
+
+@pytest.mark.sim_only
+@pytest.mark.parametrize("mode", ["linear", "circular"])
+def test_decode_update_is_one_scatter_on_v3(rng, mode):
+    cache, update, w = make_case(rng, (40, 8, 64, 16), 2, 1, mode)
+    want = tensor_scatter_ref(cache, update, w, 2, mode)
+    with simulate.use_target("trn2"):
+        tensor_scatter_(cache, update, w, axis=2, mode=mode)
+    trace = simulate.last_trace()
+    # index load, iota, index add, update load, one indirect scatter for all 40 batches
+    assert trace.count_by_op()["dma_copy"] == 3 and len(trace) == 5
+    assert trace.hbm_bytes == 2 * update.nbytes + 40 * 4
+    np.testing.assert_array_equal(bits(cache), bits(want))
