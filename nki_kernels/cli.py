@@ -30,6 +30,11 @@ def _sizes(spec, pairs, default):
     return sizes
 
 
+def _on_hardware() -> bool:
+    from .backend import ON_HARDWARE
+    return ON_HARDWARE
+
+
 def _device_check(device):
     if device == "trn":
         from .backend import require_hardware
@@ -40,6 +45,11 @@ def _device_check(device):
 
 
 def _simulate(spec, inputs, target):
+    from .backend import ON_HARDWARE
+    if ON_HARDWARE:                        # real nki: the kernel runs on the NeuronCore, no trace
+        t0 = time.perf_counter()
+        out = spec.run(inputs)
+        return out, time.perf_counter() - t0, None
     import simulate
     with simulate.use_target(target):
         t0 = time.perf_counter()
@@ -52,14 +62,16 @@ def check(name, sizes, target, log=print):
     """Run one kernel in the simulator against its reference; returns a result row."""
     spec = KERNELS[name]
     inputs = spec.make(sizes, np.random.default_rng(0))
-    log(f"[{name}] {target}: running the kernel in the simulator ...")
+    where = "on the NeuronCore" if _on_hardware() else "in the simulator"
+    log(f"[{name}] {target}: running the kernel {where} ...")
     out, sim_s, trace = _simulate(spec, inputs, target)
     t0 = time.perf_counter()
     ref = spec.ref(inputs)
     ref_s = time.perf_counter() - t0
     ok, err = compare(spec, inputs, out, ref)
+    count = f"{len(trace)} instructions, simulator" if trace is not None else "device"
     log(f"[{name}] {'OK' if ok else 'MISMATCH'} vs NumPy reference (max abs error {err:.3g}); "
-        f"{len(trace)} instructions, simulator {sim_s:.2f} s, reference {ref_s:.3f} s")
+        f"{count} {sim_s:.2f} s, reference {ref_s:.3f} s")
     return dict(kernel=name, target=target, ok=ok, max_err=err, sim_s=sim_s, ref_s=ref_s,
                 trace=trace, inputs=inputs, spec=spec)
 
@@ -98,6 +110,9 @@ def _parse_overrides(pairs):
 def cmd_profile(args):
     spec = KERNELS[args.kernel]
     row = check(args.kernel, _sizes(spec, args.size, spec.demo), args.target)
+    if row["trace"] is None:
+        print("on a NeuronCore: profile with neuron-explorer (NEURON_FRAMEWORK_DEBUG=1 saves the NEFF)")
+        return 0 if row["ok"] else 1
     table, est = cost_row(row, _parse_overrides(args.set))
     print(markdown([table]))
     print("\nper engine (modelled busy time): " + ", ".join(
@@ -116,9 +131,11 @@ def cmd_suite(args, which):
     rows, ok = [], True
     for name, spec in KERNELS.items():
         for target in args.targets:
-            row = check(name, getattr(spec, which), target)
-            rows.append(cost_row(row)[0])
-            ok &= row["ok"]
+            for variant in (spec.variants if which == "bench" else ({},)):
+                row = check(name, dict(getattr(spec, which), **variant), target)
+                ok &= row["ok"]
+                if row["trace"] is not None:
+                    rows.append(dict(cost_row(row)[0], kernel=name + "".join(f" {v}" for v in variant.values())))
     table = markdown(rows)
     print("\n" + table)
     if which == "bench":
@@ -153,6 +170,8 @@ def main(argv=None):
         s.add_argument("--out", default=os.path.join("benchmarks", "results"))
     args = p.parse_args(argv)
     _device_check(getattr(args, "device", "sim"))
+    if args.cmd in ("demo", "bench") and _on_hardware():
+        args.targets = args.targets[:1]
     if args.cmd == "list":
         for name, spec in KERNELS.items():
             print(f"{name}: {spec.doc}\n  demo sizes: {spec.demo}\n  bench sizes: {spec.bench}")

@@ -25,6 +25,7 @@ class KernelSpec:
     flops: Callable          # inputs -> FLOPs
     demo: Dict[str, object]
     bench: Dict[str, object]
+    variants: tuple = ({},)          # bench: extra runs overriding some sizes (e.g. the layout)
 
 
 def _page_table(rng, kv_lens, page_size, spare=2):
@@ -135,19 +136,22 @@ KERNELS = {
         "tensor_scatter", "ONNX TensorScatter-24 KV-cache update (in place)", _ts_make, _ts_run, _ts_ref,
         lambda i: 0.0, lambda i: 2 * i["update"].nbytes, lambda i: 0,
         demo=dict(batch=4, heads=8, max_seq=256, seq_len=7, head_dim=64, mode="circular"),
-        bench=dict(batch=32, heads=8, max_seq=4096, seq_len=1, head_dim=128, mode="linear")),
+        bench=dict(batch=32, heads=8, max_seq=4096, seq_len=1, head_dim=128, mode="linear"),
+        variants=(dict(seq_len=1), dict(seq_len=300, mode="circular"))),
     "paged_kv_append": KernelSpec(
         "paged_kv_append", "FlashInfer append_paged_kv_cache (in place)", _ap_make, _ap_run, _ap_ref,
         lambda i: 0.0, lambda i: 2 * (i["append_key"].nbytes + i["append_value"].nbytes), lambda i: 0,
         demo=dict(batch=8, kv_len=100, append=20, page_size=16, kv_heads=4, head_dim=64),
-        bench=dict(batch=32, kv_len=4096, append=1, page_size=16, kv_heads=8, head_dim=128)),
+        bench=dict(batch=32, kv_len=4096, append=1, page_size=16, kv_heads=8, head_dim=128),
+        variants=(dict(layout="NHD"), dict(layout="HND"))),
     "paged_decode_attention": KernelSpec(
         "paged_decode_attention", "FlashInfer batch decode over a paged KV cache", _dec_make, _dec_run,
         _dec_ref, lambda i: {"float32": 2e-5, "float16": 2e-3}.get(i["q"].dtype.name, 2e-2), _dec_bytes,
         _dec_flops,
         demo=dict(batch=4, kv_len=300, page_size=16, kv_heads=2, group=4, head_dim=64),
         bench=dict(batch=32, kv_len=4096, page_size=16, kv_heads=8, group=4, head_dim=128,
-                   dtype="bfloat16")),
+                   dtype="bfloat16"),
+        variants=(dict(layout="NHD"), dict(layout="HND"))),
 }
 
 

@@ -34,26 +34,38 @@ def batch_decode(q, paged_kv_cache, kv_indptr, kv_indices, kv_last_page_len, kv_
         softmax denominator, as FlashInfer; multiply by ln 2 for natural log). Empty requests give
         zeros and -inf.
     """
+    args, statics = prepare_decode(q, paged_kv_cache, kv_indptr, kv_indices, kv_last_page_len,
+                                   kv_layout, sm_scale, logits_soft_cap, window_left, sinks, k_scale,
+                                   v_scale)
+    k, v, fused = split_cache(paged_kv_cache)
+    D = q.shape[2]
+    rows = (_rows(paged_kv_cache, D), None) if fused else (_rows(k, D), _rows(v, D))
+    out, lse = batch_decode_kernel(q, *rows, *args, *statics)
+    lse = lse.reshape(q.shape[0], q.shape[1])
+    return (out, lse) if return_lse else out
+
+
+def prepare_decode(q, paged_kv_cache, kv_indptr, kv_indices, kv_last_page_len, kv_layout, sm_scale,
+                   logits_soft_cap, window_left, sinks, k_scale, v_scale):
+    """Host half: validate, plan, and build the small index arrays the kernel reads.
+
+    ``q``/``paged_kv_cache`` may be shape-and-dtype stand-ins (only their metadata is read); the
+    index arrays must be host NumPy arrays. Returns (array args after the cache rows, static args).
+    """
     prob = check_batch_decode_inputs(q, paged_kv_cache, kv_indptr, kv_indices, kv_last_page_len,
                                      kv_layout, sm_scale, logits_soft_cap, window_left, sinks,
                                      k_scale, v_scale)
-    geo, D = prob.geo, q.shape[2]
+    geo = prob.geo
     plan = make_plan(geo, prob.kv_lens, window_left)
-    k, v, fused = split_cache(paged_kv_cache)
-    if fused:
-        k_rows, v_rows = _rows(paged_kv_cache, D), None
-    else:
-        k_rows, v_rows = _rows(k, D), _rows(v, D)
+    k_dtype = split_cache(paged_kv_cache)[0].dtype
     lens = prob.kv_lens.astype(np.int32).reshape(-1, 1)
     win = (np.maximum(0, prob.kv_lens - 1 - window_left) if window_left >= 0
            else np.zeros_like(prob.kv_lens)).astype(np.int32).reshape(-1, 1)
     padded = np.concatenate([kv_indices[:kv_indptr[-1]], np.zeros(plan.chunk, np.int32)]).reshape(-1, 1)
-    mm_dtype = k.dtype.name if k.dtype.itemsize >= 2 else "bfloat16"
+    mm_dtype = k_dtype.name if k_dtype.itemsize >= 2 else "bfloat16"
     sinks32 = None if sinks is None else np.asarray(sinks, np.float32).reshape(-1, 1)
-    out, lse = batch_decode_kernel(
-        q, k_rows, v_rows, kv_indptr.reshape(-1, 1), padded, lens, win,
-        plan.token_table(geo.page_size), sinks32, geo.num_heads, geo.page_size, plan.chunks,
-        (plan.rows_per_page, plan.entry_stride, plan.head_stride, plan.v_rows),
-        prob.sm_scale * float(k_scale), float(logits_soft_cap), float(v_scale), mm_dtype)
-    lse = lse.reshape(q.shape[0], q.shape[1])
-    return (out, lse) if return_lse else out
+    arrays = (kv_indptr.reshape(-1, 1), padded, lens, win, plan.token_table(geo.page_size), sinks32)
+    statics = (geo.num_heads, geo.page_size, plan.chunks,
+               (plan.rows_per_page, plan.entry_stride, plan.head_stride, plan.v_rows),
+               prob.sm_scale * float(k_scale), float(logits_soft_cap), float(v_scale), mm_dtype)
+    return arrays, statics

@@ -1,13 +1,19 @@
-"""The Neuron XLA path of the custom ops: tensors already on a NeuronCore go to the NKI kernels.
+"""The Neuron XLA path of the custom ops: tensors on a NeuronCore go straight to the NKI kernels.
 
-Needs torch-neuronx / torch_xla and the Neuron SDK's ``nki`` (installed from the Neuron pip
-repository on a trn/inf instance). Each function raises a clear error where they are absent.
-Index preparation that the CPU path does in NumPy is done with torch ops on the device here.
+``*_on_neuron`` need torch-neuronx (torch_xla) and the Neuron SDK's ``nki`` and raise a clear error
+where they are absent. The work is in the ``*_device`` functions, written with torch ops only (no
+NumPy on device data): small index arrays are copied to the host for validation and the plan (as
+FlashInfer's ``plan()`` does), the prepared index arrays go back to the tensor's device, and the
+NKI kernel is called on device tensors. On CPU tensors the same functions run the kernels in the
+simulator, which is how they are tested here.
 """
 
 from __future__ import annotations
 
+import numpy as np
 import torch
+
+from .convert import to_numpy
 
 
 def _require():
@@ -20,31 +26,83 @@ def _require():
     require_hardware("the Neuron XLA path of nki_kernels.torch")
 
 
-def append_on_neuron(append_key, append_value, batch_indices, positions, kv_cache, kv_indices,
-                     kv_indptr, kv_last_page_len, kv_layout):
-    _require()
+def _meta(t: torch.Tensor) -> np.ndarray:
+    """A zero-stride NumPy stand-in with ``t``'s shape and dtype (metadata for host checks)."""
+    dtype = to_numpy(torch.zeros((), dtype=t.dtype)).dtype
+    return np.broadcast_to(np.zeros((), dtype), tuple(t.shape))
+
+
+def _host(t):
+    return None if t is None else to_numpy(t.detach().cpu())
+
+
+def _dev(a, like):
+    return None if a is None else torch.from_numpy(np.ascontiguousarray(a)).to(like.device)
+
+
+def append_device(append_key, append_value, batch_indices, positions, kv_cache, kv_indices,
+                  kv_indptr, kv_last_page_len, kv_layout):
+    from nki_kernels.paged_kv_append.checks import (check_append_shapes, check_page_table,
+                                                    destination_slots)
     from nki_kernels.paged_kv_append.kernel import paged_kv_scatter_kernel
-    layout_nhd = kv_layout == "NHD"
-    n, _, a, b, d = kv_cache.shape
-    page_size, heads = (a, b) if layout_nhd else (b, a)
-    flat = kv_indptr[batch_indices.long()].long() * page_size + positions.long()
-    pages = kv_indices[(flat // page_size)].long()
-    per_kv = page_size * (1 if layout_nhd else heads)
-    rows = (pages * 2 * per_kv + flat % page_size).to(torch.int32).reshape(-1, 1)
-    row_elems = heads * d if layout_nhd else d
-    k_rows = kv_cache.reshape(-1, row_elems)
-    stride = 0 if layout_nhd else page_size * d
-    paged_kv_scatter_kernel(k_rows, None, append_key, append_value, rows, 1 if layout_nhd else heads,
-                            stride, page_size * heads * d)
+    idx = [_host(t) for t in (batch_indices, positions, kv_indices, kv_indptr, kv_last_page_len)]
+    geo = check_append_shapes(_meta(append_key), _meta(append_value), idx[0], idx[1], _meta(kv_cache),
+                              idx[2], idx[3], idx[4], kv_layout)
+    lens = check_page_table(idx[2], idx[3], idx[4], geo)
+    pages, entries = destination_slots(idx[0], idx[1], idx[2], idx[3], lens, geo)
+    rows = geo.rows(pages, entries).astype(np.int32).reshape(-1, 1)
+    heads, stride = (1, 0) if kv_layout == "NHD" else (geo.num_heads, geo.page_size * geo.head_dim)
+    paged_kv_scatter_kernel(kv_cache.view(-1, geo.row_elems), None, append_key.contiguous(),
+                            append_value.contiguous(), _dev(rows, kv_cache), heads, stride, geo.v_offset)
+
+
+def decode_device(q, kv_cache, kv_indptr, kv_indices, kv_last_page_len, kv_layout, sm_scale,
+                  logits_soft_cap, window_left, sinks):
+    from nki_kernels.paged_decode_attention.decode import prepare_decode
+    from nki_kernels.paged_decode_attention.kernel import batch_decode_kernel
+    arrays, statics = prepare_decode(_meta(q), _meta(kv_cache), _host(kv_indptr), _host(kv_indices),
+                                     _host(kv_last_page_len), kv_layout, sm_scale, logits_soft_cap,
+                                     window_left, _host(sinks), 1.0, 1.0)
+    D = q.shape[2]
+    out, lse = batch_decode_kernel(q.contiguous(), kv_cache.reshape(-1, D), None,
+                                   *(_dev(a, q) for a in arrays), *statics)
+    return out, lse.reshape(q.shape[0], q.shape[1])
+
+
+def tensor_scatter_device(past_cache, update, write_indices, axis, mode):
+    from nki_kernels.tensor_scatter.checks import check_tensor_scatter_inputs
+    from nki_kernels.tensor_scatter.kernel import tensor_scatter_kernel
+    axis, w = check_tensor_scatter_inputs(_meta(past_cache), _meta(update), _host(write_indices),
+                                          axis, mode)
+    present = past_cache.clone()
+    M, S = past_cache.shape[axis], update.shape[axis]
+    if update.numel() == 0:
+        return present
+    w32 = (w % M if mode == "circular" else w).astype(np.int32).reshape(-1, 1)
+    tensor_scatter_kernel(_words(present, axis, M), _words(update.contiguous(), axis, S),
+                          _dev(w32, present), past_cache.shape[0], mode == "circular")
+    return present
+
+
+def _words(t, axis, seq):
+    """[O, seq, I] view of ``t`` as 1/2/4-byte integer words (bits unchanged)."""
+    outer = int(np.prod(t.shape[:axis]))
+    row_bytes = int(np.prod(t.shape[axis + 1:])) * t.element_size()
+    word = next(w for w in (4, 2, 1) if row_bytes % w == 0)
+    flat = t.reshape(-1).view(torch.uint8).view({4: torch.int32, 2: torch.int16, 1: torch.uint8}[word])
+    return flat.view(outer, seq, row_bytes // word)
+
+
+def append_on_neuron(*args):
+    _require()
+    return append_device(*args)
 
 
 def decode_on_neuron(*args):
     _require()
-    raise NotImplementedError("batch_decode on a Neuron device: the host plan needs the page-table "
-                              "lengths on the host; call nki_kernels.paged_decode_attention's kernel "
-                              "with a plan built from CPU copies (not wired up yet)")
+    return decode_device(*args)
 
 
 def tensor_scatter_on_neuron(*args):
     _require()
-    raise NotImplementedError("tensor_scatter on a Neuron device is not wired up yet")
+    return tensor_scatter_device(*args)

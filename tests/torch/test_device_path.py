@@ -1,0 +1,47 @@
+"""The Neuron-device path of the ops, run on CPU tensors: the torch-side preparation feeds the same
+NKI kernels (executed here by the simulator, which accepts torch tensors)."""
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+from nki_kernels.torch import device  # noqa: E402
+
+from ..kernels.paged_decode_attention.conftest import make_decode_case  # noqa: E402
+from ..kernels.paged_kv_append.conftest import make_append_case  # noqa: E402
+
+
+def t(a):
+    return torch.from_numpy(a) if isinstance(a, np.ndarray) else a
+
+
+def test_append_device_path(rng, target):
+    from nki_kernels.paged_kv_append import append_paged_kv_cache_ref
+    for layout in ("NHD", "HND"):
+        args = make_append_case(rng, [20, 5], [6, 5], 4, 2, 8, layout=layout)
+        want = append_paged_kv_cache_ref(*args)
+        targs = [t(a) for a in args]
+        device.append_device(*targs)
+        np.testing.assert_array_equal(targs[4].numpy().view(np.uint32), want.view(np.uint32))
+
+
+def test_decode_device_path(rng, target):
+    from nki_kernels.paged_decode_attention import batch_decode_ref
+    args = make_decode_case(rng, [33, 0, 5], 8, 2, 2, 16, layout="HND")
+    out, lse = device.decode_device(*(t(a) for a in args), None, 0.0, -1, None)
+    ref, ref_lse = batch_decode_ref(*args, return_lse=True)
+    assert isinstance(out, torch.Tensor)
+    np.testing.assert_allclose(out.numpy(), ref, atol=2e-5)
+    np.testing.assert_allclose(lse.numpy(), ref_lse, atol=2e-4)
+
+
+def test_tensor_scatter_device_path(rng, target):
+    from nki_kernels.tensor_scatter import tensor_scatter_ref
+    cache = torch.randn(3, 2, 9, 4, dtype=torch.bfloat16)
+    update = torch.randn(3, 2, 4, 4, dtype=torch.bfloat16)
+    w = torch.tensor([0, 7, 20])
+    got = device.tensor_scatter_device(cache, update, w, 2, "circular")
+    want = tensor_scatter_ref(cache.view(torch.int16).numpy(), update.view(torch.int16).numpy(),
+                              w.numpy(), 2, "circular")
+    np.testing.assert_array_equal(got.view(torch.int16).numpy(), want)
+    assert not torch.equal(got, cache)                       # functional: input untouched
