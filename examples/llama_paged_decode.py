@@ -46,7 +46,8 @@ def run(steps=4, prompts=((5, 17, 2, 99, 3), (7,), (1, 2, 3, 4, 5, 6, 7, 8, 9)),
     dense = torch.zeros((len(seqs), gen.hkv, max_seq, gen.d))
     for step in range(steps + 1):
         for b, seq in enumerate(seqs):
-            ref = model(torch.tensor(seq)[None]).logits[0, -1]
+            with torch.no_grad():
+                ref = model(torch.tensor(seq)[None]).logits[0, -1]
             worst = max(worst, float((logits[b] - ref).abs().max()))
         tokens = logits.argmax(-1)
         log(f"step {step}: max |logits - HF eager| = {worst:.2e}; next tokens {tokens.tolist()}")
