@@ -6,7 +6,7 @@ import builtins
 
 import numpy as np
 
-from . import context as _context, dtypes as _dtypes
+from . import context as _context
 from .dtypes import (bfloat16, bool_, float8_e4m3, float8_e4m3fn, float8_e5m2, float8_e8m0fnu,
                      float16, float32, int8, int16, int32, tfloat32, uint8, uint16, uint32)
 from .ops import ALL_OPS as _ALL_OPS
@@ -129,7 +129,6 @@ class no_reorder:
 
 try:  # nl convenience ops (load/store/matmul/exp ...) live in their own module
     from .language_ops import *  # noqa: F401,F403
-    from .language_ops import copy_tile as _copy_tile
 except ImportError as _err:  # pragma: no cover - only while that module is being written
     if "language_ops" not in str(_err):
         raise

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import isa
-from .ops import ACTIVATIONS, ALU_OPS, Op
+from .ops import ACTIVATIONS, ALU_OPS
 from .tensor import MemoryRegion, ndarray
 
 __all__ = ["load", "store", "copy_tile", "transpose", "matmul", "sum", "max", "min", "mean", "prod",

@@ -26,7 +26,6 @@ class Operand:
 
     @property
     def itemsize(self) -> int:
-        import numpy as np
         from . import dtypes
         return dtypes.as_dtype(self.dtype).itemsize
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import numpy as np
 
 from .checks import check_append_shapes, check_page_table, destination_slots
 from .layout import split_cache

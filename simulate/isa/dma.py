@@ -8,7 +8,6 @@ indices untouched. Row ``w`` of an indirect side pairs with row ``w`` (dim 0) of
 
 from __future__ import annotations
 
-import numpy as np
 
 import access_patterns as aps
 
