@@ -43,7 +43,7 @@ def batch_decode_kernel(q, k_rows, v_rows, kv_indptr, kv_indices, kv_lens, win_s
     tok_sb = nl.ndarray((T, 2), nl.int32, buffer=nl.sbuf, name="tok_tab")
     nisa.dma_copy(dst=tok_sb, src=tok_tab)
     for b in range(B):
-        c0, c1 = chunks[b]
+        c0, c1, full_lo, full_hi = chunks[b]
         if c0 == c1:
             _empty_request(out, lse, sinks, b, HQ, D)
             continue
@@ -55,14 +55,15 @@ def batch_decode_kernel(q, k_rows, v_rows, kv_indptr, kv_indices, kv_lens, win_s
         W_t = broadcast_scalar(win_start, b, T, "win_t")
         ptr_t = broadcast_scalar(kv_indptr, b, T, "ptr_t")
         for c in range(c0, c1):
-            valid_t = token_validity(c, T, L_t, W_t)
+            masked = not full_lo <= c < full_hi          # boundary chunk: some tokens excluded
+            valid_t = token_validity(c, T, L_t, W_t) if masked else None
             tiles = [nl.ndarray((T, H * D), k_rows.dtype, buffer=nl.sbuf, name=n) for n in ("k_sb", "v_sb")]
             if indirect:
                 load_chunk_indirect(tiles, sources, kv_indices, ptr_t, tok_sb, valid_t, geo, c)
             else:
                 load_chunk_pages(tiles, sources, kv_indices, ptr_t[0:1, :], L_t[0:1, :],
                                  W_t[0:1, :], valid_t, geo, c)
-            bias = mask_bias(c, T, G, L_g, W_g)
+            bias = mask_bias(c, T, G, L_g, W_g) if masked else None
             for h in range(H):
                 online_update(states[h], [t[:, h * G:(h + 1) * G] for t in qT], tiles[0], tiles[1],
                               h, D, bias, scale, soft_cap, mm_dtype)

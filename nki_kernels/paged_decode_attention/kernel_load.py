@@ -57,15 +57,18 @@ def load_chunk_indirect(tiles, sources, kv_indices, ptr_t, tok_tab_sb, valid_t, 
     rowp = nl.ndarray((T, 1), nl.int32, buffer=nl.sbuf, name="row_page")
     nisa.tensor_scalar(dst=rowp, data=page, op0=nl.multiply, operand0=rpp)
     nisa.tensor_tensor(dst=row, data1=row, data2=rowp, op=nl.add)
-    mask_sentinel(row, row, valid_t)
+    if valid_t is not None:
+        mask_sentinel(row, row, valid_t)
     for tile, (rows, offset) in zip(tiles, sources):
-        nisa.memset(dst=tile, value=0.0)
+        if valid_t is not None:
+            nisa.memset(dst=tile, value=0.0)          # skipped rows must read as 0, not NaN
         src = rows.ap([[D, T], [hs * D, H], [1, D]], offset=offset, vector_offset=row, indirect_dim=0)
         nisa.dma_copy(dst=tile, src=src, oob_mode=nisa.oob_mode.skip)
 
 
 def load_chunk_pages(tiles, sources, kv_indices, ptr_1, L_1, W_1, valid_t, geo, c):
-    """NeuronCore-v2: one scalar-offset DMA per page (slot) of the chunk, then zero unused rows."""
+    """NeuronCore-v2: one scalar-offset DMA per page (slot) of the chunk, then zero unused rows.
+    ``valid_t`` None: a full chunk (all its pages and rows belong to the request), nothing to mask."""
     T, page_size, rpp, es, hs, D, H = geo
     slot0, entry0 = divmod(c * T, page_size)
     span = min(page_size, T)
@@ -73,25 +76,29 @@ def load_chunk_pages(tiles, sources, kv_indices, ptr_1, L_1, W_1, valid_t, geo, 
     pid = nl.ndarray((1, nslots), nl.int32, buffer=nl.sbuf, name="pid")
     nisa.dma_copy(dst=pid, src=kv_indices.ap([[1, 1], [1, nslots]], offset=slot0,
                                              scalar_offset=ptr_1, indirect_dim=0))
-    first = nl.ndarray((1, nslots), nl.int32, buffer=nl.sbuf, name="slot_first")
-    nisa.iota(dst=first, pattern=[[span, nslots]], offset=c * T, channel_multiplier=0)
-    ok = nl.ndarray((1, nslots), nl.int32, buffer=nl.sbuf, name="slot_ok")
-    nisa.tensor_scalar(dst=ok, data=first, op0=nl.less, operand0=L_1)
-    end = nl.ndarray((1, nslots), nl.int32, buffer=nl.sbuf, name="slot_end")
-    nisa.tensor_scalar(dst=end, data=first, op0=nl.add, operand0=span - 1,
-                       op1=nl.greater_equal, operand1=W_1)
-    nisa.tensor_tensor(dst=ok, data1=ok, data2=end, op=nl.multiply)
-    mask_sentinel(pid, pid, ok)
-    pred = nl.ndarray((T, H * D), nl.uint8, buffer=nl.sbuf, name="pred")
-    nisa.memset(dst=pred, value=0)
-    nisa.tensor_scalar(dst=pred, data=pred, op0=nl.add, operand0=valid_t)
+    if valid_t is not None:
+        first = nl.ndarray((1, nslots), nl.int32, buffer=nl.sbuf, name="slot_first")
+        nisa.iota(dst=first, pattern=[[span, nslots]], offset=c * T, channel_multiplier=0)
+        ok = nl.ndarray((1, nslots), nl.int32, buffer=nl.sbuf, name="slot_ok")
+        nisa.tensor_scalar(dst=ok, data=first, op0=nl.less, operand0=L_1)
+        end = nl.ndarray((1, nslots), nl.int32, buffer=nl.sbuf, name="slot_end")
+        nisa.tensor_scalar(dst=end, data=first, op0=nl.add, operand0=span - 1,
+                           op1=nl.greater_equal, operand1=W_1)
+        nisa.tensor_tensor(dst=ok, data1=ok, data2=end, op=nl.multiply)
+        mask_sentinel(pid, pid, ok)
+        pred = nl.ndarray((T, H * D), nl.uint8, buffer=nl.sbuf, name="pred")
+        nisa.memset(dst=pred, value=0)
+        nisa.tensor_scalar(dst=pred, data=pred, op0=nl.add, operand0=valid_t)
     for tile, (rows, offset) in zip(tiles, sources):
         pages = rows.reshape((rows.shape[0] // rpp, rpp * D))
-        raw = nl.ndarray((T, H * D), tile.dtype, buffer=nl.sbuf, name="kv_raw")
-        nisa.memset(dst=raw, value=0.0)
+        raw = tile                                   # a full chunk: every row is loaded
+        if valid_t is not None:
+            raw = nl.ndarray((T, H * D), tile.dtype, buffer=nl.sbuf, name="kv_raw")
+            nisa.memset(dst=raw, value=0.0)
         for j in range(nslots):
             src = pages.ap([[es * D, span], [hs * D, H], [1, D]], offset=offset + entry0 * es * D,
                            scalar_offset=pid[0:1, j:j + 1], indirect_dim=0)
             nisa.dma_copy(dst=raw[j * span:(j + 1) * span, :], src=src, oob_mode=nisa.oob_mode.skip)
-        nisa.memset(dst=tile, value=0.0)
-        nisa.tensor_copy_predicated(dst=tile, src=raw, predicate=pred)
+        if valid_t is not None:
+            nisa.memset(dst=tile, value=0.0)
+            nisa.tensor_copy_predicated(dst=tile, src=raw, predicate=pred)

@@ -60,14 +60,15 @@ def online_update(state, qT_parts, k_sb, v_sb, h, D, bias, scale, soft_cap, mm_d
     """Fold one chunk into the state. VectorE: bias add, row max, running max, two rescales;
     ScalarE: scaling, exp with the row sum, alpha, PSUM evictions."""
     negm, l, acc = state
-    G, T = bias.shape
+    G, T = qT_parts[0].shape[1], k_sb.shape[0]
     s_ps = _scores(qT_parts, k_sb, h, D, mm_dtype)
     s = _f32((G, T), "s")
     nisa.activation(dst=s, op=nl.copy, data=s_ps, scale=float(scale))
     if soft_cap > 0:
         nisa.activation(dst=s, op=nl.tanh, data=s, scale=1.0 / soft_cap)
         nisa.tensor_scalar(dst=s, data=s, op0=nl.multiply, operand0=float(soft_cap))
-    nisa.tensor_tensor(dst=s, data1=s, data2=bias, op=nl.add)
+    if bias is not None:
+        nisa.tensor_tensor(dst=s, data1=s, data2=bias, op=nl.add)
     negm_new = _f32((G, 1), "neg_m")
     nisa.tensor_reduce(dst=negm_new, op=nl.maximum, data=s, axis=1, negate=True)
     nisa.tensor_tensor(dst=negm_new, data1=negm_new, data2=negm, op=nl.minimum)

@@ -1,5 +1,7 @@
 """Host plan of a decode step: what the kernel fixes at trace time.
 
+Chunks wholly inside a request's [window start, length) need no masking; the plan marks them.
+
 Like FlashInfer's ``plan()``, which copies the page-table lengths to the host, the plan turns KV
 lengths into per-request chunk ranges (compile-time constants); page ids, lengths and the K/V data
 stay runtime data read on device. A chunk is T tokens (T = (128 // P) * P for P <= 128; 128 for P a
@@ -21,7 +23,7 @@ import numpy as np
 @dataclass(frozen=True)
 class DecodePlan:
     chunk: int                                  # T tokens per chunk
-    chunks: Tuple[Tuple[int, int], ...]         # per request: (first chunk, end chunk)
+    chunks: Tuple[Tuple[int, int, int, int], ...]   # per request: (first, end, first full, end full)
     rows_per_page: int
     entry_stride: int
     head_stride: int
@@ -53,7 +55,8 @@ def make_plan(geo, kv_lens, window_left: int) -> DecodePlan:
     chunks = []
     for L in kv_lens.tolist():
         start = max(0, L - 1 - window_left) if window_left >= 0 else 0
-        chunks.append((start // T, -(-L // T)) if L else (0, 0))
+        full_lo, full_hi = -(-start // T), L // T          # chunks with every token in [start, L)
+        chunks.append((start // T, -(-L // T), full_lo, max(full_lo, full_hi)) if L else (0, 0, 0, 0))
     P, H = geo.page_size, geo.num_heads
     per_kv = P * H
     if geo.layout == "NHD":
