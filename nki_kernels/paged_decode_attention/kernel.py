@@ -10,9 +10,11 @@ Args (device):
     static: plan fields (chunk ranges per request, row strides), scale = sm_scale * k_scale,
         soft_cap, v_scale
 Returns out [B, HQ, D] (q dtype) and lse [B, HQ] fp32, base 2, @ shared HBM.
-Tiling per request and kv head: scores[G, T] = qT[D, G].T @ KT[D, T] (TensorE, PSUM fp32; K chunk
-transposed on TensorE, D > 128 in 128-row K-tiles), online softmax (VectorE max, ScalarE exp with
-fused row sum, running rescale), out[G, D] += P @ V with P transposed on TensorE.
+Tiling per request and group of kv heads (rows R = heads x G <= 128 on partitions): scores[R, T]
+accumulate one matmul per head in PSUM fp32 (stationary = that head's qT zero-padded to R columns,
+moving = K^T made on TensorE, D > 128 in 128-row K-tiles), one online softmax for the whole group
+(VectorE max, ScalarE exp with fused row sum, running rescale), out[R, D] accumulates P^T masked to
+each head's columns @ V of that head.
 Paths: NeuronCore-v3+ gathers each chunk's token rows with one indirect DMA per K/V; NeuronCore-v2
 reads whole pages with one scalar-offset DMA each (see kernel_load.py).
 """
@@ -22,7 +24,8 @@ from __future__ import annotations
 from nki_kernels.backend import nki, nisa, nl
 
 from .kernel_load import broadcast_scalar, load_chunk_indirect, load_chunk_pages, token_validity
-from .kernel_softmax import finalize, init_state, mask_bias, online_update
+from .kernel_softmax import (column_masks, finalize, init_state, mask_bias, online_update,
+                             padded_queries)
 
 LOG2E = 1.4426950408889634
 
@@ -42,15 +45,21 @@ def batch_decode_kernel(q, k_rows, v_rows, kv_indptr, kv_indices, kv_lens, win_s
     indirect = nisa.get_nc_version() >= 3
     tok_sb = nl.ndarray((T, 2), nl.int32, buffer=nl.sbuf, name="tok_tab")
     nisa.dma_copy(dst=tok_sb, src=tok_tab)
+    per_group = max(1, min(H, 128 // G))                   # kv heads per tile: rows = heads x G <= 128
+    groups = [(h0, min(per_group, H - h0)) for h0 in range(0, H, per_group)]
+    p_dtype = k_rows.dtype if k_rows.dtype.itemsize > 1 else mm_dtype
+    masks = {n: column_masks(T, n, G, p_dtype) for n in sorted({n for _, n in groups})}
     for b in range(B):
         c0, c1, full_lo, full_hi = chunks[b]
         if c0 == c1:
             _empty_request(out, lse, sinks, b, HQ, D)
             continue
         qT = _load_q(q, b, mm_dtype)
-        states = [init_state(G, D) for _ in range(H)]
-        L_g = broadcast_scalar(kv_lens, b, G, "len_g")
-        W_g = broadcast_scalar(win_start, b, G, "win_g")
+        q_pads = [padded_queries(qT, h0, n, G, mm_dtype) for h0, n in groups]
+        states = [init_state(n * G, D) for _, n in groups]
+        R = per_group * G
+        L_g = broadcast_scalar(kv_lens, b, R, "len_g")
+        W_g = broadcast_scalar(win_start, b, R, "win_g")
         L_t = broadcast_scalar(kv_lens, b, T, "len_t")
         W_t = broadcast_scalar(win_start, b, T, "win_t")
         ptr_t = broadcast_scalar(kv_indptr, b, T, "ptr_t")
@@ -63,12 +72,12 @@ def batch_decode_kernel(q, k_rows, v_rows, kv_indptr, kv_indices, kv_lens, win_s
             else:
                 load_chunk_pages(tiles, sources, kv_indices, ptr_t[0:1, :], L_t[0:1, :],
                                  W_t[0:1, :], valid_t, geo, c)
-            bias = mask_bias(c, T, G, L_g, W_g) if masked else None
-            for h in range(H):
-                online_update(states[h], [t[:, h * G:(h + 1) * G] for t in qT], tiles[0], tiles[1],
-                              h, D, bias, scale, soft_cap, mm_dtype)
-        for h in range(H):
-            finalize(states[h], out, lse, sinks, b, h, v_scale)
+            bias = mask_bias(c, T, R, L_g, W_g) if masked else None
+            for (h0, n), state, pads in zip(groups, states, q_pads):
+                online_update(state, pads, masks[n], tiles[0], tiles[1], h0, D,
+                              None if bias is None else bias[0:n * G, :], scale, soft_cap, mm_dtype)
+        for (h0, n), state in zip(groups, states):
+            finalize(state, out, lse, sinks, b, h0 * G, v_scale)
     return out, lse
 
 

@@ -28,11 +28,11 @@ def init_state(G, D):
     return [negm, l, acc]
 
 
-def mask_bias(c, T, G, L_g, W_g):
-    """[G, T] fp32: 0 where chunk c's token is inside [W, L), else NEG_BIG."""
-    pos = nl.ndarray((G, T), nl.int32, buffer=nl.sbuf, name="pos_g")
+def mask_bias(c, T, R, L_g, W_g):
+    """[R, T] fp32: 0 where chunk c's token is inside [W, L), else NEG_BIG."""
+    pos = nl.ndarray((R, T), nl.int32, buffer=nl.sbuf, name="pos_g")
     nisa.iota(dst=pos, pattern=[[1, T]], offset=c * T, channel_multiplier=0)
-    ok, late = _f32((G, T), "ok_g"), _f32((G, T), "late_g")
+    ok, late = _f32((R, T), "ok_g"), _f32((R, T), "late_g")
     nisa.tensor_scalar(dst=ok, data=pos, op0=nl.less, operand0=L_g)
     nisa.tensor_scalar(dst=late, data=pos, op0=nl.greater_equal, operand0=W_g)
     nisa.tensor_tensor(dst=ok, data1=ok, data2=late, op=nl.multiply)
@@ -41,73 +41,109 @@ def mask_bias(c, T, G, L_g, W_g):
     return ok
 
 
-def _scores(qT_parts, k_sb, h, D, mm_dtype):
-    """PSUM [G, T] fp32 = q_group @ K_h^T, K transposed on TensorE in <= 128-row pieces."""
+def padded_queries(qT_parts, h0, n, G, mm_dtype):
+    """Per head j of the group: qT tiles [Dp, n*G] holding head h0+j's G queries in columns
+    j*G..(j+1)*G and zeros elsewhere, so per-head matmuls can accumulate into one PSUM tile."""
+    R = n * G
+    pads = []
+    for j in range(n):
+        parts = []
+        for t in qT_parts:
+            pad = nl.ndarray((t.shape[0], R), mm_dtype, buffer=nl.sbuf, name="q_pad")
+            nisa.memset(dst=pad, value=0.0)
+            nisa.tensor_copy(dst=pad[:, j * G:(j + 1) * G], src=t[:, (h0 + j) * G:(h0 + j + 1) * G])
+            parts.append(pad)
+        pads.append(parts)
+    return pads
+
+
+def column_masks(T, n, G, dtype):
+    """[T, n*G] tiles, one per head j of a group: 1 in columns j*G..(j+1)*G, else 0."""
+    masks = []
+    for j in range(n):
+        m = nl.ndarray((T, n * G), dtype, buffer=nl.sbuf, name="col_mask")
+        nisa.memset(dst=m, value=0.0)
+        nisa.memset(dst=m[:, j * G:(j + 1) * G], value=1.0)
+        masks.append(m)
+    return masks
+
+
+def _scores(q_pads, k_sb, h0, D):
+    """PSUM [n*G, T] fp32: row block j = queries of head h0+j against K of head h0+j (K^T made on
+    TensorE in <= 128-row pieces; zero-padded stationaries keep the heads apart)."""
     T = k_sb.shape[0]
-    G = qT_parts[0].shape[1]
-    s_ps = nl.ndarray((G, T), nl.float32, buffer=nl.psum, name="s_ps")
-    for k, d0 in enumerate(range(0, D, 128)):
-        dp = min(128, D - d0)
-        kT_ps = nl.ndarray((dp, T), k_sb.dtype, buffer=nl.psum, name="kT_ps")
-        nisa.nc_transpose(dst=kT_ps, data=k_sb[:, h * D + d0:h * D + d0 + dp])
-        kT = nl.ndarray((dp, T), k_sb.dtype, buffer=nl.sbuf, name="kT")
-        nisa.activation(dst=kT, op=nl.copy, data=kT_ps)        # evict on ScalarE: VectorE is busier
-        nisa.nc_matmul(dst=s_ps, stationary=qT_parts[k], moving=kT, accumulate=k > 0)
+    R = q_pads[0][0].shape[1]
+    s_ps = nl.ndarray((R, T), nl.float32, buffer=nl.psum, name="s_ps")
+    for j, parts in enumerate(q_pads):
+        h = h0 + j
+        for k, d0 in enumerate(range(0, D, 128)):
+            dp = min(128, D - d0)
+            kT_ps = nl.ndarray((dp, T), k_sb.dtype, buffer=nl.psum, name="kT_ps")
+            nisa.nc_transpose(dst=kT_ps, data=k_sb[:, h * D + d0:h * D + d0 + dp])
+            kT = nl.ndarray((dp, T), k_sb.dtype, buffer=nl.sbuf, name="kT")
+            nisa.activation(dst=kT, op=nl.copy, data=kT_ps)    # evict on ScalarE: VectorE is busier
+            nisa.nc_matmul(dst=s_ps, stationary=parts[k], moving=kT, accumulate=(j, k) != (0, 0))
     return s_ps
 
 
-def online_update(state, qT_parts, k_sb, v_sb, h, D, bias, scale, soft_cap, mm_dtype):
-    """Fold one chunk into the state. VectorE: bias add, row max, running max, two rescales;
-    ScalarE: scaling, exp with the row sum, alpha, PSUM evictions."""
+def online_update(state, q_pads, col_masks, k_sb, v_sb, h0, D, bias, scale, soft_cap, mm_dtype):
+    """Fold one chunk into the state of a head group (rows n*G). VectorE: bias add, row max,
+    running max, one column mask per head, two rescales; ScalarE: scaling, exp with the row sum,
+    alpha, PSUM evictions."""
     negm, l, acc = state
-    G, T = qT_parts[0].shape[1], k_sb.shape[0]
-    s_ps = _scores(qT_parts, k_sb, h, D, mm_dtype)
-    s = _f32((G, T), "s")
+    R, T = q_pads[0][0].shape[1], k_sb.shape[0]
+    s_ps = _scores(q_pads, k_sb, h0, D)
+    s = _f32((R, T), "s")
     nisa.activation(dst=s, op=nl.copy, data=s_ps, scale=float(scale))
     if soft_cap > 0:
         nisa.activation(dst=s, op=nl.tanh, data=s, scale=1.0 / soft_cap)
         nisa.tensor_scalar(dst=s, data=s, op0=nl.multiply, operand0=float(soft_cap))
     if bias is not None:
         nisa.tensor_tensor(dst=s, data1=s, data2=bias, op=nl.add)
-    negm_new = _f32((G, 1), "neg_m")
+    negm_new = _f32((R, 1), "neg_m")
     nisa.tensor_reduce(dst=negm_new, op=nl.maximum, data=s, axis=1, negate=True)
     nisa.tensor_tensor(dst=negm_new, data1=negm_new, data2=negm, op=nl.minimum)
-    p_dtype = v_sb.dtype if v_sb.dtype.itemsize > 1 else mm_dtype
-    p = nl.ndarray((G, T), p_dtype, buffer=nl.sbuf, name="p")
-    row_sum, alpha = _f32((G, 1), "row_sum"), _f32((G, 1), "alpha")
+    p_dtype = col_masks[0].dtype
+    p = nl.ndarray((R, T), p_dtype, buffer=nl.sbuf, name="p")
+    row_sum, alpha = _f32((R, 1), "row_sum"), _f32((R, 1), "alpha")
     nisa.activation(dst=p, op=nl.exp, data=s, bias=negm_new, reduce_op=nl.add, reduce_res=row_sum,
                     reduce_cmd=nisa.reduce_cmd.reset_reduce)
     nisa.activation(dst=alpha, op=nl.exp, data=negm, bias=negm_new, scale=-1.0)  # e^(m_old - m_new)
     nisa.scalar_tensor_tensor(dst=l, data=l, op0=nl.multiply, operand0=alpha, op1=nl.add,
                               operand1=row_sum)
-    pT_ps = nl.ndarray((T, G), p_dtype, buffer=nl.psum, name="pT_ps")
+    pT_ps = nl.ndarray((T, R), p_dtype, buffer=nl.psum, name="pT_ps")
     nisa.nc_transpose(dst=pT_ps, data=p)
-    pT = nl.ndarray((T, G), p_dtype, buffer=nl.sbuf, name="pT")
+    pT = nl.ndarray((T, R), p_dtype, buffer=nl.sbuf, name="pT")
     nisa.activation(dst=pT, op=nl.copy, data=pT_ps)
-    pv = nl.ndarray((G, D), nl.float32, buffer=nl.psum, name="pv_ps")
-    nisa.nc_matmul(dst=pv, stationary=pT, moving=v_sb[:, h * D:(h + 1) * D], accumulate=False)
+    pv = nl.ndarray((R, D), nl.float32, buffer=nl.psum, name="pv_ps")
+    for j, mask in enumerate(col_masks):
+        h = h0 + j
+        pT_j = nl.ndarray((T, R), p_dtype, buffer=nl.sbuf, name="pT_head")
+        nisa.tensor_tensor(dst=pT_j, data1=pT, data2=mask, op=nl.multiply)   # only head h's columns
+        nisa.nc_matmul(dst=pv, stationary=pT_j, moving=v_sb[:, h * D:(h + 1) * D], accumulate=j > 0)
     nisa.scalar_tensor_tensor(dst=acc, data=acc, op0=nl.multiply, operand0=alpha, op1=nl.add,
                               operand1=pv)
     state[0] = negm_new
 
 
-def finalize(state, out, lse, sinks, b, h, v_scale):
-    """out[b, group h] = acc / l * v_scale; lse[b, group h] = (m + ln l) * log2(e); sinks join l."""
+def finalize(state, out, lse, sinks, b, r0, v_scale):
+    """Query heads r0..r0+R of request b: out = acc / l * v_scale; lse = (m + ln l) * log2(e);
+    sinks join l."""
     negm, l, acc = state
-    G, D = acc.shape
+    R, D = acc.shape                # rows: the query heads of one head group
     if sinks is not None:
-        sk = _f32((G, 1), "sink")
-        nisa.dma_copy(dst=sk, src=sinks[h * G:(h + 1) * G, :])
+        sk = _f32((R, 1), "sink")
+        nisa.dma_copy(dst=sk, src=sinks[r0:r0 + R, :])
         nisa.activation(dst=sk, op=nl.exp, data=sk, bias=negm)
         nisa.tensor_tensor(dst=l, data1=l, data2=sk, op=nl.add)
-    rl = _f32((G, 1), "inv_l")
+    rl = _f32((R, 1), "inv_l")
     nisa.reciprocal(dst=rl, data=l)
-    o = nl.ndarray((G, D), out.dtype, buffer=nl.sbuf, name="o")
+    o = nl.ndarray((R, D), out.dtype, buffer=nl.sbuf, name="o")
     nisa.tensor_scalar(dst=o, data=acc, op0=nl.multiply, operand0=rl, op1=nl.multiply,
                        operand1=float(v_scale))
-    nisa.dma_copy(dst=out[b, h * G:(h + 1) * G, :], src=o)
-    ln_l = _f32((G, 1), "ln_l")
+    nisa.dma_copy(dst=out[b, r0:r0 + R, :], src=o)
+    ln_l = _f32((R, 1), "ln_l")
     nisa.activation(dst=ln_l, op=nl.log, data=l)
     nisa.tensor_tensor(dst=ln_l, data1=ln_l, data2=negm, op=nl.subtract)
     nisa.tensor_scalar(dst=ln_l, data=ln_l, op0=nl.multiply, operand0=LN_TO_LOG2)
-    nisa.dma_copy(dst=lse[b, h * G:(h + 1) * G, :], src=ln_l)
+    nisa.dma_copy(dst=lse[b, r0:r0 + R, :], src=ln_l)

@@ -100,3 +100,12 @@ def test_long_and_wide(rng, batch, kv_max):
     out, lse = batch_decode(*args, return_lse=True)
     ref, ref_lse = batch_decode_ref(*args, return_lse=True)
     assert_close(out, ref, lse, ref_lse)
+
+
+@pytest.mark.parametrize("H, G", [(3, 48), (20, 8)])
+def test_head_groups_beyond_128_rows(rng, target, H, G):
+    # kv heads are processed in groups of <= 128 query rows: (2 + 1) heads of 48, (16 + 4) of 8
+    args = make_decode_case(rng, [20, 5], 4, H, G, 16, layout="HND")
+    out, lse = batch_decode(*args, return_lse=True, sinks=np.linspace(-1, 1, H * G).astype(np.float32))
+    ref, ref_lse = batch_decode_ref(*args, return_lse=True, sinks=np.linspace(-1, 1, H * G).astype(np.float32))
+    assert_close(out, ref, lse, ref_lse)
