@@ -1,29 +1,51 @@
-"""``nki.language`` convenience ops (NKI >= 0.3): each allocates its result tile and lowers to
-``nki.isa`` instructions, so it is traced like hand-written ISA code.
+"""``nki.language`` convenience ops (NKI >= 0.3, "experimental"): each allocates its result tile and
+lowers to ``nki.isa`` instructions, so it is traced and validated like hand-written ISA code.
 
-Covered: load, store, copy, transpose, matmul, element-wise ALU ops (``nl.add(x, y)``, with a tile
-or a number as y), activation functions (``nl.exp(x)``), sum/max/min/mean/prod over trailing free
-axes, softmax over the last axis, where. Results go to SBUF (PSUM for matmul/transpose).
+- ``load``/``store``/``load_transpose2d`` (DMA), ``copy`` (tensor_copy), ``transpose`` and
+  ``matmul`` (TensorE, result in PSUM).
+- Element-wise: every ALU token ``nl.add(x, y, dtype=None)`` and activation token
+  ``nl.exp(x, dtype=None)`` is callable. ``x``/``y`` are tiles or numbers; shapes broadcast
+  along free dims (size-1 free dims, or a [P, 1] column as a tensor_scalar operand); partitions
+  must match (``broadcast_to`` replicates a 1-partition tile). Comparisons and logical ops
+  default to ``dtype=nl.bool_``; otherwise the result dtype is promoted from the inputs.
+- Reductions ``sum/max/min/mean/prod/var/all(x, axis, dtype=None, keepdims=False)`` over
+  trailing free axes; ``softmax(x, axis=-1)`` of a 2-D tile (the row recipe of nki-api.md §6);
+  ``where``, ``broadcast_to``, ``expand_dims``.
+Results live in SBUF (PSUM for ``matmul``/``transpose``).
 """
 
 from __future__ import annotations
 
+import builtins
+
 import numpy as np
 
-from . import isa
+from . import dtypes, isa
 from .ops import ACTIVATIONS, ALU_OPS
 from .tensor import MemoryRegion, ndarray
 
-__all__ = ["load", "store", "copy_tile", "transpose", "matmul", "sum", "max", "min", "mean", "prod",
-           "softmax", "where"]
+__all__ = ["load", "store", "load_transpose2d", "copy_tile", "transpose", "matmul", "sum", "max",
+           "min", "mean", "prod", "var", "all", "softmax", "where", "broadcast_to", "expand_dims",
+           "logical_not"]
+
+BOOL_RESULT = ("compare", "logical")
 
 
 def _sbuf(shape, dtype, name=""):
     return ndarray(shape, dtype, buffer=MemoryRegion.sbuf, name=name)
 
 
+def _psum(shape, dtype, name=""):
+    return ndarray(shape, dtype, buffer=MemoryRegion.psum, name=name)
+
+
+def _is_tile(x) -> bool:
+    return isinstance(x, ndarray)
+
+
+# -- data movement ---------------------------------------------------------------------------
 def load(src, dtype=None):
-    """HBM -> a new SBUF tile (cast through fp32 when ``dtype`` differs)."""
+    """A tensor (HBM or SBUF) -> a new SBUF tile (converted through fp32 when ``dtype`` differs)."""
     t = _sbuf(src.shape, dtype or src.dtype, "load")
     isa.dma_copy(dst=t, src=src)
     return t
@@ -32,57 +54,146 @@ def load(src, dtype=None):
 def store(dst, value):
     """A tile -> ``dst`` (HBM); PSUM values are evicted through SBUF first."""
     if value.buffer == MemoryRegion.psum:
-        value = copy_tile(value)
+        value = copy_tile(value, dst.dtype)
     isa.dma_copy(dst=dst, src=value)
 
 
 def copy_tile(x, dtype=None):
+    """``nl.copy``: a new SBUF tile equal to ``x`` (bit-exact when the dtype is kept)."""
     t = _sbuf(x.shape, dtype or x.dtype, "copy")
     isa.tensor_copy(dst=t, src=x)
     return t
 
 
-def transpose(x):
-    """[P, F] -> [F, P] in PSUM (TensorE)."""
-    t = ndarray((x.shape[1], x.shape[0]), x.dtype, buffer=MemoryRegion.psum, name="transpose")
+def transpose(x, dtype=None):
+    """2-D [P, F] -> [F, P] in PSUM (TensorE, <= 128 x 128)."""
+    if x.ndim != 2:
+        raise ValueError(f"nl.transpose takes a 2-D tile, got shape {x.shape}")
+    t = _psum((x.shape[1], x.shape[0]), x.dtype, "transpose")
     isa.nc_transpose(dst=t, data=x)
-    return t
+    return t if dtype in (None, x.dtype) else copy_tile(t, dtype)
+
+
+def load_transpose2d(src, dtype=None):
+    """HBM [P, F] -> SBUF [F, P] (a load, a TensorE transpose, an eviction)."""
+    return copy_tile(transpose(load(src)), dtype)
 
 
 def matmul(x, y, transpose_x=False):
-    """x @ y into PSUM fp32: x [M, K] (or [K, M] with transpose_x), y [K, N]."""
+    """``x @ y`` (``x.T @ y`` with ``transpose_x``) into a new fp32 PSUM tile. x [M, K] <= 128 x 128
+    (without ``transpose_x`` a TensorE transpose is inserted), y [K, N <= 512]."""
     xT = x if transpose_x else copy_tile(transpose(x))
-    out = ndarray((xT.shape[1], y.shape[1]), np.float32, buffer=MemoryRegion.psum, name="matmul")
+    out = _psum((xT.shape[1], y.shape[1]), np.float32, "matmul")
     isa.nc_matmul(dst=out, stationary=xT, moving=y)
     return out
 
 
+# -- element-wise ----------------------------------------------------------------------------
+def _promote(x, y):
+    """Result dtype of a binary op: float beats int, wider beats narrower, bf16+fp16 -> fp32."""
+    kinds = [np.dtype(t.dtype) if _is_tile(t) else None for t in (x, y)]
+    tiles = [k for k in kinds if k is not None]
+    if len(tiles) == 1:
+        other = y if kinds[0] is not None else x
+        if dtypes.is_int(tiles[0]) and isinstance(other, float):
+            return dtypes.float32
+        return tiles[0]
+    a, b = tiles
+    if a == b:
+        return a
+    fa, fb = dtypes.is_float(a), dtypes.is_float(b)
+    if fa != fb:
+        return a if fa else b
+    if a.itemsize != b.itemsize:
+        return a if a.itemsize > b.itemsize else b
+    return dtypes.float32 if fa else dtypes.int32
+
+
+def _broadcast_free(t, shape):
+    """View of tile ``t`` broadcast (size-1 free dims) to ``shape`` with the same partitions."""
+    if t.shape == tuple(shape):
+        return t
+    if t.ndim != len(shape):
+        raise ValueError(f"cannot broadcast {t.shape} to {tuple(shape)}: ranks differ")
+    if t.shape[0] != shape[0]:
+        raise ValueError(f"partition sizes differ ({t.shape[0]} vs {shape[0]}); use "
+                         f"nl.broadcast_to for a 1-partition tile")
+    for dim in range(1, len(shape)):
+        if t.shape[dim] != shape[dim]:
+            if t.shape[dim] != 1:
+                raise ValueError(f"cannot broadcast {t.shape} to {tuple(shape)}")
+            t = t.broadcast(dim, shape[dim])
+    return t
+
+
+def _is_column(t, shape):
+    return t.ndim == len(shape) and t.shape[0] == shape[0] and t.size == t.shape[0]
+
+
 def _binary(token):
     def apply(x, y, dtype=None):
-        out = _sbuf(x.shape, dtype or x.dtype, token.name)
-        if isinstance(y, ndarray):
-            isa.tensor_tensor(dst=out, data1=x, data2=y, op=token)
-        else:
-            isa.tensor_scalar(dst=out, data=x, op0=token, operand0=y)
+        if not _is_tile(x) and not _is_tile(y):
+            raise TypeError(f"nl.{token.name} needs at least one tile")
+        if dtype is None:
+            dtype = dtypes.bool_ if token.kind in BOOL_RESULT else _promote(x, y)
+        if _is_tile(x) and _is_tile(y):
+            shape = tuple(np.broadcast_shapes(x.shape, y.shape))
+            for a, b, rev in ((x, y, False), (y, x, True)):
+                if a.shape == shape and b.shape != shape and _is_column(b, shape):
+                    out = _sbuf(shape, dtype, token.name)
+                    isa.tensor_scalar(dst=out, data=a, op0=token, operand0=b, reverse0=rev)
+                    return out
+            out = _sbuf(shape, dtype, token.name)
+            isa.tensor_tensor(dst=out, data1=_broadcast_free(x, shape),
+                              data2=_broadcast_free(y, shape), op=token)
+            return out
+        tile, number, rev = (x, y, False) if _is_tile(x) else (y, x, True)
+        out = _sbuf(tile.shape, dtype, token.name)
+        isa.tensor_scalar(dst=out, data=tile, op0=token, operand0=number, reverse0=rev)
         return out
+    apply.__name__ = token.name
+    apply.__doc__ = f"nl.{token.name}(x, y, dtype=None): element-wise, returns a new SBUF tile."
     return apply
 
 
 def _unary(token):
     def apply(x, dtype=None):
         out = _sbuf(x.shape, dtype or x.dtype, token.name)
-        isa.activation(dst=out, op=token, data=x)
+        if token.kind == "bitvec":
+            isa.tensor_scalar(dst=out, data=x, op0=token, operand0=None)
+        else:
+            isa.activation(dst=out, op=token, data=x)
         return out
+    apply.__name__ = token.name
+    apply.__doc__ = f"nl.{token.name}(x, dtype=None): element-wise, returns a new SBUF tile."
     return apply
 
 
-def _reduce(token_name):
+def logical_not(x, dtype=dtypes.bool_):
+    """1 where ``x == 0`` else 0."""
+    out = _sbuf(x.shape, dtype, "logical_not")
+    isa.tensor_scalar(dst=out, data=x, op0=ALU_OPS["equal"], operand0=0.0)
+    return out
+
+
+# -- reductions ------------------------------------------------------------------------------
+def _axes(x, axis):
+    axes = (axis,) if isinstance(axis, (int, np.integer)) else tuple(axis)
+    return tuple(sorted(int(a) % x.ndim for a in axes))
+
+
+def _reduced_shape(x, axes, keepdims):
+    if keepdims:
+        return tuple(1 if d in axes else n for d, n in enumerate(x.shape))
+    shape = tuple(n for d, n in enumerate(x.shape) if d not in axes)
+    return shape if len(shape) >= 2 else (x.shape[0], 1)
+
+
+def _reduce(token_name, default_dtype=None):
     def apply(x, axis, dtype=None, keepdims=False):
-        axes = (axis,) if isinstance(axis, int) else tuple(axis)
-        axes = tuple(a % x.ndim for a in axes)
-        kept = [n if d not in axes else 1 for d, n in enumerate(x.shape)]
-        shape = tuple(kept) if keepdims else tuple(n for d, n in enumerate(x.shape) if d not in axes)
-        out = _sbuf(shape if len(shape) >= 2 else (x.shape[0], 1), dtype or x.dtype, token_name)
+        axes = _axes(x, axis)
+        out = _sbuf(_reduced_shape(x, axes, keepdims), dtype or default_dtype or x.dtype,
+                    token_name)
         isa.tensor_reduce(dst=out, op=ALU_OPS[token_name], data=x, axis=axes, keepdims=keepdims)
         return out
     return apply
@@ -92,44 +203,106 @@ sum = _reduce("add")            # noqa: A001 - NKI's names
 max = _reduce("maximum")        # noqa: A001
 min = _reduce("minimum")        # noqa: A001
 prod = _reduce("multiply")
+all = _reduce("logical_and", dtypes.bool_)    # noqa: A001
 
 
 def mean(x, axis, dtype=None, keepdims=False):
+    """Sum over ``axis`` times 1/count (fp32 math)."""
     total = sum(x, axis, np.float32, keepdims)
-    count = int(np.prod([x.shape[a % x.ndim] for a in ((axis,) if isinstance(axis, int) else axis)]))
+    count = int(np.prod([x.shape[a] for a in _axes(x, axis)]))
     out = _sbuf(total.shape, dtype or x.dtype, "mean")
     isa.tensor_scalar(dst=out, data=total, op0=ALU_OPS["multiply"], operand0=1.0 / count)
     return out
 
 
-def softmax(x, axis=-1):
-    """Row softmax over the last (free) axis of a 2-D tile."""
-    if axis % x.ndim != x.ndim - 1 or x.ndim != 2:
-        raise ValueError("nl.softmax here takes a 2-D tile and axis=-1")
-    negmax = _sbuf((x.shape[0], 1), np.float32, "negmax")
-    isa.tensor_reduce(dst=negmax, op=ALU_OPS["maximum"], data=x, axis=1, negate=True, keepdims=True)
-    e, total = _sbuf(x.shape, np.float32, "exp"), _sbuf((x.shape[0], 1), np.float32, "sum")
+def var(x, axis, dtype=None, keepdims=False):
+    """Population variance over trailing ``axis``: mean of squared deviations (fp32 math)."""
+    axes = _axes(x, axis)
+    kept = int(np.prod(x.shape[1:axes[0]], dtype=np.int64))
+    x3 = x.reshape((x.shape[0], kept, x.size // x.shape[0] // kept))
+    m = mean(x3, 2, np.float32, keepdims=True)
+    diff = _sbuf(x3.shape, np.float32, "var_diff")
+    isa.tensor_tensor(dst=diff, data1=x3, data2=m.broadcast(2, x3.shape[2]),
+                      op=ALU_OPS["subtract"])
+    isa.activation(dst=diff, op=ACTIVATIONS["square"], data=diff)
+    out = mean(diff, 2, dtype or x.dtype)
+    shape = _reduced_shape(x, axes, keepdims)
+    return out if out.shape == shape else out.reshape(shape)
+
+
+def softmax(x, axis=-1, dtype=None):
+    """Row softmax of a 2-D tile over its free axis: max (negated) -> exp with the row sum ->
+    reciprocal -> scale (fp32 intermediates)."""
+    if x.ndim != 2 or axis % x.ndim != 1:
+        raise ValueError(f"nl.softmax here takes a 2-D tile and axis=-1 (got {x.shape}, "
+                         f"axis={axis})")
+    P = x.shape[0]
+    negmax = _sbuf((P, 1), np.float32, "negmax")
+    isa.tensor_reduce(dst=negmax, op=ALU_OPS["maximum"], data=x, axis=1, negate=True,
+                      keepdims=True)
+    e, total = _sbuf(x.shape, np.float32, "exp"), _sbuf((P, 1), np.float32, "sum")
     isa.activation(dst=e, op=ACTIVATIONS["exp"], data=x, bias=negmax, reduce_op=ALU_OPS["add"],
                    reduce_res=total, reduce_cmd=isa.reduce_cmd.reset_reduce)
     isa.reciprocal(dst=total, data=total)
-    out = _sbuf(x.shape, x.dtype, "softmax")
+    out = _sbuf(x.shape, dtype or x.dtype, "softmax")
     isa.tensor_scalar(dst=out, data=e, op0=ALU_OPS["multiply"], operand0=total)
     return out
 
 
-def where(condition, x, y):
-    """x where condition != 0 else y (condition: an integer tile)."""
-    out = copy_tile(y)
-    isa.tensor_copy_predicated(dst=out, src=x, predicate=condition)
+# -- selection and shapes --------------------------------------------------------------------
+def where(condition, x, y, dtype=None):
+    """``x`` where ``condition != 0`` else ``y`` (x, y tiles or numbers; same shape as condition)."""
+    shape = condition.shape
+    dtype = dtype or (x.dtype if _is_tile(x) else y.dtype if _is_tile(y) else np.float32)
+    pred = condition
+    if condition.dtype not in (dtypes.uint8, dtypes.uint16, dtypes.uint32):
+        pred = _sbuf(shape, dtypes.uint8, "where_pred")
+        isa.tensor_scalar(dst=pred, data=condition, op0=ALU_OPS["not_equal"], operand0=0.0)
+    out = _sbuf(shape, dtype, "where")
+    if _is_tile(y):
+        isa.tensor_copy(dst=out, src=_broadcast_free(y, shape))
+    else:
+        isa.memset(dst=out, value=y)
+    src = _broadcast_free(x, shape) if _is_tile(x) else x
+    if _is_tile(src) and src.dtype != dtype:
+        src = copy_tile(src, dtype)
+    isa.tensor_copy_predicated(dst=out, src=src, predicate=pred)
     return out
+
+
+def expand_dims(x, axis):
+    """A view with a size-1 free dim inserted at ``axis`` (not the partition dim)."""
+    return x.expand_dim(axis % (x.ndim + 1))
+
+
+def broadcast_to(x, shape):
+    """A new SBUF tile of ``shape``: size-1 free dims repeated; a 1-partition float tile is
+    replicated across partitions by a TensorE matmul with a ones row (exact)."""
+    shape = tuple(int(n) for n in shape)
+    if x.shape[0] == shape[0]:
+        return copy_tile(_broadcast_free(x, shape))
+    if x.shape[0] != 1 or not dtypes.is_float(x.dtype):
+        raise ValueError(f"broadcast_to {x.shape} -> {shape}: partitions are replicated only "
+                         f"from a 1-partition float tile")
+    row = copy_tile(_broadcast_free(x, (1,) + shape[1:])).reshape((1, int(np.prod(shape[1:]))))
+    ones = _sbuf((1, shape[0]), row.dtype, "ones")
+    isa.memset(dst=ones, value=1.0)
+    out = _sbuf((shape[0], row.shape[1]), x.dtype, "broadcast")
+    for f0 in range(0, row.shape[1], 512):
+        f1 = builtins.min(row.shape[1], f0 + 512)
+        acc = _psum((shape[0], f1 - f0), np.float32, "broadcast_ps")
+        isa.nc_matmul(dst=acc, stationary=ones, moving=row[:, f0:f1])
+        isa.tensor_copy(dst=out[:, f0:f1], src=acc)
+    return out.reshape(shape)
 
 
 def _attach():
     for token in ALU_OPS.values():
-        if token.arity == 2:
-            object.__setattr__(token, "convenience", _binary(token))
+        object.__setattr__(token, "convenience", _binary(token) if token.arity == 2
+                           else _unary(token))
     for token in ACTIVATIONS.values():
         object.__setattr__(token, "convenience", _unary(token))
+    object.__setattr__(ACTIVATIONS["copy"], "convenience", copy_tile)
 
 
 _attach()

@@ -23,6 +23,8 @@ class Op:
     kind: str                      # "arith" | "compare" | "logical" | "bitvec" | "activation"
     reduce_identity: Optional[float] = None   # set for legal reduction ops
     convenience: Optional[Callable] = None    # nl.<name>(...) implementation, set later
+    alu_unary: bool = False        # activation token that is also a unary ALU op (tensor_scalar)
+    min_nc: int = 2                # first NeuronCore version with this operator
 
     def __call__(self, *args, **kwargs):
         if self.convenience is None:
@@ -57,8 +59,8 @@ _ALU = [
     Op("maximum", _f(np.maximum), 2, "arith", -np.inf),
     Op("minimum", _f(np.minimum), 2, "arith", np.inf),
     Op("power", _f(np.power), 2, "arith"),
-    Op("abs_max", _f(lambda a, b: np.maximum(np.abs(a), np.abs(b))), 2, "arith", 0.0),
-    Op("abs_min", _f(lambda a, b: np.minimum(np.abs(a), np.abs(b))), 2, "arith", np.inf),
+    Op("abs_max", _f(lambda a, b: np.maximum(np.abs(a), np.abs(b))), 2, "arith", min_nc=4),
+    Op("abs_min", _f(lambda a, b: np.minimum(np.abs(a), np.abs(b))), 2, "arith", min_nc=4),
     Op("equal", _bool_f32(np.equal), 2, "compare"),
     Op("not_equal", _bool_f32(np.not_equal), 2, "compare"),
     Op("greater", _bool_f32(np.greater), 2, "compare"),
@@ -86,12 +88,12 @@ _ACTIVATIONS = [
     Op("log", _f(np.log), 1, "activation"),
     Op("tanh", _f(np.tanh), 1, "activation"),
     Op("sigmoid", _f(lambda x: 1.0 / (1.0 + np.exp(-x))), 1, "activation"),
-    Op("relu", _f(lambda x: np.maximum(x, 0)), 1, "activation"),
-    Op("square", _f(np.square), 1, "activation"),
+    Op("relu", _f(lambda x: np.maximum(x, 0)), 1, "activation", alu_unary=True),
+    Op("square", _f(np.square), 1, "activation", alu_unary=True),
     Op("sqrt", _f(np.sqrt), 1, "activation"),
-    Op("rsqrt", _f(lambda x: 1.0 / np.sqrt(x)), 1, "activation"),
-    Op("reciprocal", _f(lambda x: 1.0 / x), 1, "activation"),
-    Op("abs", _f(np.abs), 1, "activation"),
+    Op("rsqrt", _f(lambda x: 1.0 / np.sqrt(x)), 1, "activation", alu_unary=True),
+    Op("reciprocal", _f(lambda x: 1.0 / x), 1, "activation", alu_unary=True),
+    Op("abs", _f(np.abs), 1, "activation", alu_unary=True),
     Op("negative", _f(np.negative), 1, "activation"),
     Op("sign", _f(np.sign), 1, "activation"),
     Op("silu", _f(lambda x: x / (1.0 + np.exp(-x))), 1, "activation"),
@@ -100,8 +102,16 @@ _ACTIVATIONS = [
        1, "activation"),
     Op("softplus", _f(lambda x: np.logaddexp(0.0, x)), 1, "activation"),
     Op("erf", _f(lambda x: _erf(x)), 1, "activation"),
+    Op("gelu_dx", _f(lambda x: 0.5 * (1.0 + _erf(x / np.sqrt(2.0)))
+                      + x * np.exp(-0.5 * x * x) / np.sqrt(2.0 * np.pi)), 1, "activation"),
+    Op("gelu_apprx_sigmoid", _f(lambda x: x / (1.0 + np.exp(-1.702 * x))), 1, "activation"),
+    Op("silu_dx", _f(lambda x: (1.0 + np.exp(-x) * (1.0 + x)) / (1.0 + np.exp(-x)) ** 2), 1,
+       "activation"),
+    Op("erf_dx", _f(lambda x: 2.0 / np.sqrt(np.pi) * np.exp(-x * x)), 1, "activation"),
+    Op("mish", _f(lambda x: x * np.tanh(np.logaddexp(0.0, x))), 1, "activation"),
     Op("sin", _f(np.sin), 1, "activation"),
     Op("cos", _f(np.cos), 1, "activation"),
+    Op("tan", _f(np.tan), 1, "activation"),
     Op("arctan", _f(np.arctan), 1, "activation"),
     Op("ceil", _f(np.ceil), 1, "activation"),
     Op("floor", _f(np.floor), 1, "activation"),

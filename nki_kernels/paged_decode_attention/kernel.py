@@ -47,8 +47,9 @@ def batch_decode_kernel(q, k_rows, v_rows, kv_indptr, kv_indices, kv_lens, win_s
     nisa.dma_copy(dst=tok_sb, src=tok_tab)
     per_group = max(1, min(H, 128 // G))                   # kv heads per tile: rows = heads x G <= 128
     groups = [(h0, min(per_group, H - h0)) for h0 in range(0, H, per_group)]
-    p_dtype = k_rows.dtype if k_rows.dtype.itemsize > 1 else mm_dtype
-    masks = {n: column_masks(T, n, G, p_dtype) for n in sorted({n for _, n in groups})}
+    masks = {n: column_masks(T, n, G, mm_dtype) for n in sorted({n for _, n in groups})}
+    # OCP fp8 (e4m3fn) is a matmul input from NeuronCore-v4 only: V is converted per chunk before.
+    convert_v = k_rows.dtype == nl.float8_e4m3fn and nisa.get_nc_version() < nisa.nc_version.gen4
     for b in range(B):
         c0, c1, full_lo, full_hi = chunks[b]
         if c0 == c1:
@@ -72,6 +73,10 @@ def batch_decode_kernel(q, k_rows, v_rows, kv_indptr, kv_indices, kv_lens, win_s
             else:
                 load_chunk_pages(tiles, sources, kv_indices, ptr_t[0:1, :], L_t[0:1, :],
                                  W_t[0:1, :], valid_t, geo, c)
+            if convert_v:
+                v_mm = nl.ndarray((T, H * D), mm_dtype, buffer=nl.sbuf, name="v_mm")
+                nisa.tensor_copy(dst=v_mm, src=tiles[1])
+                tiles[1] = v_mm
             bias = mask_bias(c, T, R, L_g, W_g) if masked else None
             for (h0, n), state, pads in zip(groups, states, q_pads):
                 online_update(state, pads, masks[n], tiles[0], tiles[1], h0, D,

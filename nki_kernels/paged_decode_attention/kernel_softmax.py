@@ -68,7 +68,13 @@ def column_masks(T, n, G, dtype):
     return masks
 
 
-def _scores(q_pads, k_sb, h0, D):
+def transpose_dtype(dtype):
+    """PSUM dtype of a TensorE transpose: the input's from NeuronCore-v3 (16-bit PE transpose
+    mode); fp32 on NeuronCore-v2, where a transpose is an ordinary fp32-accumulating matmul."""
+    return dtype if nisa.get_nc_version() >= nisa.nc_version.gen3 else nl.float32
+
+
+def _scores(q_pads, k_sb, h0, D, mm_dtype):
     """PSUM [n*G, T] fp32: row block j = queries of head h0+j against K of head h0+j (K^T made on
     TensorE in <= 128-row pieces; zero-padded stationaries keep the heads apart)."""
     T = k_sb.shape[0]
@@ -78,9 +84,9 @@ def _scores(q_pads, k_sb, h0, D):
         h = h0 + j
         for k, d0 in enumerate(range(0, D, 128)):
             dp = min(128, D - d0)
-            kT_ps = nl.ndarray((dp, T), k_sb.dtype, buffer=nl.psum, name="kT_ps")
+            kT_ps = nl.ndarray((dp, T), transpose_dtype(k_sb.dtype), buffer=nl.psum, name="kT_ps")
             nisa.nc_transpose(dst=kT_ps, data=k_sb[:, h * D + d0:h * D + d0 + dp])
-            kT = nl.ndarray((dp, T), k_sb.dtype, buffer=nl.sbuf, name="kT")
+            kT = nl.ndarray((dp, T), mm_dtype, buffer=nl.sbuf, name="kT")
             nisa.activation(dst=kT, op=nl.copy, data=kT_ps)    # evict on ScalarE: VectorE is busier
             nisa.nc_matmul(dst=s_ps, stationary=parts[k], moving=kT, accumulate=(j, k) != (0, 0))
     return s_ps
@@ -92,7 +98,7 @@ def online_update(state, q_pads, col_masks, k_sb, v_sb, h0, D, bias, scale, soft
     alpha, PSUM evictions."""
     negm, l, acc = state
     R, T = q_pads[0][0].shape[1], k_sb.shape[0]
-    s_ps = _scores(q_pads, k_sb, h0, D)
+    s_ps = _scores(q_pads, k_sb, h0, D, mm_dtype)
     s = _f32((R, T), "s")
     nisa.activation(dst=s, op=nl.copy, data=s_ps, scale=float(scale))
     if soft_cap > 0:
@@ -111,7 +117,7 @@ def online_update(state, q_pads, col_masks, k_sb, v_sb, h0, D, bias, scale, soft
     nisa.activation(dst=alpha, op=nl.exp, data=negm, bias=negm_new, scale=-1.0)  # e^(m_old - m_new)
     nisa.scalar_tensor_tensor(dst=l, data=l, op0=nl.multiply, operand0=alpha, op1=nl.add,
                               operand1=row_sum)
-    pT_ps = nl.ndarray((T, R), p_dtype, buffer=nl.psum, name="pT_ps")
+    pT_ps = nl.ndarray((T, R), transpose_dtype(p_dtype), buffer=nl.psum, name="pT_ps")
     nisa.nc_transpose(dst=pT_ps, data=p)
     pT = nl.ndarray((T, R), p_dtype, buffer=nl.sbuf, name="pT")
     nisa.activation(dst=pT, op=nl.copy, data=pT_ps)

@@ -1,13 +1,16 @@
 """Compute-engine instructions (TensorE, VectorE, ScalarE, GpSimd), gathered for ``nki.isa``."""
 
 from .activation import activation, activation_reduce, exponential
-from .elementwise import (reciprocal, scalar_tensor_tensor, tensor_copy_predicated, tensor_reduce,
-                          tensor_scalar, tensor_tensor)
+from .elementwise import (reciprocal, scalar_tensor_tensor, tensor_copy_predicated, tensor_scalar,
+                          tensor_tensor)
 from .matmul import nc_matmul, nc_transpose
-from .select import affine_select, range_select, tensor_partition_reduce
+from .reduce import (bn_aggr, bn_stats, max8, tensor_partition_reduce, tensor_reduce,
+                     tensor_scalar_reduce)
+from .selection import affine_select, range_select, select_reduce
 
 __all__ = [
     "activation", "activation_reduce", "exponential", "reciprocal", "scalar_tensor_tensor",
-    "tensor_copy_predicated", "tensor_reduce", "tensor_scalar", "tensor_tensor", "nc_matmul",
-    "nc_transpose", "affine_select", "range_select", "tensor_partition_reduce",
+    "tensor_copy_predicated", "tensor_scalar", "tensor_tensor", "nc_matmul", "nc_transpose",
+    "bn_aggr", "bn_stats", "max8", "tensor_partition_reduce", "tensor_reduce",
+    "tensor_scalar_reduce", "affine_select", "range_select", "select_reduce",
 ]
