@@ -24,6 +24,7 @@ class Launch:
     shared_hbm: list = field(default_factory=list)   # shared_hbm storages, by allocation order
     program_id: Tuple[int, ...] = (0,)
     shared_hbm_cursor: int = 0
+    rank: int = 0                 # rank of this program in a multi-rank (collectives) job
 
 
 _current: Optional[Launch] = None

@@ -19,12 +19,22 @@ float8_e4m3 = np.dtype(ml_dtypes.float8_e4m3)
 float8_e4m3fn = np.dtype(ml_dtypes.float8_e4m3fn)
 float8_e5m2 = np.dtype(ml_dtypes.float8_e5m2)
 float8_e8m0fnu = np.dtype(ml_dtypes.float8_e8m0fnu)
+# MX packed types (NeuronCore-v4 nc_matmul_mx / quantize_mx): four fp8 codes in 4 bytes, four fp4
+# codes in 2 bytes. Stored as one structured element of raw bytes; distinct field names keep the
+# types apart. Element i of a packed x4 element holds code i (fp4: two codes per byte, low first).
+float8_e4m3fn_x4 = np.dtype([("float8_e4m3fn_x4", np.uint8, (4,))])
+float8_e5m2_x4 = np.dtype([("float8_e5m2_x4", np.uint8, (4,))])
+float4_e2m1fn_x4 = np.dtype([("float4_e2m1fn_x4", np.uint8, (2,))])
+PACKED_X4 = {float8_e4m3fn_x4: ml_dtypes.float8_e4m3fn, float8_e5m2_x4: ml_dtypes.float8_e5m2,
+             float4_e2m1fn_x4: ml_dtypes.float4_e2m1fn}
 
 NKI_DTYPES = {
     "bool_": bool_, "int8": int8, "int16": int16, "int32": int32, "uint8": uint8,
     "uint16": uint16, "uint32": uint32, "float16": float16, "float32": float32,
     "bfloat16": bfloat16, "tfloat32": tfloat32, "float8_e4m3": float8_e4m3,
     "float8_e4m3fn": float8_e4m3fn, "float8_e5m2": float8_e5m2, "float8_e8m0fnu": float8_e8m0fnu,
+    "float8_e4m3fn_x4": float8_e4m3fn_x4, "float8_e5m2_x4": float8_e5m2_x4,
+    "float4_e2m1fn_x4": float4_e2m1fn_x4,
 }
 _SUPPORTED = set(NKI_DTYPES.values())
 
@@ -38,6 +48,11 @@ def as_dtype(dtype) -> np.dtype:
 
 def is_nki_dtype(dtype) -> bool:
     return np.dtype(dtype) in _SUPPORTED
+
+
+def is_packed(dtype) -> bool:
+    """An MX packed x4 type (moved bit for bit; unpacked by the MX instructions only)."""
+    return np.dtype(dtype) in PACKED_X4
 
 
 def is_float(dtype) -> bool:
@@ -54,6 +69,9 @@ def sentinel(dtype):
     """Fill value of fresh memory: NaN for floats, the most negative (signed) or largest
     (unsigned) integer, True for bool: values a kernel never produces by accident."""
     dtype = np.dtype(dtype)
+    if is_packed(dtype):                # every code NaN (fp8: 0x7f); fp4 has no NaN: all ones
+        return np.array(tuple([np.full(dtype[0].shape, 0x7F if dtype != float4_e2m1fn_x4 else 0xFF,
+                                       np.uint8)]), dtype=dtype)
     if is_float(dtype):
         return np.array(np.nan, dtype=np.float32).astype(dtype)
     if dtype == bool_:

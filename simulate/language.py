@@ -7,13 +7,19 @@ import builtins
 import numpy as np
 
 from . import context as _context
-from .dtypes import (bfloat16, bool_, float8_e4m3, float8_e4m3fn, float8_e5m2, float8_e8m0fnu,
-                     float16, float32, int8, int16, int32, tfloat32, uint8, uint16, uint32)
+from .dtypes import (bfloat16, bool_, float4_e2m1fn_x4, float8_e4m3, float8_e4m3fn,
+                     float8_e4m3fn_x4, float8_e5m2, float8_e5m2_x4, float8_e8m0fnu, float16,
+                     float32, int8, int16, int32, tfloat32, uint8, uint16, uint32)
+from .language_constants import rand, random_seed, shared_constant, shared_identity_matrix
+from .objects import NKIObject
 from .ops import ALL_OPS as _ALL_OPS
-from .registers import fori_loop, while_loop
+from .registers import dynamic_range, fori_loop, while_loop
 from .tensor import MemoryRegion, ds, ndarray
 
-NkiTensor = ndarray
+NkiTensor = tensor = ndarray
+bool = bool_               # noqa: A001 - NKI's name
+dtype = DType = np.dtype   # the type of nl.float32 & co. (annotations, isinstance checks)
+range = builtins.range     # noqa: A001 - unrolled at trace time, like every Python loop
 sbuf, psum = MemoryRegion.sbuf, MemoryRegion.psum
 private_hbm, shared_hbm = MemoryRegion.private_hbm, MemoryRegion.shared_hbm
 hbm = private_hbm
@@ -94,6 +100,19 @@ def affine_range(start, stop=None, step=1):
 
 
 sequential_range = static_range = affine_range
+
+
+def par_dim(size):
+    """Beta 1 partition-dimension marker; in Beta 2 dim 0 of an on-chip tensor is the partition
+    dimension, so ``nl.par_dim(n)`` is just ``n``."""
+    return int(size)
+
+
+def arange(start, stop=None, step=1):
+    """Beta 1 index helper, kept for host-side index arithmetic: an int32 vector. Beta 2 removed
+    affine index expressions; index tensors with slices, ``nl.ds`` or ``.ap``."""
+    return np.arange(start, stop, step, dtype=np.int32) if stop is not None else \
+        np.arange(start, dtype=np.int32)
 
 
 class _TileSize:

@@ -74,6 +74,14 @@ def simulate(kernel, target=None, shuffle=False, seed=0):
     return Kernel(fn, grid, target, shuffle, seed)
 
 
+def simulate_kernel(func, args=(), kwargs=None, _lnc=1):
+    """vllm-neuron's CPU entry (``nki.simulator.simulate_kernel``): run ``func`` on ``args``."""
+    kernel = simulate(func)
+    if _lnc and int(_lnc) > 1:
+        kernel = kernel[int(_lnc)]
+    return kernel(*args, **(kwargs or {}))
+
+
 def launch(fn, args, kwargs, grid=(), target=None, shuffle=False, seed=0):
     global _last_trace
     target = get_target(target)

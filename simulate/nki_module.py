@@ -1,8 +1,9 @@
 """Stand in for the ``nki`` package: ``import nki`` then finds this simulator.
 
-``install()`` puts module objects named ``nki``, ``nki.language`` and ``nki.isa`` into
-``sys.modules`` so kernels written for NKI Beta 2 run unchanged; ``uninstall()`` restores what was
-there; ``patched()`` does both around a block.
+``install()`` puts module objects named ``nki``, ``nki.language``, ``nki.isa`` (a package with
+``nki.isa.constants``), ``nki.collectives`` and ``nki.simulator`` into ``sys.modules`` so kernels
+written for NKI Beta 2 run unchanged; ``uninstall()`` restores what was there; ``patched()`` does
+both around a block.
 """
 
 from __future__ import annotations
@@ -11,25 +12,39 @@ import contextlib
 import sys
 import types
 
-_NAMES = ("nki", "nki.language", "nki.isa")
+_NAMES = ("nki", "nki.language", "nki.isa", "nki.isa.constants", "nki.collectives",
+          "nki.simulator")
 _saved = None
 
 
 def build_modules() -> dict:
-    """Fresh ``nki``, ``nki.language`` and ``nki.isa`` module objects backed by the simulator."""
-    from . import isa, language
-    from .launch import jit, simulate
+    """Fresh ``nki*`` module objects backed by the simulator."""
+    from . import collectives, isa, language
+    from .isa import constants
+    from .launch import jit, simulate, simulate_kernel
     from .errors import NkiValidationError
 
-    nki = types.ModuleType("nki", "NKI Beta 2 API simulated in NumPy (nki-kernels `simulate`).")
-    nl = types.ModuleType("nki.language")
-    nisa = types.ModuleType("nki.isa")
-    nl.__dict__.update({k: v for k, v in vars(language).items() if not k.startswith("__")})
-    nisa.__dict__.update({k: v for k, v in vars(isa).items() if not k.startswith("__")})
-    nki.__dict__.update(language=nl, isa=nisa, jit=jit, simulate=simulate,
-                        NkiValidationError=NkiValidationError, __path__=[],
-                        __nki_kernels_simulator__=True)
-    return {"nki": nki, "nki.language": nl, "nki.isa": nisa}
+    def module(name, doc, source=None, package=False):
+        m = types.ModuleType(name, doc)
+        if source is not None:
+            m.__dict__.update({k: v for k, v in vars(source).items() if not k.startswith("__")})
+        if package:
+            m.__path__ = []
+        return m
+
+    nki = module("nki", "NKI Beta 2 API simulated in NumPy (nki-kernels `simulate`).", package=True)
+    nl = module("nki.language", "nki.language (simulated)", language)
+    nisa = module("nki.isa", "nki.isa (simulated)", isa, package=True)
+    nisa_constants = module("nki.isa.constants", "nki.isa.constants (simulated)", constants)
+    nisa.constants = nisa_constants
+    ncc = module("nki.collectives", "nki.collectives (simulated)", collectives)
+    simulator = module("nki.simulator", "vllm-neuron's entry: simulate_kernel(func, args, kwargs)")
+    simulator.simulate_kernel = simulate_kernel
+    nki.__dict__.update(language=nl, isa=nisa, collectives=ncc, simulator=simulator, jit=jit,
+                        simulate=simulate, dtype=language.dtype,
+                        NkiValidationError=NkiValidationError, __nki_kernels_simulator__=True)
+    return {"nki": nki, "nki.language": nl, "nki.isa": nisa, "nki.isa.constants": nisa_constants,
+            "nki.collectives": ncc, "nki.simulator": simulator}
 
 
 def install() -> None:

@@ -77,6 +77,7 @@ _ALU = [
     Op("right_shift", lambda a, b: (a.view(np.uint32) >> b.astype(np.uint32)).view(a.dtype)
        if a.dtype.itemsize == 4 else np.right_shift(a, b), 2, "bitvec"),
     Op("invert", np.invert, 1, "bitvec"),
+    Op("average", _f(lambda a, b: (a + b) / 2), 2, "arith"),   # tensor_partition_reduce only
     Op("mod", _f(np.mod), 2, "arith"),          # simulation only in NKI
     Op("fmod", _f(np.fmod), 2, "arith"),        # simulation only in NKI
 ]
@@ -105,6 +106,9 @@ _ACTIVATIONS = [
     Op("gelu_dx", _f(lambda x: 0.5 * (1.0 + _erf(x / np.sqrt(2.0)))
                       + x * np.exp(-0.5 * x * x) / np.sqrt(2.0 * np.pi)), 1, "activation"),
     Op("gelu_apprx_sigmoid", _f(lambda x: x / (1.0 + np.exp(-1.702 * x))), 1, "activation"),
+    Op("gelu_apprx_sigmoid_dx", _f(lambda x: _sig(1.702 * x) * (1.0 + 1.702 * x * (1.0 - _sig(1.702 * x)))),
+       1, "activation"),
+    Op("prelu", _f(lambda x, alpha=0.0: np.where(x >= 0, x, alpha * x)), 1, "activation"),
     Op("silu_dx", _f(lambda x: (1.0 + np.exp(-x) * (1.0 + x)) / (1.0 + np.exp(-x)) ** 2), 1,
        "activation"),
     Op("erf_dx", _f(lambda x: 2.0 / np.sqrt(np.pi) * np.exp(-x * x)), 1, "activation"),
@@ -117,6 +121,10 @@ _ACTIVATIONS = [
     Op("floor", _f(np.floor), 1, "activation"),
     Op("trunc", _f(np.trunc), 1, "activation"),
 ]
+
+
+def _sig(x):
+    return 1.0 / (1.0 + np.exp(-x))
 
 
 def _erf(x):

@@ -64,6 +64,7 @@ class Trace:
         self.target = target
         self.events = []
         self.memory_peaks = {}     # {"sbuf_bytes_per_partition": int, "psum_banks": int}
+        self.loops = []            # device loops run: {"kind", "iterations", "location"}
 
     def add(self, **fields) -> Event:
         event = Event(index=len(self.events), **fields)

@@ -6,17 +6,28 @@ from ..errors import NkiValidationError
 from .basic import iota, memset, tensor_copy
 from .core import Instruction
 from .dma import dma_copy
-from ..registers import register_alloc, register_load, register_move, register_store
-from .enums import dge_mode, engine, matmul_perf_mode, nc_version, oob_mode, reduce_cmd
+from ..registers import (NkiScalar, VirtualRegister, register_alloc, register_load, register_move,
+                         register_store, scalar_load, scalar_store)
+from . import constants
+from .enums import (dge_mode, dma_engine, engine, matmul_perf_mode, nc_version, oob_mode,
+                    reduce_cmd)
 
 # Deprecated engine aliases kept by NKI.
 tensor_engine, scalar_engine, gpsimd_engine = engine.tensor, engine.scalar, engine.gpsimd
-vector_engine, dma_engine = engine.vector, engine.dma
+unknown_engine = engine.unknown
+
+
+vector_engine = engine.vector
 
 
 def get_nc_version() -> nc_version:
     """NeuronCore version of the selected target."""
     return nc_version(_context.current().target.nc_version)
+
+
+def get_nc_sub_version() -> int:
+    """Silicon revision within the NeuronCore generation (0: first; the simulator models that)."""
+    return 0
 
 
 try:  # compute instructions (matmul, activation, vector ops) live in their own modules

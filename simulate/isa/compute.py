@@ -1,11 +1,13 @@
 """Compute-engine instructions (TensorE, VectorE, ScalarE, GpSimd), gathered for ``nki.isa``."""
 
 from .activation import activation, activation_reduce, exponential
+from .find8 import nc_find_index8, nc_match_replace8
 from .elementwise import (reciprocal, scalar_tensor_tensor, tensor_copy_predicated, tensor_scalar,
                           tensor_tensor)
 from .matmul import nc_matmul, nc_transpose
 from .reduce import (bn_aggr, bn_stats, max8, tensor_partition_reduce, tensor_reduce,
                      tensor_scalar_reduce)
+from .scan import tensor_scalar_cumulative, tensor_tensor_scan
 from .selection import affine_select, range_select, select_reduce
 
 __all__ = [
@@ -13,4 +15,5 @@ __all__ = [
     "tensor_copy_predicated", "tensor_scalar", "tensor_tensor", "nc_matmul", "nc_transpose",
     "bn_aggr", "bn_stats", "max8", "tensor_partition_reduce", "tensor_reduce",
     "tensor_scalar_reduce", "affine_select", "range_select", "select_reduce",
+    "nc_find_index8", "nc_match_replace8", "tensor_scalar_cumulative", "tensor_tensor_scan",
 ]

@@ -23,7 +23,7 @@ OP = "dma_copy"
 def dma_copy(dst, src, priority=None, oob_mode=oob_enum.error, dge_mode=dge_enum.unknown,
              engine=None, name=None):
     """``dst = src`` through the DMA engines."""
-    oob = oob_enum(oob_mode).value
+    oob = oob_enum(oob_mode).name
     dge = dge_enum(dge_mode)
     target = context.current().target
     d = resolve(dst, OP, "dst", oob)
@@ -62,7 +62,7 @@ def dma_copy(dst, src, priority=None, oob_mode=oob_enum.error, dge_mode=dge_enum
                   hbm_read_bytes=moved * src.dtype.itemsize if s.buffer in hbm else 0,
                   hbm_write_bytes=moved * itemsize if d.buffer in hbm else 0,
                   dma_runs=_runs(d, s, moved),
-                  details={"dge_mode": dge.value, "oob_mode": oob, "indirect": indirect,
+                  details={"dge_mode": dge.name, "oob_mode": oob, "indirect": indirect,
                            "queue_engine": None if engine is None else str(engine)})
 
 

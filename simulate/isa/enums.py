@@ -1,4 +1,6 @@
-"""Enumerations of ``nki.isa`` (Beta 2 names and values)."""
+"""Enumerations of ``nki.isa`` with the documented members and values (NKI 0.6 reference), so the
+integers real kernels pass convert: ``dge_mode(3) is dge_mode.none``, ``reduce_cmd(3)`` is
+``reset_reduce``. Also importable as ``nki.isa.constants``."""
 
 import enum
 
@@ -14,23 +16,23 @@ class engine(enum.IntEnum):
 
 
 class reduce_cmd(enum.Enum):
-    idle = "idle"
-    reset = "reset"
-    reduce = "reduce"
-    reset_reduce = "reset_reduce"
-    load_reduce = "load_reduce"
+    idle = 0
+    reset = 1
+    reduce = 2
+    reset_reduce = 3
+    load_reduce = 4
 
 
 class dge_mode(enum.Enum):
-    unknown = "unknown"
-    swdge = "swdge"
-    hwdge = "hwdge"
-    none = "none"
+    unknown = 0
+    swdge = 1
+    hwdge = 2
+    none = 3
 
 
 class oob_mode(enum.Enum):
-    error = "error"
-    skip = "skip"
+    error = 0
+    skip = 1
 
 
 class matmul_perf_mode(enum.Enum):
@@ -42,6 +44,12 @@ class nc_version(enum.IntEnum):
     gen2 = 2
     gen3 = 3
     gen4 = 4
+
+
+class dma_engine(enum.Enum):
+    """Engine of an LNC=2 ``sendrecv``: the shared DMA rings, or GpSimd's own DMA (SBUF to SBUF)."""
+    dma = 1
+    gpsimd_dma = 2
 
 
 ENGINE_NAMES = {engine.tensor: "tensor", engine.scalar: "scalar", engine.gpsimd: "gpsimd",

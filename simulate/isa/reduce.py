@@ -124,11 +124,12 @@ PARTITION_OPS = {"add": np.add, "maximum": np.maximum, "bitwise_or": np.bitwise_
 
 def tensor_partition_reduce(dst, op, data, name=None):
     """GpSimd: reduce across partitions, ``dst[0, :] = op over p of data[p, :]`` (SBUF only;
-    ops add, maximum, bitwise_or, bitwise_and)."""
+    ops add, average, maximum, bitwise_or, bitwise_and)."""
     o = "tensor_partition_reduce"
     token = check_op(o, op, "op")
-    if token.name not in PARTITION_OPS:
-        fail(f"op={token!r} must be one of nl.add, nl.maximum, nl.bitwise_or, nl.bitwise_and",
+    if token.name not in PARTITION_OPS and token.name != "average":
+        fail(f"op={token!r} must be one of nl.add, nl.average, nl.maximum, nl.bitwise_or, "
+             f"nl.bitwise_and",
              o, "op")
     d, x = on_chip(dst, o, "dst", ("sbuf",)), on_chip(data, o, "data", ("sbuf",))
     bitvec = token.kind == "bitvec"
@@ -140,7 +141,11 @@ def tensor_partition_reduce(dst, op, data, name=None):
         values = values.astype(np.float32)
     if dst.shape[0] != 1 or free_elems(d) != values.shape[1]:
         fail(f"dst {dst.shape} must be [1, {values.shape[1]}]", o, "dst")
-    store(d, PARTITION_OPS[token.name].reduce(values, axis=0, keepdims=True), bitvec)
+    if token.name == "average":
+        reduced = values.mean(axis=0, keepdims=True, dtype=np.float32)
+    else:
+        reduced = PARTITION_OPS[token.name].reduce(values, axis=0, keepdims=True)
+    store(d, reduced, bitvec)
     return record(o, "gpsimd", {"dst": d, "data": x}, name=name, partitions=values.shape[0],
                   free_elems=values.shape[1], details={"op": token.name})
 

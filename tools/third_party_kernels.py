@@ -1,0 +1,190 @@
+"""Run third-party NKI Beta 2 kernels unchanged in the simulator against their own references.
+
+Usage::
+
+    python3 tools/third_party_kernels.py --nki-library PATH [--only NAME ...] [--target trn2]
+
+``PATH`` is a local checkout of github.com/aws-neuron/nki-library (its kernels and their PyTorch
+references are imported from there; nothing of it is copied into this repository). Each case builds
+small inputs, runs the kernel through ``simulate.install()`` (plain ``import nki`` in the kernel
+source), runs the kernel's own ``*_torch`` reference on the same inputs, and compares. Prints one
+line per case: ran / matched / the first error, and a closing ``N passed, M failed`` line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import subprocess
+import sys
+import traceback
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+import ml_dtypes
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+BF16 = ml_dtypes.bfloat16
+LIB = "nkilib_src.nkilib."
+
+
+@dataclass
+class Case:
+    """One kernel run: ``kernel``/``ref`` are "module:function" under nkilib_src.nkilib."""
+
+    name: str
+    kernel: str
+    ref: str
+    inputs: Callable[[np.random.Generator], dict]
+    static: dict = field(default_factory=dict)      # non-tensor kernel arguments
+    ref_static: Optional[dict] = None               # reference's, when they differ
+    ref_args: Optional[Callable[[dict], dict]] = None   # reference inputs from kernel inputs
+    outputs: Optional[Callable] = None              # kernel result -> list of arrays to compare
+    lnc: int = 1
+    target: Optional[str] = None
+    rtol: float = 1e-3
+    atol: float = 1e-3
+
+
+def _fn(path):
+    module, _, name = path.partition(":")
+    return getattr(importlib.import_module(LIB + module), name)
+
+
+def _randn(rng, *shape, dtype=np.float32):
+    return rng.standard_normal(shape).astype(dtype)
+
+
+def _sparse(rng, T, E, k):
+    flat = rng.permutation(np.concatenate([np.ones(k * E), np.zeros((T - k) * E)]))
+    return flat.reshape(E, T).T.astype(np.float32)
+
+
+CASES = [
+    Case("cumsum", "core.cumsum.cumsum:cumsum", "core.cumsum.cumsum_torch:cumsum_torch_ref",
+         lambda r: {"x": _randn(r, 3, 5, 300)}),
+    Case("cumsum_bf16", "core.cumsum.cumsum:cumsum", "core.cumsum.cumsum_torch:cumsum_torch_ref",
+         lambda r: {"x": _randn(r, 64, 256, dtype=BF16)}, rtol=2e-2, atol=2e-2),
+    Case("cascaded_max", "core.max.cascaded_max:cascaded_max",
+         "core.max.cascaded_max_torch:cascaded_max_torch_ref",
+         lambda r: {"input_tensor": _randn(r, 2, 1, 4096)}),
+    Case("rope", "core.embeddings.rope:RoPE", "core.embeddings.rope_torch:rope_torch_ref",
+         lambda r: {"x_in": _randn(r, 64, 2, 4, 128), "cos": _randn(r, 32, 2, 128),
+                    "sin": _randn(r, 32, 2, 128)}),
+    Case("rope_lnc2", "core.embeddings.rope:RoPE", "core.embeddings.rope_torch:rope_torch_ref",
+         lambda r: {"x_in": _randn(r, 64, 2, 4, 256), "cos": _randn(r, 32, 2, 256),
+                    "sin": _randn(r, 32, 2, 256)}, static={"lnc_shard": True}, lnc=2),
+    Case("rope_hf", "core.embeddings.rope_hf:rope_hf",
+         "core.embeddings.rope_hf_torch:rope_hf_torch_ref",
+         lambda r: {"q": _randn(r, 1, 4, 128, 64), "k": _randn(r, 1, 2, 128, 64),
+                    "q_out": np.zeros((1, 4, 128, 64), np.float32),
+                    "k_out": np.zeros((1, 2, 128, 64), np.float32),
+                    "cos": _randn(r, 1, 128, 64), "sin": _randn(r, 1, 128, 64)}),
+    Case("find_nonzero_indices", "core.subkernels.find_nonzero_indices:find_nonzero_indices",
+         "core.subkernels.find_nonzero_indices_torch:find_nonzero_indices_torch_ref",
+         lambda r: {"input_tensor": _sparse(r, 256, 8, 32)}),
+    Case("cross_entropy_forward", "experimental.loss.cross_entropy:cross_entropy_forward",
+         "experimental.loss.cross_entropy_torch:cross_entropy_forward_torch_ref",
+         lambda r: {"logits_hbm": _randn(r, 64, 1000),
+                    "targets_hbm": r.integers(0, 1000, 64).astype(np.int32)},
+         static={"dtype": "float32"}, ref_static={},
+         ref_args=lambda a: {"logits": a["logits_hbm"], "targets": a["targets_hbm"]}),
+    Case("dynamic_elementwise_add",
+         "experimental.dynamic_shapes.dynamic_elementwise_add:dynamic_elementwise_add",
+         "experimental.dynamic_shapes.dynamic_elementwise_add_torch:dynamic_elementwise_add_torch_ref",
+         lambda r: {"input_a": _randn(r, 512, 256, dtype=BF16), "input_b": _randn(r, 512, 256, dtype=BF16),
+                    "num_m_tiles": np.array([[3]], np.int32)},
+         ref_args=lambda a: {"input_a": a["input_a"][:384], "input_b": a["input_b"][:384]},
+         outputs=lambda out: [out[:384]], rtol=1e-2, atol=1e-2),
+]
+
+
+def _to_torch(value):
+    import torch
+    if isinstance(value, np.ndarray):
+        if value.dtype == BF16:
+            return torch.from_numpy(value.astype(np.float32)).to(torch.bfloat16)
+        return torch.from_numpy(value.copy())
+    return value
+
+
+def _flatten(result):
+    import torch
+    if isinstance(result, dict):
+        result = list(result.values())
+    if not isinstance(result, (list, tuple)):
+        result = [result]
+    out = []
+    for r in result:
+        if isinstance(r, torch.Tensor):
+            r = r.detach().float().numpy() if r.is_floating_point() else r.numpy()
+        out.append(np.asarray(r))
+    return out
+
+
+def run_case(case: Case):
+    import simulate
+    if case.static.get("dtype") in ("float32", "bfloat16"):
+        case.static["dtype"] = getattr(sys.modules["nki.language"], case.static["dtype"])
+    rng = np.random.default_rng(0)
+    inputs = case.inputs(rng)
+    kernel = _fn(case.kernel)
+    launch = simulate.simulate(kernel[case.lnc] if case.lnc > 1 else kernel, target=case.target)
+    result = launch(**{k: v.copy() if isinstance(v, np.ndarray) else v for k, v in inputs.items()},
+                    **case.static)
+    got = case.outputs(result) if case.outputs else _flatten(result)
+    ref_inputs = case.ref_args(inputs) if case.ref_args else inputs
+    ref_static = case.static if case.ref_static is None else case.ref_static
+    want = _flatten(_fn(case.ref)(**{k: _to_torch(v) for k, v in ref_inputs.items()}, **ref_static))
+    if len(got) < len(want):
+        raise AssertionError(f"kernel returned {len(got)} outputs, reference {len(want)}")
+    for i, (g, w) in enumerate(zip(got, want)):
+        g = np.asarray(g).astype(np.float64)
+        np.testing.assert_allclose(g.reshape(w.shape), w.astype(np.float64), rtol=case.rtol,
+                                   atol=case.atol, err_msg=f"output {i}")
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--nki-library", required=True, help="checkout of aws-neuron/nki-library")
+    parser.add_argument("--only", nargs="*", help="case names to run")
+    parser.add_argument("--target", default=None, help="trn1 | trn2 | trn3 (default: per case)")
+    parser.add_argument("--verbose", action="store_true", help="print tracebacks")
+    args = parser.parse_args(argv)
+    root = os.path.abspath(args.nki_library)
+    sys.path.insert(0, os.path.join(root, "src"))
+    try:
+        commit = subprocess.run(["git", "-C", root, "rev-parse", "HEAD"], capture_output=True,
+                                text=True).stdout.strip() or "unknown"
+    except OSError:
+        commit = "unknown"
+    import simulate
+    simulate.install()
+    print(f"nki-library at {root} (commit {commit})")
+    passed = failed = 0
+    for case in CASES:
+        if args.only and case.name not in args.only:
+            continue
+        if args.target:
+            case.target = args.target
+        try:
+            run_case(case)
+            passed += 1
+            print(f"  ran, matched   {case.name:28s} {case.kernel}")
+        except Exception as err:                     # report and go on to the next kernel
+            failed += 1
+            stage = "ran, MISMATCH" if isinstance(err, AssertionError) and "output" in str(err) \
+                else "FAILED       "
+            first = str(err).strip().splitlines()[0][:160] if str(err).strip() else ""
+            print(f"  {stage} {case.name:28s} {type(err).__name__}: {first}")
+            if args.verbose:
+                traceback.print_exc()
+    print(f"{passed} passed, {failed} failed")
+    return 0 if failed == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
