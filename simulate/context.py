@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+import threading
 from dataclasses import dataclass, field
 from typing import Optional, Tuple
 
@@ -27,26 +28,29 @@ class Launch:
     rank: int = 0                 # rank of this program in a multi-rank (collectives) job
 
 
-_current: Optional[Launch] = None
+_local = threading.local()         # per thread: the program instance it runs (LNC=2 runs two)
+
+
+def _get() -> Optional[Launch]:
+    return getattr(_local, "launch", None)
 
 
 def current() -> Launch:
     """The running launch; outside a kernel, a default one (so tensors can be built in tests)."""
-    global _current
-    if _current is None:
+    launch = _get()
+    if launch is None:
         from .memory import Memory
-        _current = Launch(target=get_target(), memory=Memory(get_target()))
-    return _current
+        launch = _local.launch = Launch(target=get_target(), memory=Memory(get_target()))
+    return launch
 
 
 @contextlib.contextmanager
 def running(launch: Launch):
-    global _current
-    saved, _current = _current, launch
+    saved, _local.launch = _get(), launch
     try:
         yield launch
     finally:
-        _current = saved
+        _local.launch = saved
 
 
 def kernel_location() -> Optional[str]:
@@ -62,6 +66,6 @@ def kernel_location() -> Optional[str]:
 
 def fail(cls, message: str, op: str = None, operand: str = None):
     """Raise ``cls(message)`` with the current program id and kernel line."""
-    launch = _current
+    launch = _get()
     pid = launch.program_id if launch is not None and launch.trace is not None else None
     raise cls(message, op=op, operand=operand, program_id=pid, location=kernel_location())

@@ -8,7 +8,9 @@ into NumPy arrays (torch tensors when the inputs were torch tensors).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import threading
 import inspect
 import itertools
 import random
@@ -17,6 +19,7 @@ from typing import Optional
 import numpy as np
 
 from . import context, dtypes
+from .lnc import run_instances
 from .memory import Memory
 from .targets import get_target
 from .tensor import ndarray
@@ -24,6 +27,7 @@ from .trace import Trace
 
 _last_trace: Optional[Trace] = None
 _trace_sinks = []
+_peaks_lock = threading.Lock()
 
 
 def last_trace() -> Optional[Trace]:
@@ -92,20 +96,33 @@ def launch(fn, args, kwargs, grid=(), target=None, shuffle=False, seed=0):
         names = _parameter_names(fn, len(args))
         args = tuple(converter.to_device(a, names[i]) for i, a in enumerate(args))
         kwargs = {k: converter.to_device(v, k) for k, v in kwargs.items()}
-        instances = list(itertools.product(*map(range, grid))) if grid else [(0,)]
-        if shuffle:
-            random.Random(seed).shuffle(instances)
+    instances = [tuple(p) for p in itertools.product(*map(range, grid))] if grid else [(0,)]
+    if shuffle:
+        random.Random(seed).shuffle(instances)
+
+    def run_one(pid, meeting=None):
+        instance = dataclasses.replace(run, program_id=pid, shared_hbm_cursor=0,
+                                       memory=Memory(target))
+        instance.meeting = meeting
+        with context.running(instance):
+            result = fn(*args, **kwargs)
+        with _peaks_lock:
+            trace.memory_peaks = {
+                "sbuf_bytes_per_partition": max(instance.memory.sbuf_peak,
+                                                trace.memory_peaks.get("sbuf_bytes_per_partition", 0)),
+                "psum_banks": max(instance.memory.psum_banks_peak,
+                                  trace.memory_peaks.get("psum_banks", 0)),
+            }
+        return result
+
+    if len(instances) > 1 and not shuffle:
+        results = run_instances(run_one, instances)      # concurrently, as the cores run
+        result = results[instances[-1]]
+    else:
         result = None
         for pid in instances:
-            run.program_id = tuple(pid)
-            run.shared_hbm_cursor = 0
-            run.memory = Memory(target)
-            result = fn(*args, **kwargs)
-            trace.memory_peaks = {
-                "sbuf_bytes_per_partition": max(run.memory.sbuf_peak,
-                                                 trace.memory_peaks.get("sbuf_bytes_per_partition", 0)),
-                "psum_banks": max(run.memory.psum_banks_peak, trace.memory_peaks.get("psum_banks", 0)),
-            }
+            result = run_one(pid)
+    with context.running(run):
         converter.write_back()
         out = converter.to_host(result)
     _last_trace = trace

@@ -13,6 +13,7 @@ shape for the scale of a dynamic offset) and may not be applied again to its res
 from __future__ import annotations
 
 import enum
+import threading
 from dataclasses import dataclass
 
 import numpy as np
@@ -376,8 +377,16 @@ def _check_allocation(shape, dtype, buf, name, address):
                   operand=name or None)
 
 
+_SHARED_LOCK = threading.Lock()
+
+
 def _shared_hbm_storage(launch, shape, dtype, name):
     """Program instances of one launch share their k-th shared_hbm allocation."""
+    with _SHARED_LOCK:
+        return _shared_hbm_storage_locked(launch, shape, dtype, name)
+
+
+def _shared_hbm_storage_locked(launch, shape, dtype, name):
     k = launch.shared_hbm_cursor
     launch.shared_hbm_cursor += 1
     if k < len(launch.shared_hbm):

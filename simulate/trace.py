@@ -6,6 +6,7 @@ bytes a DMA moved, with the contiguous runs (descriptor-sized pieces) it moved t
 
 from __future__ import annotations
 
+import threading
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Optional, Tuple
@@ -65,10 +66,12 @@ class Trace:
         self.events = []
         self.memory_peaks = {}     # {"sbuf_bytes_per_partition": int, "psum_banks": int}
         self.loops = []            # device loops run: {"kind", "iterations", "location"}
+        self._lock = threading.Lock()    # LNC=2 instances record concurrently
 
     def add(self, **fields) -> Event:
-        event = Event(index=len(self.events), **fields)
-        self.events.append(event)
+        with self._lock:
+            event = Event(index=len(self.events), **fields)
+            self.events.append(event)
         return event
 
     def __len__(self):

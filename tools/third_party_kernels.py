@@ -42,7 +42,8 @@ class Case:
     static: dict = field(default_factory=dict)      # non-tensor kernel arguments
     ref_static: Optional[dict] = None               # reference's, when they differ
     ref_args: Optional[Callable[[dict], dict]] = None   # reference inputs from kernel inputs
-    outputs: Optional[Callable] = None              # kernel result -> list of arrays to compare
+    outputs: Optional[Callable] = None              # (result, inputs) -> arrays to compare
+    reference: Optional[Callable] = None            # inputs -> arrays, when there is no torch ref
     lnc: int = 1
     target: Optional[str] = None
     rtol: float = 1e-3
@@ -90,16 +91,66 @@ CASES = [
          "experimental.loss.cross_entropy_torch:cross_entropy_forward_torch_ref",
          lambda r: {"logits_hbm": _randn(r, 64, 1000),
                     "targets_hbm": r.integers(0, 1000, 64).astype(np.int32)},
-         static={"dtype": "float32"}, ref_static={},
-         ref_args=lambda a: {"logits": a["logits_hbm"], "targets": a["targets_hbm"]}),
+         static={"dtype": "float32", "chunk_size": 512}, ref_static={},
+         ref_args=lambda a: {"logits": a["logits_hbm"], "targets": a["targets_hbm"].astype(np.int64)}),
     Case("dynamic_elementwise_add",
          "experimental.dynamic_shapes.dynamic_elementwise_add:dynamic_elementwise_add",
          "experimental.dynamic_shapes.dynamic_elementwise_add_torch:dynamic_elementwise_add_torch_ref",
-         lambda r: {"input_a": _randn(r, 512, 256, dtype=BF16), "input_b": _randn(r, 512, 256, dtype=BF16),
+         lambda r: {"input_a": _randn(r, 512, 512, dtype=BF16), "input_b": _randn(r, 512, 512, dtype=BF16),
                     "num_m_tiles": np.array([[3]], np.int32)},
          ref_args=lambda a: {"input_a": a["input_a"][:384], "input_b": a["input_b"][:384]},
-         outputs=lambda out: [out[:384]], rtol=1e-2, atol=1e-2),
+         outputs=lambda out, _: [out[:384]], rtol=1e-2, atol=1e-2),
+    Case("cross_entropy_backward", "experimental.loss.cross_entropy:cross_entropy_backward",
+         "experimental.loss.cross_entropy_torch:cross_entropy_backward_torch_ref",
+         lambda r: _ce_backward_inputs(r, 64, 1000),
+         static={"dtype": "float32", "chunk_size": 512, "inplace": False}, ref_static={},
+         ref_args=lambda a: {"logits": a["logits_hbm"], "targets": a["targets_hbm"].astype(np.int64)}),
+    Case("indexed_flatten", "core.subkernels.indexed_flatten:indexed_flatten",
+         "core.subkernels.indexed_flatten_torch:indexed_flatten_torch_ref",
+         lambda r: {"input_tensor": np.arange(3 * 4096, dtype=np.int32).reshape(3, 4096),
+                    "row_offsets": np.array([0, 32, 64], np.int32)},
+         static={"f_len": 128, "output_len": 13312, "padding_val": -1}, lnc=2, rtol=0, atol=0),
+    Case("rmsnorm_tkg", "core.subkernels.rmsnorm_tkg:rmsnorm_tkg",
+         "core.subkernels.rmsnorm_torch:rmsnorm_tkg_torch_ref_lnc1",
+         lambda r: {"input": _randn(r, 1, 4, 2048, dtype=np.float16),
+                    "gamma": _randn(r, 1, 2048, dtype=np.float16),
+                    "output": np.zeros((128, 4, 16), np.float16)},
+         static={"hidden_actual": 1920}, outputs=lambda _, a: [a["output"]], rtol=1e-2, atol=1e-2),
+    Case("rmsnorm_tkg_lnc2", "core.subkernels.rmsnorm_tkg:rmsnorm_tkg",
+         "core.subkernels.rmsnorm_torch:rmsnorm_tkg_torch_ref",
+         lambda r: {"input": _randn(r, 2, 8, 3072, dtype=np.float16),
+                    "gamma": _randn(r, 1, 3072, dtype=np.float16),
+                    "output": np.zeros((128, 16, 24), np.float16)},
+         lnc=2, outputs=lambda _, a: [a["output"]], rtol=1e-2, atol=1e-2),
+    Case("layernorm_tkg", "core.subkernels.layernorm_tkg:layernorm_tkg",
+         "core.subkernels.layernorm_torch:layernorm_tkg_torch_ref_lnc1",
+         lambda r: {"input": _randn(r, 1, 4, 2048, dtype=np.float16),
+                    "gamma": _randn(r, 1, 2048, dtype=np.float16),
+                    "output": np.zeros((128, 4, 16), np.float16),
+                    "beta": _randn(r, 1, 2048, dtype=np.float16)},
+         outputs=lambda _, a: [a["output"]], rtol=1e-2, atol=1e-2),
+    Case("find_nonzero_indices_with_count",
+         "experimental.benchmark.find_nonzero_indices_with_count:find_nonzero_indices_with_count",
+         None, lambda r: {"input_tensor": (r.random((1, 512)) < 0.2).astype(np.float32)},
+         reference=lambda a: [_nonzero_with_count_ref(a["input_tensor"][0])], rtol=0, atol=0),
 ]
+
+
+def _ce_backward_inputs(rng, n, vocab):
+    import torch
+    logits = _randn(rng, n, vocab)
+    targets = rng.integers(0, vocab, n).astype(np.int32)
+    lse = torch.logsumexp(torch.from_numpy(logits), dim=-1).numpy().astype(np.float32)
+    return {"logits_hbm": logits, "targets_hbm": targets, "lse_state_hbm": lse}
+
+
+def _nonzero_with_count_ref(row):
+    """The benchmark kernel's documented output: indices of non-zeros, -1 padding, the count."""
+    hits = np.flatnonzero(row)
+    out = np.full(row.size + 1, -1, np.int64)
+    out[:hits.size] = hits
+    out[-1] = hits.size
+    return out.reshape(1, -1)
 
 
 def _to_torch(value):
@@ -132,13 +183,18 @@ def run_case(case: Case):
     rng = np.random.default_rng(0)
     inputs = case.inputs(rng)
     kernel = _fn(case.kernel)
-    launch = simulate.simulate(kernel[case.lnc] if case.lnc > 1 else kernel, target=case.target)
-    result = launch(**{k: v.copy() if isinstance(v, np.ndarray) else v for k, v in inputs.items()},
-                    **case.static)
-    got = case.outputs(result) if case.outputs else _flatten(result)
+    launch = simulate.simulate(kernel, target=case.target)
+    launch = launch[case.lnc] if case.lnc > 1 else launch
+    kernel_inputs = {k: v.copy() if isinstance(v, np.ndarray) else v for k, v in inputs.items()}
+    result = launch(**kernel_inputs, **case.static)
+    got = case.outputs(result, kernel_inputs) if case.outputs else _flatten(result)
     ref_inputs = case.ref_args(inputs) if case.ref_args else inputs
     ref_static = case.static if case.ref_static is None else case.ref_static
-    want = _flatten(_fn(case.ref)(**{k: _to_torch(v) for k, v in ref_inputs.items()}, **ref_static))
+    if case.reference is not None:
+        want = [np.asarray(w) for w in case.reference(ref_inputs)]
+    else:
+        want = _flatten(_fn(case.ref)(**{k: _to_torch(v) for k, v in ref_inputs.items()},
+                                      **ref_static))
     if len(got) < len(want):
         raise AssertionError(f"kernel returned {len(got)} outputs, reference {len(want)}")
     for i, (g, w) in enumerate(zip(got, want)):

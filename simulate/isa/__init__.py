@@ -9,6 +9,7 @@ from .dma import dma_copy
 from ..registers import (NkiScalar, VirtualRegister, register_alloc, register_load, register_move,
                          register_store, scalar_load, scalar_store)
 from . import constants
+from ..lnc import core_barrier, sendrecv
 from .enums import (dge_mode, dma_engine, engine, matmul_perf_mode, nc_version, oob_mode,
                     reduce_cmd)
 

@@ -4,10 +4,12 @@ from .activation import activation, activation_reduce, exponential
 from .find8 import nc_find_index8, nc_match_replace8
 from .elementwise import (reciprocal, scalar_tensor_tensor, tensor_copy_predicated, tensor_scalar,
                           tensor_tensor)
+from .gpsimd import nonzero_with_count
 from .matmul import nc_matmul, nc_transpose
 from .reduce import (bn_aggr, bn_stats, max8, tensor_partition_reduce, tensor_reduce,
                      tensor_scalar_reduce)
 from .scan import tensor_scalar_cumulative, tensor_tensor_scan
+from .shuffle import nc_stream_shuffle
 from .selection import affine_select, range_select, select_reduce
 
 __all__ = [
@@ -15,5 +17,5 @@ __all__ = [
     "tensor_copy_predicated", "tensor_scalar", "tensor_tensor", "nc_matmul", "nc_transpose",
     "bn_aggr", "bn_stats", "max8", "tensor_partition_reduce", "tensor_reduce",
     "tensor_scalar_reduce", "affine_select", "range_select", "select_reduce",
-    "nc_find_index8", "nc_match_replace8", "tensor_scalar_cumulative", "tensor_tensor_scan",
+    "nc_find_index8", "nc_match_replace8", "tensor_scalar_cumulative", "tensor_tensor_scan", "nonzero_with_count", "nc_stream_shuffle",
 ]

@@ -1,0 +1,192 @@
+"""The Beta 2 surface real kernels import: nki.isa.constants, enum values, NKIObject helper classes,
+scalars and registers, device loops, shared constants, and the scan / top-8 / shuffle / nonzero
+instructions, each against NumPy."""
+
+import dataclasses
+import sys
+
+import numpy as np
+import pytest
+
+import simulate
+from simulate import jit, nisa, nl
+
+from .isa_util import run, sb
+
+
+def test_isa_constants_module_and_documented_enum_values():
+    with simulate.patched():
+        from nki.isa.constants import dge_mode, oob_mode, reduce_cmd
+        import nki
+        import nki.isa
+        assert nki.isa.constants.dge_mode is dge_mode
+        assert isinstance(nki.dtype, type) and nki.language.bool is nki.language.bool_
+    assert dge_mode(3) is dge_mode.none and dge_mode(1) is dge_mode.swdge
+    assert oob_mode(1) is oob_mode.skip
+    assert reduce_cmd(3) is reduce_cmd.reset_reduce and reduce_cmd(4) is reduce_cmd.load_reduce
+    assert "nki" not in sys.modules or not getattr(sys.modules["nki"], "__nki_kernels_simulator__",
+                                                   False)
+
+
+def test_nkiobject_dataclass_with_plain_attributes():
+    @dataclasses.dataclass
+    class Tiles(nl.NKIObject):
+        rows: int = 128
+        cols = 512                       # plain attribute, passed as a keyword by real kernels
+
+        def size(self):
+            return self.rows * self.cols
+
+    assert Tiles(rows=64, cols=3).size() == 192 and Tiles().size() == 128 * 512
+
+    class Plain(nl.NKIObject):
+        depth = 2
+    assert Plain(depth=5).depth == 5 and Plain().depth == 2
+
+
+def test_scalar_load_arithmetic_and_store():
+    @jit
+    def k(index):
+        t = nl.ndarray((1, 1), nl.int32, buffer=nl.sbuf)
+        nisa.dma_copy(dst=t, src=index)
+        i = nisa.scalar_load(t) * 4 + 1
+        out_sb = nl.ndarray((1, 1), nl.int32, buffer=nl.sbuf)
+        nisa.scalar_store(out_sb, i)
+        out = nl.ndarray((1, 1), nl.int32, buffer=nl.shared_hbm)
+        nisa.dma_copy(dst=out, src=out_sb)
+        return out
+    assert k(np.array([[5]], np.int32))[0, 0] == 21
+    big = k(np.array([[2**30]], np.int32))[0, 0]
+    assert big == np.int32(np.int64(2**32 + 1).astype(np.int32))       # 32-bit wrap
+
+
+def test_registers_refuse_python_control_flow():
+    @jit
+    def k(x):
+        t = nl.ndarray((1, 1), nl.int32, buffer=nl.sbuf)
+        nisa.dma_copy(dst=t, src=x)
+        r = nisa.register_alloc()
+        nisa.register_load(r, t)
+        if r:                                            # the tracer cannot know this
+            pass
+    with pytest.raises(TypeError, match="cannot drive Python control flow"):
+        k(np.array([[1]], np.int32))
+
+
+def test_fori_loop_with_register_bound_runs_and_is_counted():
+    @jit
+    def k(data, n):
+        nb = nl.ndarray((1, 1), nl.int32, buffer=nl.sbuf)
+        nisa.dma_copy(dst=nb, src=n)
+        reg = nisa.register_alloc()
+        nisa.register_load(reg, nb)
+        out = nl.ndarray(data.shape, data.dtype, buffer=nl.shared_hbm)
+        zero = nl.zeros(data.shape, data.dtype)
+        nisa.dma_copy(dst=out, src=zero)
+        tmp = nl.ndarray((1, 1), data.dtype, buffer=nl.sbuf)
+
+        def body(i):
+            nisa.dma_copy(dst=tmp, src=data.ap([[1, 1], [1, 1]], scalar_offset=i, indirect_dim=1))
+            nisa.tensor_scalar(dst=tmp, data=tmp, op0=nl.multiply, operand0=2.0)
+            nisa.dma_copy(dst=out.ap([[1, 1], [1, 1]], scalar_offset=i, indirect_dim=1), src=tmp)
+        nl.fori_loop(0, reg, body)
+        return out
+    x = np.arange(1, 9, dtype=np.float32).reshape(1, 8)
+    out = k(x, np.array([[5]], np.int32))
+    np.testing.assert_array_equal(out, np.where(np.arange(8) < 5, 2 * x, 0))
+    assert simulate.last_trace().loops[-1]["iterations"] == 5
+    assert simulate.last_trace().count_by_op()["dma_copy"] == 2 + 2 * 5
+
+
+def test_shared_identity_and_constant():
+    @jit
+    def k(x):
+        eye = nl.shared_identity_matrix(4, dtype=nl.float32)
+        c = nl.shared_constant(np.full((4, 4), 3, np.float32))
+        t = nl.ndarray((4, 4), nl.float32, buffer=nl.sbuf)
+        nisa.dma_copy(dst=t, src=c)
+        nisa.tensor_tensor(dst=t, data1=t, data2=eye, op=nl.add)
+        out = nl.ndarray((4, 4), nl.float32, buffer=nl.shared_hbm)
+        nisa.dma_copy(dst=out, src=t)
+        return out
+    np.testing.assert_array_equal(k(np.zeros(1, np.float32)), 3 + np.eye(4))
+
+
+def test_tensor_tensor_scan_matches_its_recurrence(rng):
+    a, b = rng.standard_normal((5, 9)).astype(np.float32), rng.standard_normal((5, 9)).astype(np.float32)
+
+    def body(x, y):
+        t = sb((5, 9))
+        nisa.tensor_tensor_scan(dst=t, data0=x, data1=y, initial=0.5, op0=nl.multiply, op1=nl.add)
+        return t
+    want, prev = np.empty_like(a), np.full(5, 0.5, np.float32)
+    for i in range(9):
+        prev = a[:, i] * prev + b[:, i]
+        want[:, i] = prev
+    np.testing.assert_allclose(run(body, a, b), want, rtol=1e-6)
+
+
+def test_tensor_scalar_cumulative_running_max(rng):
+    a = rng.standard_normal((3, 10)).astype(np.float32)
+
+    def body(x):
+        t = sb((3, 10))
+        nisa.tensor_scalar_cumulative(dst=t, src=x, op0=nl.add, op1=nl.maximum, imm0=1.0)
+        return t
+    np.testing.assert_allclose(run(body, a), np.maximum.accumulate(a + 1, axis=1))
+
+
+def test_find_index8_and_match_replace8():
+    data = np.array([[1, 2, 3, 4, 8, 8, 8, 8, 8, 8, 8]], np.float32)
+    vals = np.array([[3, 8, 8, 8, 8, 8, 8, 8]], np.float32)
+
+    def find(x, v):
+        t = sb((1, 8), nl.uint32)
+        nisa.nc_find_index8(dst=t, data=x, vals=v)
+        return t
+    np.testing.assert_array_equal(run(find, data, vals), [[2, 4, 5, 6, 7, 8, 9, 10]])
+
+    def match(x, v):
+        t, idx = sb((1, 11)), sb((1, 8), nl.uint32)
+        nisa.nc_match_replace8(dst=t, data=x, vals=v, imm=-1.0, dst_idx=idx)
+        return t, idx
+    out, idx = run(match, data, vals)
+    np.testing.assert_array_equal(idx, [[2, 10, 9, 8, 7, 6, 5, 4]])      # documented tie-break
+    np.testing.assert_array_equal(out, [[1, 2, -1, 4, -1, -1, -1, -1, -1, -1, -1]])
+    missing = np.array([[9, 8, 8, 8, 8, 8, 8, 8]], np.float32)
+    assert run(find, data, missing)[0, 0] == 0xFFFFFFFF
+
+
+def test_stream_shuffle_per_quadrant(rng):
+    a = rng.standard_normal((64, 3)).astype(np.float32)
+    mask = [31 - i for i in range(32)]
+    mask[5] = 255
+
+    def body(x):
+        t = sb((64, 3))
+        nisa.memset(dst=t, value=7.0)
+        nisa.nc_stream_shuffle(dst=t, src=x, shuffle_mask=mask)
+        return t
+    out = run(body, a)
+    for p in range(64):
+        want = 7.0 if p % 32 == 5 else a[(p // 32) * 32 + 31 - p % 32]
+        np.testing.assert_array_equal(out[p], want)
+
+
+def test_nonzero_with_count_reads_core_partitions_only():
+    x = np.zeros((32, 8), np.float32)
+    x[0, [1, 2, 5]] = 1
+    x[16, [0]] = 3
+    x[3, :] = 1                                  # not a GpSimd core's partition: ignored
+
+    def body(t):
+        d = sb((32, 9), nl.int32)
+        nisa.memset(dst=d, value=99)
+        nisa.nonzero_with_count(dst=d, src=t, index_offset=16, padding_val=-1)
+        return d
+    out = run(body, x)
+    np.testing.assert_array_equal(out[0], [17, 18, 21, -1, -1, -1, -1, -1, 3])
+    np.testing.assert_array_equal(out[16], [16, -1, -1, -1, -1, -1, -1, -1, 1])
+    assert (out[3] == 99).all()
+    with pytest.raises(simulate.TargetError, match="NeuronCore-v3"):
+        run(body, x, target="trn1")
