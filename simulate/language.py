@@ -131,10 +131,10 @@ class _TileSize:
 tile_size = _TileSize()
 
 
-def device_print(prefix, tensor):
-    """Print a tile's current values (simulation only, as in NKI)."""
+def device_print(print_prefix, tensor):
+    """Print a tile's current values (at run time, here as in NKI's simulator)."""
     from .access import resolve
-    print(prefix, resolve(tensor, "device_print", "tensor").read())
+    print(print_prefix, resolve(tensor, "device_print", "tensor").read())
 
 
 class no_reorder:

@@ -275,19 +275,19 @@ def expand_dims(x, axis):
     return x.expand_dim(axis % (x.ndim + 1))
 
 
-def broadcast_to(x, shape):
+def broadcast_to(x, shape, dtype=None):
     """A new SBUF tile of ``shape``: size-1 free dims repeated; a 1-partition float tile is
     replicated across partitions by a TensorE matmul with a ones row (exact)."""
     shape = tuple(int(n) for n in shape)
     if x.shape[0] == shape[0]:
-        return copy_tile(_broadcast_free(x, shape))
+        return copy_tile(_broadcast_free(x, shape), dtype)
     if x.shape[0] != 1 or not dtypes.is_float(x.dtype):
         raise ValueError(f"broadcast_to {x.shape} -> {shape}: partitions are replicated only "
                          f"from a 1-partition float tile")
     row = copy_tile(_broadcast_free(x, (1,) + shape[1:])).reshape((1, int(np.prod(shape[1:]))))
     ones = _sbuf((1, shape[0]), row.dtype, "ones")
     isa.memset(dst=ones, value=1.0)
-    out = _sbuf((shape[0], row.shape[1]), x.dtype, "broadcast")
+    out = _sbuf((shape[0], row.shape[1]), dtype or x.dtype, "broadcast")
     for f0 in range(0, row.shape[1], 512):
         f1 = builtins.min(row.shape[1], f0 + 512)
         acc = _psum((shape[0], f1 - f0), np.float32, "broadcast_ps")

@@ -36,6 +36,14 @@ class Op:
         return f"nl.{self.name}"
 
     @property
+    def __signature__(self):
+        """The signature of the ``nl.<name>(...)`` convenience function."""
+        import inspect
+        if self.convenience is None:
+            raise ValueError(f"nl.{self.name} has no convenience function")
+        return inspect.signature(self.convenience)
+
+    @property
     def is_reduction(self) -> bool:
         return self.reduce_identity is not None
 
