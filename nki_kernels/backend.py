@@ -1,8 +1,8 @@
 """The one place kernels get ``nki``, ``nl`` and ``nisa`` from.
 
 The real NKI package (Neuron SDK, installed from the Neuron pip repository) is used when it is
-importable and genuine; otherwise, or when ``NKI_KERNELS_BACKEND=sim``, the NumPy simulator in
-``simulate`` stands in. The PyPI ``nki`` placeholder (no ``nki.jit``) counts as absent.
+importable and genuine; otherwise, or when ``NKI_KERNELS_BACKEND=sim`` or ``NKI_SIMULATOR=1`` (the
+official simulator's switch), the NumPy simulator in ``simulate`` stands in. The PyPI ``nki`` placeholder (no ``nki.jit``) counts as absent.
 
     from nki_kernels.backend import nki, nl, nisa
 """
@@ -31,6 +31,8 @@ def _select():
     choice = os.environ.get(BACKEND_ENV, "auto").lower()
     if choice not in ("auto", "sim", "nki"):
         raise ValueError(f"{BACKEND_ENV}={choice!r} must be auto, sim or nki")
+    if os.environ.get("NKI_SIMULATOR", "0") not in ("", "0") and choice == "auto":
+        choice = "sim"
     real = None if choice == "sim" else _real_nki()
     if choice == "nki" and real is None:
         raise ImportError(f"{BACKEND_ENV}=nki but the Neuron SDK's nki package is not installed "

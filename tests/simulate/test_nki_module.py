@@ -55,3 +55,16 @@ def test_backend_treats_pypi_placeholder_as_absent(monkeypatch):
     monkeypatch.setenv(backend.BACKEND_ENV, "nki")
     with pytest.raises(ImportError, match="placeholder"):
         backend._select()
+
+
+def test_nki_simulator_env_forces_the_simulator_over_a_real_nki(monkeypatch):
+    from nki_kernels import backend
+    fake = types.ModuleType("nki")                  # looks genuine: has jit
+    fake.jit = lambda f: f
+    fake.language, fake.isa = types.ModuleType("nki.language"), types.ModuleType("nki.isa")
+    monkeypatch.setitem(sys.modules, "nki", fake)
+    monkeypatch.setitem(sys.modules, "nki.language", fake.language)
+    monkeypatch.setitem(sys.modules, "nki.isa", fake.isa)
+    assert backend._select()[0] == "nki"
+    monkeypatch.setenv("NKI_SIMULATOR", "1")
+    assert backend._select()[0] == "sim"
