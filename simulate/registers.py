@@ -26,7 +26,19 @@ _TRACED = ("its value is only known on the device; use nl.fori_loop / nl.while_l
            "as a scalar_offset")
 
 
-class VirtualRegister:
+class _DeviceValue:
+    """A value known only on the device: refuses to become a Python bool or int."""
+
+    def __bool__(self):
+        raise TypeError(f"a {type(self).__name__} cannot drive Python control flow: {_TRACED}")
+
+    def __index__(self):
+        raise TypeError(f"a {type(self).__name__} cannot be converted to a Python int: {_TRACED}")
+
+    __int__ = __index__
+
+
+class VirtualRegister(_DeviceValue):
     """A 32-bit engine register."""
 
     def __init__(self, value=0, frozen=False):
@@ -42,19 +54,11 @@ class VirtualRegister:
                          operand="dst")
         self._value = int(np.array(value).astype(np.int64).astype(np.int32))
 
-    def __bool__(self):
-        raise TypeError(f"a VirtualRegister cannot drive Python control flow: {_TRACED}")
-
-    def __index__(self):
-        raise TypeError(f"a VirtualRegister cannot be converted to a Python int: {_TRACED}")
-
-    __int__ = __index__
-
     def __repr__(self):
         return f"VirtualRegister({self._value})"
 
 
-class NkiScalar:
+class NkiScalar(_DeviceValue):
     """One device integer (``nl.int32`` or ``nl.int64``) from ``nisa.scalar_load``."""
 
     def __init__(self, value, dtype="int32", is_comparison=False):
@@ -109,14 +113,6 @@ class NkiScalar:
 
     def __neg__(self):
         return NkiScalar(-self._value, self.dtype)
-
-    def __bool__(self):
-        raise TypeError(f"an NkiScalar cannot drive Python control flow: {_TRACED}")
-
-    def __index__(self):
-        raise TypeError(f"an NkiScalar cannot be converted to a Python int: {_TRACED}")
-
-    __int__ = __index__
 
     def __repr__(self):
         return f"NkiScalar({self._value}, {self.dtype.name})"
