@@ -37,7 +37,7 @@ def last_trace() -> Optional[Trace]:
 
 class Kernel:
     """A kernel function plus launch options. ``kernel(*args)`` runs one program instance;
-    ``kernel[2](*args)`` runs two (LNC=2, ``nl.program_id(0)`` in {0, 1}); ``kernel[4, 2]`` a grid."""
+    ``kernel[2](*args)`` runs two concurrently (LNC=2, ``nl.program_id(0)`` in {0, 1})."""
 
     def __init__(self, fn, grid=(), target=None, shuffle=False, seed=0, **options):
         if "platform_target" in options:
@@ -48,11 +48,14 @@ class Kernel:
         functools.update_wrapper(self, fn)
 
     def __getitem__(self, grid) -> "Kernel":
-        grid = grid if isinstance(grid, tuple) else (grid,)
-        for g in grid:
-            if not isinstance(g, (int, np.integer)) or g < 1:
-                raise ValueError(f"launch grid {grid} must hold positive integers")
-        return Kernel(self.fn, grid, self.target, self.shuffle, self.seed, **self.options)
+        """``kernel[lnc]``: Beta 2 takes exactly one integer, the logical core count 1 or 2
+        (the multi-dimensional SPMD grids of Beta 1 are refused)."""
+        lnc = grid[0] if isinstance(grid, tuple) and len(grid) == 1 else grid
+        if isinstance(lnc, tuple) or not isinstance(lnc, (int, np.integer)) or lnc not in (1, 2):
+            raise ValueError(f"launch grid {grid!r}: NKI Beta 2 takes kernel[lnc] with lnc 1 or 2 "
+                             f"(one integer, matching NEURON_LOGICAL_NC_CONFIG); Beta 1 SPMD grids "
+                             f"such as kernel[4, 2] are not accepted")
+        return Kernel(self.fn, (int(lnc),), self.target, self.shuffle, self.seed, **self.options)
 
     def __call__(self, *args, **kwargs):
         return launch(self.fn, args, kwargs, grid=self.grid, target=self.target,

@@ -79,3 +79,15 @@ def test_error_in_one_core_is_reported_not_the_partners_wait():
     with pytest.raises(simulate.ValidationError) as err:
         k[2](np.zeros((2, 2), np.float32))
     assert not isinstance(err.value, SynchronizationError) and "memset" in str(err.value)
+
+
+@pytest.mark.parametrize("grid", [(4, 2), 3, 0, (2, 1), "2"])
+def test_beta1_grids_are_refused(grid):
+    with pytest.raises(ValueError, match="Beta 2 takes kernel\\[lnc\\] with lnc 1 or 2"):
+        swap_halves[grid]
+
+
+def test_lnc1_bracket_is_a_single_instance():
+    x = np.zeros((8, 3), np.float32)
+    with pytest.raises(simulate.ValidationError, match="needs an LNC=2 launch"):
+        swap_halves[1](x)
