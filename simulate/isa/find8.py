@@ -14,6 +14,7 @@ import numpy as np
 from .. import dtypes
 from .core import as_2d, fail, free_elems, on_chip, record, same_partitions
 from .elementwise import store
+from .reduce import top8_source_size
 
 INDEX_TYPES = (dtypes.uint32, dtypes.uint16)
 
@@ -21,9 +22,7 @@ INDEX_TYPES = (dtypes.uint32, dtypes.uint16)
 def _operands(o, data, vals):
     x, v = on_chip(data, o, "data"), on_chip(vals, o, "vals")
     parts = same_partitions(o, data=x, vals=v)
-    n = free_elems(x)
-    if not 8 <= n <= 16384:
-        fail(f"data has {n} elements per partition; {o} reads 8 to 16384", o, "data")
+    n = top8_source_size(o, x, "data")
     if free_elems(v) != 8:
         fail(f"vals holds {free_elems(v)} elements per partition, must be 8", o, "vals")
     return x, v, parts, n

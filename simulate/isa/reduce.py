@@ -197,14 +197,20 @@ def bn_aggr(dst, data, name=None):
     return record(o, "vector", {"dst": d, "data": x}, name=name, partitions=parts, free_elems=n)
 
 
+def top8_source_size(op, r, role) -> int:
+    """Elements per partition of the tensor a top-8 instruction searches: 8 to 16384."""
+    n = free_elems(r)
+    if not 8 <= n <= 16384:
+        fail(f"{role} has {n} elements per partition; {op} reads 8 to 16384", op, role)
+    return n
+
+
 def max8(dst, src, name=None):
     """VectorE: the 8 largest values of each partition, descending (8..16384 elements read)."""
     o = "max8"
     d, x = on_chip(dst, o, "dst"), on_chip(src, o, "src")
     parts = same_partitions(o, dst=d, src=x)
-    n = free_elems(x)
-    if not 8 <= n <= 16384:
-        fail(f"src has {n} elements per partition; max8 reads 8 to 16384", o, "src")
+    n = top8_source_size(o, x, "src")
     if free_elems(d) != 8:
         fail(f"dst holds {free_elems(d)} elements per partition, max8 writes 8", o, "dst")
     v = as_2d(x.read()).astype(np.float32)

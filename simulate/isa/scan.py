@@ -17,8 +17,7 @@ from .elementwise import apply, check_op, not_both_psum, same_free, scalar_opera
 from .enums import reduce_cmd as cmd_enum
 
 CUMULATIVE_OPS = ("add", "subtract", "multiply", "maximum", "minimum")
-_CUMULATIVE_START = {"add": 0.0, "subtract": 0.0, "multiply": 1.0, "maximum": -np.inf,
-                     "minimum": np.inf}
+_CUMULATIVE_START = {**accumulators.IDENTITY, "subtract": 0.0}      # reset_reduce start values
 
 
 def tensor_tensor_scan(dst, data0, data1, initial, op0, op1, reverse0=False, reverse1=False,

@@ -63,14 +63,22 @@ def affine_select(dst, pattern, channel_multiplier, on_true_tile, on_false_value
 RANGE_CMPS = ("equal", "less", "less_equal", "greater", "greater_equal")
 
 
-def _reduce_res(o, reduce_res, parts, regs, operands):
-    rr = on_chip(reduce_res, o, "reduce_res")
-    if rr.shape[0] != parts or free_elems(rr) != 1:
-        fail(f"reduce_res {reduce_res.shape} must be [{parts}, 1]", o, "reduce_res")
-    if not dtypes.is_float(reduce_res.dtype):
-        fail(f"reduce_res must be a float tile, got {reduce_res.dtype.name}", o, "reduce_res")
-    store(rr, regs)
-    operands["reduce_res"] = rr
+def _store_with_row_max(o, d, out, reduce_cmd, reduce_res, operands, name):
+    """Write the selected values, fold their row max into the VectorE registers per
+    ``reduce_cmd``, read the registers into ``reduce_res`` if given, and record the event."""
+    parts, n = out.shape
+    store(d, out)
+    regs = accumulators.update("vector", reduce_cmd, "maximum", out, read=reduce_res is not None)
+    if reduce_res is not None:
+        rr = on_chip(reduce_res, o, "reduce_res")
+        if rr.shape[0] != parts or free_elems(rr) != 1:
+            fail(f"reduce_res {reduce_res.shape} must be [{parts}, 1]", o, "reduce_res")
+        if not dtypes.is_float(reduce_res.dtype):
+            fail(f"reduce_res must be a float tile, got {reduce_res.dtype.name}", o, "reduce_res")
+        store(rr, regs)
+        operands["reduce_res"] = rr
+    return record(o, "vector", operands, name=name, partitions=parts, free_elems=n,
+                  details={"reduce": reduce_res is not None})
 
 
 def _max_only(o, reduce_op):
@@ -112,12 +120,7 @@ def range_select(dst, on_true_tile, comp_op0, comp_op1, bound0, bound1,
     idx = (np.arange(n, dtype=np.float64) + int(range_start)).astype(np.float32)[None, :]
     keep = (comp_op0.fn(idx, bounds[0]) != 0) & (comp_op1.fn(idx, bounds[1]) != 0)
     out = np.where(keep, as_2d(t.read()).astype(np.float32), np.float32(FP32_MIN))
-    store(d, out)
-    regs = accumulators.update("vector", reduce_cmd, "maximum", out, read=reduce_res is not None)
-    if reduce_res is not None:
-        _reduce_res(o, reduce_res, parts, regs, operands)
-    return record(o, "vector", operands, name=name, partitions=parts, free_elems=n,
-                  details={"reduce": reduce_res is not None})
+    return _store_with_row_max(o, d, out, reduce_cmd, reduce_res, operands, name)
 
 
 SELECT_PREDICATES = (dtypes.int8, dtypes.uint8, dtypes.int16, dtypes.uint16)
@@ -132,7 +135,7 @@ def select_reduce(dst, predicate, on_true, on_false, reduce_res=None, reduce_cmd
     d, t, p = on_chip(dst, o, "dst"), on_chip(on_true, o, "on_true"), on_chip(predicate, o,
                                                                                "predicate")
     parts = same_partitions(o, dst=d, on_true=t, predicate=p)
-    n = same_free(o, dst=d, on_true=t, predicate=p)
+    same_free(o, dst=d, on_true=t, predicate=p)
     not_both_psum(o, t, p, ("on_true", "predicate"))
     if predicate.dtype not in SELECT_PREDICATES:
         fail(f"predicate must be int8/uint8/int16/uint16, got {predicate.dtype.name}", o,
@@ -147,9 +150,4 @@ def select_reduce(dst, predicate, on_true, on_false, reduce_res=None, reduce_cmd
     if reverse_pred:
         keep = ~keep
     out = np.where(keep, as_2d(t.read()).astype(np.float32), false_values.astype(np.float32))
-    store(d, out)
-    regs = accumulators.update("vector", reduce_cmd, "maximum", out, read=reduce_res is not None)
-    if reduce_res is not None:
-        _reduce_res(o, reduce_res, parts, regs, operands)
-    return record(o, "vector", operands, name=name, partitions=parts, free_elems=n,
-                  details={"reduce": reduce_res is not None})
+    return _store_with_row_max(o, d, out, reduce_cmd, reduce_res, operands, name)
