@@ -22,6 +22,7 @@ A write that wraps would be two static patterns if w were known at trace time; i
 from __future__ import annotations
 
 from nki_kernels.backend import nki, nisa, nl
+from nki_kernels.kernel_dtypes import dtype_bytes
 
 P_MAX = 128
 SBUF_TILE_BYTES = 64 * 1024          # staging budget per partition for the circular path
@@ -33,7 +34,7 @@ def tensor_scatter_kernel(cache, update, w, batch, circular):
     O, M, I = cache.shape
     S = update.shape[1]
     per_batch = O // batch
-    if S == 1 and nisa.get_nc_version() >= 3 and per_batch * I * cache.dtype.itemsize <= SBUF_TILE_BYTES:
+    if S == 1 and nisa.get_nc_version() >= 3 and per_batch * I * dtype_bytes(cache.dtype) <= SBUF_TILE_BYTES:
         _single_row_indirect(cache, update, w, batch, per_batch)
     elif not circular:
         _linear(cache, update, w, batch, per_batch)
@@ -92,7 +93,7 @@ def _circular_indirect(cache, update, w, batch, per_batch):
     O, M, I = cache.shape
     S = update.shape[1]
     rows_view = cache.reshape((O * M, I))
-    chunk = max(1, min(per_batch, SBUF_TILE_BYTES // (I * cache.dtype.itemsize)))
+    chunk = max(1, min(per_batch, SBUF_TILE_BYTES // (I * dtype_bytes(cache.dtype))))
     for b in range(batch):
         for s0 in range(0, S, P_MAX):
             rows = min(P_MAX, S - s0)
