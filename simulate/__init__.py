@@ -15,6 +15,7 @@ from . import isa as nisa
 from . import language as nl
 from .errors import (AccessError, CapacityError, NkiValidationError, OutOfBoundsError,
                      SimulationError, TargetError, UnsupportedError, ValidationError)
+from .compile_cache import CompileKeyError, compile_keys, compile_stats, reset_compile_stats
 from .nki_module import build_modules, install, patched, uninstall
 from .launch import Kernel, jit, last_trace, simulate
 from .targets import TARGETS, Target, get_target, use_target
@@ -24,7 +25,8 @@ __all__ = [
     "nl", "nisa", "jit", "simulate", "Kernel", "last_trace", "install", "uninstall", "patched",
     "Target", "TARGETS", "get_target", "use_target", "Trace", "Event", "Operand", "SimulationError",
     "ValidationError", "NkiValidationError", "AccessError", "OutOfBoundsError", "CapacityError",
-    "TargetError", "UnsupportedError", "to_numpy", "tracing",
+    "TargetError", "UnsupportedError", "to_numpy", "tracing", "compile_stats", "compile_keys",
+    "reset_compile_stats", "CompileKeyError",
 ]
 
 

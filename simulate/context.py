@@ -26,6 +26,8 @@ class Launch:
     program_id: Tuple[int, ...] = (0,)
     shared_hbm_cursor: int = 0
     rank: int = 0                 # rank of this program in a multi-rank (collectives) job
+    loop_iters: list = field(default_factory=list)   # iteration index of each enclosing device loop
+    while_loops: list = field(default_factory=list)  # open ``while reg:`` loops: [site, iteration]
 
 
 _local = threading.local()         # per thread: the program instance it runs (LNC=2 runs two)

@@ -3,7 +3,8 @@
 A launch wraps each host array argument as an HBM tensor over the same memory (so kernels that
 write their inputs update them in place), runs every program instance of the grid in order (or
 shuffled) with its own SBUF/PSUM accounting, and returns the kernel's result with tensors turned
-into NumPy arrays (torch tensors when the inputs were torch tensors).
+into NumPy arrays (torch tensors when the inputs were torch tensors). Each launch is booked in
+``compile_cache`` under the key the real ``nki.jit`` compiles by.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typing import Optional
 
 import numpy as np
 
-from . import context, dtypes
+from . import compile_cache, context, dtypes
 from .lnc import run_instances
 from .memory import Memory
 from .targets import get_target
@@ -92,6 +93,7 @@ def simulate_kernel(func, args=(), kwargs=None, _lnc=1):
 def launch(fn, args, kwargs, grid=(), target=None, shuffle=False, seed=0):
     global _last_trace
     target = get_target(target)
+    key = compile_cache.compile_key(args, kwargs, grid, target.name)
     trace = Trace(target)
     run = context.Launch(target=target, grid=grid, trace=trace)
     with context.running(run):
@@ -104,7 +106,8 @@ def launch(fn, args, kwargs, grid=(), target=None, shuffle=False, seed=0):
         random.Random(seed).shuffle(instances)
 
     def run_one(pid, meeting=None):
-        instance = dataclasses.replace(run, program_id=pid, shared_hbm_cursor=0,
+        instance = dataclasses.replace(run, program_id=pid, shared_hbm_cursor=0, loop_iters=[],
+                                       while_loops=[],
                                        memory=Memory(target))
         instance.meeting = meeting
         with context.running(instance):
@@ -128,6 +131,7 @@ def launch(fn, args, kwargs, grid=(), target=None, shuffle=False, seed=0):
     with context.running(run):
         converter.write_back()
         out = converter.to_host(result)
+    trace.compiled = compile_cache.record(fn, key, trace)
     _last_trace = trace
     for sink in _trace_sinks:
         sink.append(trace)

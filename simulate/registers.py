@@ -11,11 +11,16 @@ holding the index; ``nl.while_loop(init, body_fun)`` calls it while the conditio
 non-zero; ``for i in nl.dynamic_range(start, stop, step)`` (deprecated form) iterates the same way.
 Each loop's trip count is recorded in the launch trace (``Trace.loops``).
 
-Strict like the tracer: a register or scalar in Python control flow (``if``, ``while``, ``int()``,
-``range()``) raises ``TypeError``, since its value is not known while the kernel is built.
+Strict like the tracer: a register or scalar in Python control flow (``if``, ``int()``,
+``range()``) raises ``TypeError``, since its value is not known while the kernel is built. The one
+exception is documented: ``while reg:`` on a ``VirtualRegister`` is a device loop that runs until
+the register holds 0 (numbered and recorded like the loops above).
 """
 
 from __future__ import annotations
+
+import linecache
+import sys
 
 import numpy as np
 
@@ -30,12 +35,45 @@ class _DeviceValue:
     """A value known only on the device: refuses to become a Python bool or int."""
 
     def __bool__(self):
+        if isinstance(self, VirtualRegister) and _called_from_while():
+            return _while_check(self._value != 0, sys._getframe(1))
         raise TypeError(f"a {type(self).__name__} cannot drive Python control flow: {_TRACED}")
 
     def __index__(self):
         raise TypeError(f"a {type(self).__name__} cannot be converted to a Python int: {_TRACED}")
 
     __int__ = __index__
+
+
+def _called_from_while() -> bool:
+    """True when the caller's line is a ``while`` statement (a device loop on a register)."""
+    frame = sys._getframe(2)
+    line = linecache.getline(frame.f_code.co_filename, frame.f_lineno).strip()
+    return line.startswith("while ") or line.startswith("while(")
+
+
+def _while_check(go: bool, frame) -> bool:
+    """One condition check of a ``while reg:`` device loop: the first check at a (frame, line)
+    opens the loop (numbered like the other device loops), a false one closes it."""
+    launch = context.current()
+    open_loops = launch.while_loops
+    site = (id(frame), frame.f_lineno)
+    if open_loops and open_loops[-1][0] == site:
+        entry = open_loops[-1]
+        entry[1] += 1
+        if go:
+            launch.loop_iters[-1] = entry[1]
+            return True
+        open_loops.pop()
+        launch.loop_iters.pop()
+        _record_loop("while", entry[1])
+        return False
+    if go:
+        open_loops.append([site, 0])
+        launch.loop_iters.append(0)
+    else:
+        _record_loop("while", 0)
+    return go
 
 
 class VirtualRegister(_DeviceValue):
@@ -195,21 +233,51 @@ def _step(step, op):
 
 
 def _record_loop(kind, iterations):
-    trace = context.current().trace
-    if trace is not None:
-        trace.loops.append({"kind": kind, "iterations": iterations,
-                            "location": context.kernel_location()})
+    launch = context.current()
+    if launch.trace is not None:
+        launch.trace.loops.append({"kind": kind, "iterations": iterations,
+                                   "location": context.kernel_location(),
+                                   "depth": len(launch.loop_iters),
+                                   "first_pass": not any(launch.loop_iters)})
+
+
+class _Iterations:
+    """Marks the running instance as inside a device loop; ``next()`` numbers the iterations."""
+
+    def __init__(self, kind):
+        self.kind, self.count = kind, 0
+
+    def __enter__(self):
+        self.iters = context.current().loop_iters
+        self.iters.append(0)
+        return self
+
+    def next(self):
+        self.iters[-1] = self.count
+        self.count += 1
+
+    def __exit__(self, *exc):
+        self.iters.pop()
+        if exc[0] is None:
+            _record_loop(self.kind, self.count)
+
+
+def _induction(value, register: bool):
+    """The loop index handed to a body: a frozen register when a bound was a register, else an
+    int32 NkiScalar (as the documented ``fori_loop``)."""
+    return VirtualRegister(value, frozen=True) if register else NkiScalar(value, "int32")
 
 
 def fori_loop(lower, upper, body_fun, step=1):
-    """Run ``body_fun(i)`` for i in [lower, upper) by ``step`` on the device (a real loop)."""
+    """Run ``body_fun(i)`` for i in [lower, upper) by ``step`` on the device (a real loop). ``i``
+    is a ``VirtualRegister`` when a bound is one, else an ``NkiScalar``."""
     lo, hi = _bound(lower, "fori_loop", "lower", False), _bound(upper, "fori_loop", "upper", False)
     st = _step(step, "fori_loop")
-    count = 0
-    for i in range(lo, hi, st):
-        body_fun(VirtualRegister(i, frozen=True))
-        count += 1
-    _record_loop("fori_loop", count)
+    register = isinstance(lower, VirtualRegister) or isinstance(upper, VirtualRegister)
+    with _Iterations("fori_loop") as it:
+        for i in range(lo, hi, st):
+            it.next()
+            body_fun(_induction(i, register))
 
 
 def while_loop(init, body_fun, max_iterations=1 << 24):
@@ -217,17 +285,17 @@ def while_loop(init, body_fun, max_iterations=1 << 24):
     if not isinstance(init, VirtualRegister):
         context.fail(ValidationError, f"init must be a VirtualRegister, got {type(init).__name__}",
                      op="while_loop", operand="init")
-    cond, count = init, 0
-    while cond.read_value() != 0:
-        if count == max_iterations:
-            context.fail(ValidationError, f"while_loop ran {max_iterations} iterations without "
-                         f"its condition register becoming 0", op="while_loop")
-        cond = body_fun(VirtualRegister(cond.read_value(), frozen=True))
-        if not isinstance(cond, VirtualRegister):
-            context.fail(ValidationError, "body_fun must return the next condition register",
-                         op="while_loop", operand="body_fun")
-        count += 1
-    _record_loop("while_loop", count)
+    cond = init
+    with _Iterations("while_loop") as it:
+        while cond.read_value() != 0:
+            if it.count == max_iterations:
+                context.fail(ValidationError, f"while_loop ran {max_iterations} iterations "
+                             f"without its condition register becoming 0", op="while_loop")
+            it.next()
+            cond = body_fun(VirtualRegister(cond.read_value(), frozen=True))
+            if not isinstance(cond, VirtualRegister):
+                context.fail(ValidationError, "body_fun must return the next condition register",
+                             op="while_loop", operand="body_fun")
 
 
 def dynamic_range(start, stop=None, step=1):
@@ -236,8 +304,7 @@ def dynamic_range(start, stop=None, step=1):
         start, stop = 0, start
     lo, hi = _bound(start, "dynamic_range", "start", False), _bound(stop, "dynamic_range", "stop", False)
     st = _step(step, "dynamic_range")
-    count = 0
-    for i in range(lo, hi, st):
-        yield VirtualRegister(i, frozen=True)
-        count += 1
-    _record_loop("dynamic_range", count)
+    with _Iterations("dynamic_range") as it:
+        for i in range(lo, hi, st):
+            it.next()
+            yield VirtualRegister(i, frozen=True)

@@ -56,6 +56,9 @@ class Event:
     hbm_write_bytes: int = 0       # DMA: bytes written to HBM (dst in HBM)
     details: dict = field(default_factory=dict)
     name: Optional[str] = None     # the instruction's ``name=`` label
+    loop_depth: int = 0            # device loops (fori_loop, while_loop, dynamic_range) around it
+    first_pass: bool = True        # in the first iteration of every enclosing device loop: the
+                                   # compiled program holds one copy of a loop body
 
 
 class Trace:
@@ -67,6 +70,7 @@ class Trace:
         self.memory_peaks = {}     # {"sbuf_bytes_per_partition": int, "psum_banks": int}
         self.loops = []            # device loops run: {"kind", "iterations", "location"}
         self._lock = threading.Lock()    # LNC=2 instances record concurrently
+        self.compiled = None       # after a launch: True if its compile key was new
 
     def add(self, **fields) -> Event:
         with self._lock:
@@ -94,6 +98,15 @@ class Trace:
     def hbm_bytes(self) -> int:
         """HBM traffic: bytes DMAs read from plus wrote to HBM."""
         return sum(e.hbm_read_bytes + e.hbm_write_bytes for e in self.events)
+
+    @property
+    def program_instructions(self) -> int:
+        """Instructions in the compiled program of one core: those outside device loops plus one
+        copy of each loop body (its first iteration); the largest over the program instances.
+        Executed instructions are ``len(trace)``. A loop that ran zero times adds nothing here
+        (its body was never traced), so this is a lower bound when some loop did not run."""
+        per_core = Counter(e.program_id for e in self.events if e.first_pass)
+        return max(per_core.values(), default=0)
 
     def summary(self) -> str:
         ops = ", ".join(f"{op} x{n}" for op, n in sorted(self.count_by_op().items()))

@@ -92,5 +92,6 @@ def record(op: str, engine: str, operands: dict, name=None, **fields) -> Instruc
     if launch.trace is not None:
         event = launch.trace.add(op=op, engine=engine, program_id=launch.program_id,
                                  operands=tuple(describe(k, v) for k, v in operands.items()),
-                                 name=name, **fields)
+                                 name=name, loop_depth=len(launch.loop_iters),
+                                 first_pass=not any(launch.loop_iters), **fields)
     return Instruction(event)

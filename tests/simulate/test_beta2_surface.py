@@ -190,3 +190,64 @@ def test_nonzero_with_count_reads_core_partitions_only():
     assert (out[3] == 99).all()
     with pytest.raises(simulate.TargetError, match="NeuronCore-v3"):
         run(body, x, target="trn1")
+
+
+def test_while_on_a_register_is_a_device_loop_but_if_is_refused():
+    @jit
+    def k(x):
+        out = nl.ndarray((1, 1), nl.int32, buffer=nl.shared_hbm)
+        left = nl.ndarray((1, 1), nl.int32, buffer=nl.sbuf)
+        nisa.dma_copy(dst=left, src=x)
+        total = nl.ndarray((1, 1), nl.int32, buffer=nl.sbuf)
+        nisa.memset(dst=total, value=0)
+        reg = nisa.register_alloc()
+        nisa.register_load(reg, left)
+        while reg:
+            nisa.tensor_scalar(dst=total, data=total, op0=nl.add, operand0=10)
+            nisa.tensor_scalar(dst=left, data=left, op0=nl.subtract, operand0=1)
+            nisa.register_load(reg, left)
+        nisa.dma_copy(dst=out, src=total)
+        return out
+    assert k(np.array([[3]], np.int32))[0, 0] == 30
+    assert k(np.array([[0]], np.int32))[0, 0] == 0
+
+
+def test_fori_loop_index_is_a_scalar_with_int_bounds_and_a_register_with_register_bounds():
+    seen = []
+
+    @jit
+    def k(n):
+        nb = nl.ndarray((1, 1), nl.int32, buffer=nl.sbuf)
+        nisa.dma_copy(dst=nb, src=n)
+        reg = nisa.register_alloc()
+        nisa.register_load(reg, nb)
+        nl.fori_loop(0, 2, lambda i: seen.append(type(i).__name__))
+        nl.fori_loop(0, reg, lambda i: seen.append(type(i).__name__))
+    k(np.array([[1]], np.int32))
+    assert seen == ["NkiScalar", "NkiScalar", "VirtualRegister"]
+
+
+def test_program_size_counts_one_copy_of_each_loop_body():
+    @jit
+    def k(n):
+        nb = nl.ndarray((1, 1), nl.int32, buffer=nl.sbuf)
+        nisa.dma_copy(dst=nb, src=n)
+        acc = nl.ndarray((1, 1), nl.int32, buffer=nl.sbuf)
+        nisa.memset(dst=acc, value=0)
+
+        def outer(i):
+            def inner(j):
+                nisa.tensor_scalar(dst=acc, data=acc, op0=nl.add, operand0=1)
+            nl.fori_loop(0, 3, inner)
+            nisa.tensor_scalar(dst=acc, data=acc, op0=nl.multiply, operand0=1)
+        nl.fori_loop(0, nb_reg(nb), outer)
+
+    def nb_reg(t):
+        r = nisa.register_alloc()
+        nisa.register_load(r, t)
+        return r
+    k(np.array([[4]], np.int32))
+    trace = simulate.last_trace()
+    assert len(trace) == 2 + 4 * (3 + 1)
+    assert trace.program_instructions == 2 + 1 + 1
+    assert [(l["iterations"], l["depth"]) for l in trace.loops][-2:] == [(3, 1), (4, 0)]
