@@ -6,6 +6,7 @@ import contextlib
 import os
 import sys
 import threading
+import weakref
 from dataclasses import dataclass, field
 from typing import Optional, Tuple
 
@@ -28,6 +29,38 @@ class Launch:
     rank: int = 0                 # rank of this program in a multi-rank (collectives) job
     loop_iters: list = field(default_factory=list)   # iteration index of each enclosing device loop
     while_loops: list = field(default_factory=list)  # open ``while reg:`` loops: [site, iteration]
+    loop_frames: list = field(default_factory=list)  # LoopFrame per enclosing device loop
+
+
+class LoopFrame:
+    """Allocations of one device loop's body. The compiled body allocates once and every iteration
+    reuses the same buffers, so when a tile made by the n-th allocation of an iteration is still
+    referenced as the next iteration makes its n-th allocation (it was kept across iterations),
+    the two are one buffer here too, and the kept tile is overwritten as it would be on device.
+    Tiles nobody keeps are freed as usual (weak references), so capacity is counted by liveness."""
+
+    def __init__(self):
+        self.storages, self.ordinal = [], 0
+
+    def next_iteration(self):
+        self.ordinal = 0
+
+    def take(self, shape, dtype, buffer):
+        """The live storage this allocation aliases, or None (allocate, then ``keep``)."""
+        if self.ordinal < len(self.storages):
+            s = self.storages[self.ordinal]()
+            if s is not None and s.shape == tuple(shape) and s.dtype == dtype and s.buffer == buffer:
+                self.ordinal += 1
+                return s
+        return None
+
+    def keep(self, storage):
+        ref = weakref.ref(storage)
+        if self.ordinal < len(self.storages):
+            self.storages[self.ordinal] = ref
+        else:
+            self.storages.append(ref)
+        self.ordinal += 1
 
 
 _local = threading.local()         # per thread: the program instance it runs (LNC=2 runs two)

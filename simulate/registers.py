@@ -15,6 +15,10 @@ Strict like the tracer: a register or scalar in Python control flow (``if``, ``i
 ``range()``) raises ``TypeError``, since its value is not known while the kernel is built. The one
 exception is documented: ``while reg:`` on a ``VirtualRegister`` is a device loop that runs until
 the register holds 0 (numbered and recorded like the loops above).
+
+As on the device, a loop body's allocations are made once: each iteration's n-th ``nl.ndarray``
+is the same buffer as the first iteration's n-th (``context.LoopFrame``), so state carried from
+one iteration to the next must live in a tile allocated before the loop.
 """
 
 from __future__ import annotations
@@ -63,14 +67,17 @@ def _while_check(go: bool, frame) -> bool:
         entry[1] += 1
         if go:
             launch.loop_iters[-1] = entry[1]
+            launch.loop_frames[-1].next_iteration()
             return True
         open_loops.pop()
         launch.loop_iters.pop()
+        launch.loop_frames.pop()
         _record_loop("while", entry[1])
         return False
     if go:
         open_loops.append([site, 0])
         launch.loop_iters.append(0)
+        launch.loop_frames.append(context.LoopFrame())
     else:
         _record_loop("while", 0)
     return go
@@ -248,16 +255,20 @@ class _Iterations:
         self.kind, self.count = kind, 0
 
     def __enter__(self):
-        self.iters = context.current().loop_iters
+        launch = context.current()
+        self.iters, self.frames = launch.loop_iters, launch.loop_frames
         self.iters.append(0)
+        self.frames.append(context.LoopFrame())
         return self
 
     def next(self):
         self.iters[-1] = self.count
+        self.frames[-1].next_iteration()
         self.count += 1
 
     def __exit__(self, *exc):
         self.iters.pop()
+        self.frames.pop()
         if exc[0] is None:
             _record_loop(self.kind, self.count)
 

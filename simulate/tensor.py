@@ -78,9 +78,14 @@ class ndarray:
         if buf == "shared_hbm" and launch.trace is not None:
             storage = _shared_hbm_storage(launch, shape, dtype, name)
         else:
-            storage = Storage.allocate(shape, dtype, buf, name, address)
-            launch.memory.register(storage, lambda cls, msg: _fail(cls, msg, op="nl.ndarray",
-                                                                   operand=name or None))
+            frame = launch.loop_frames[-1] if launch.loop_frames else None
+            storage = frame.take(shape, dtype, buf) if frame is not None else None
+            if storage is None:
+                storage = Storage.allocate(shape, dtype, buf, name, address)
+                launch.memory.register(storage, lambda cls, msg: _fail(
+                    cls, msg, op="nl.ndarray", operand=name or None))
+                if frame is not None:
+                    frame.keep(storage)
         self._init_view(storage, shape, _contiguous_strides(shape), 0, dtype)
 
     # -- construction of views --------------------------------------------------------------

@@ -1,14 +1,18 @@
-"""``batch_decode``: host wrapper of the decode kernel (checks, plan, launch)."""
+"""``batch_decode``: host wrapper of the decode kernel (checks, request table, buckets, launch)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
+
+from nki_kernels.buckets import bucket
 
 from nki_kernels.paged_kv_append.layout import split_cache
 
 from .checks import check_batch_decode_inputs
 from .kernel import batch_decode_kernel
-from .plan import make_plan
+from .plan import make_layout, request_table
 
 
 def _rows(a, D):
@@ -17,7 +21,7 @@ def _rows(a, D):
 
 def batch_decode(q, paged_kv_cache, kv_indptr, kv_indices, kv_last_page_len, kv_layout="NHD",
                  sm_scale=None, logits_soft_cap=0.0, window_left=-1, sinks=None, k_scale=1.0,
-                 v_scale=1.0, return_lse=False):
+                 v_scale=1.0, return_lse=False, lnc=1):
     """One decode step of B requests over a paged KV cache (FlashInfer BatchDecode semantics).
 
     Dimensions:  B requests, HQ query heads, H kv heads (HQ % H == 0), D head_dim, P page_size
@@ -29,43 +33,76 @@ def batch_decode(q, paged_kv_cache, kv_indptr, kv_indices, kv_last_page_len, kv_
         sm_scale: default 1/sqrt(D); logits_soft_cap: cap * tanh(logit / cap) if > 0;
         window_left: keep the last window_left + 1 keys (-1: all); sinks: [HQ] logits added to
         the softmax denominator only; k_scale scales logits, v_scale the output.
+        lnc: 1, or 2 to split the requests over the two cores of a trn2 logical core (LNC=2).
     Returns:
         out [B, HQ, D] in q's dtype; with return_lse also lse [B, HQ] float32, base 2 (log2 of the
         softmax denominator, as FlashInfer; multiply by ln 2 for natural log). Empty requests give
         zeros and -inf.
+    Compiles once per shape bucket (``nki_kernels.buckets``): the batch and the page-table length
+    are padded to buckets, lengths reach the kernel as device data.
     """
-    args, statics = prepare_decode(q, paged_kv_cache, kv_indptr, kv_indices, kv_last_page_len,
-                                   kv_layout, sm_scale, logits_soft_cap, window_left, sinks, k_scale,
-                                   v_scale)
+    launch = prepare_decode(q, paged_kv_cache, kv_indptr, kv_indices, kv_last_page_len, kv_layout,
+                            sm_scale, logits_soft_cap, window_left, sinks, k_scale, v_scale)
     k, v, fused = split_cache(paged_kv_cache)
-    D = q.shape[2]
+    B, HQ, D = q.shape
     rows = (_rows(paged_kv_cache, D), None) if fused else (_rows(k, D), _rows(v, D))
-    out, lse = batch_decode_kernel(q, *rows, *args, *statics)
-    lse = lse.reshape(q.shape[0], q.shape[1])
+    kernel = batch_decode_kernel if lnc == 1 else batch_decode_kernel[_check_lnc(lnc)]
+    out, lse = kernel(launch.pad_queries(q), *rows, *launch.arrays, *launch.statics)
+    out, lse = out[:B], lse[:B].reshape(B, HQ)
     return (out, lse) if return_lse else out
 
 
+def _check_lnc(lnc):
+    if lnc not in (1, 2):
+        raise ValueError(f"lnc={lnc!r} must be 1 or 2 (logical NeuronCore size)")
+    return lnc
+
+
+@dataclass(frozen=True)
+class DecodeLaunch:
+    """What the host prepared: the kernel's array arguments after the cache rows, its static
+    arguments, and the batch bucket."""
+
+    arrays: tuple
+    statics: tuple
+    batch: int
+    bucket: int
+
+    def pad_queries(self, q):
+        """q padded with zero rows to the batch bucket (a NumPy array, or a torch tensor)."""
+        if self.bucket == self.batch:
+            return q
+        pad = (self.bucket - self.batch,) + tuple(q.shape[1:])
+        if isinstance(q, np.ndarray):
+            return np.concatenate([q, np.zeros(pad, q.dtype)])
+        import torch
+        return torch.cat([q, q.new_zeros(pad)])
+
+
 def prepare_decode(q, paged_kv_cache, kv_indptr, kv_indices, kv_last_page_len, kv_layout, sm_scale,
-                   logits_soft_cap, window_left, sinks, k_scale, v_scale):
-    """Host half: validate, plan, and build the small index arrays the kernel reads.
+                   logits_soft_cap, window_left, sinks, k_scale, v_scale) -> DecodeLaunch:
+    """Host half: validate, and build the small index arrays the kernel reads, padded to buckets.
 
     ``q``/``paged_kv_cache`` may be shape-and-dtype stand-ins (only their metadata is read); the
-    index arrays must be host NumPy arrays. Returns (array args after the cache rows, static args).
+    index arrays must be host NumPy arrays. Only shapes and model constants become static
+    arguments; lengths and pages are device data.
     """
     prob = check_batch_decode_inputs(q, paged_kv_cache, kv_indptr, kv_indices, kv_last_page_len,
                                      kv_layout, sm_scale, logits_soft_cap, window_left, sinks,
                                      k_scale, v_scale)
     geo = prob.geo
-    plan = make_plan(geo, prob.kv_lens, window_left)
+    layout = make_layout(geo)
     k_dtype = split_cache(paged_kv_cache)[0].dtype
-    lens = prob.kv_lens.astype(np.int32).reshape(-1, 1)
-    win = (np.maximum(0, prob.kv_lens - 1 - window_left) if window_left >= 0
-           else np.zeros_like(prob.kv_lens)).astype(np.int32).reshape(-1, 1)
-    padded = np.concatenate([kv_indices[:kv_indptr[-1]], np.zeros(plan.chunk, np.int32)]).reshape(-1, 1)
+    batch = prob.batch
+    rows = bucket(batch)
+    meta = request_table(kv_indptr, prob.kv_lens, window_left, geo.page_size, rows)
+    pages = int(kv_indptr[-1])
+    capacity = max(geo.num_pages, bucket(pages)) + layout.chunk
+    padded = np.zeros((capacity, 1), np.int32)
+    padded[:pages, 0] = kv_indices[:pages]
     mm_dtype = k_dtype.name if k_dtype.itemsize >= 2 else "bfloat16"
     sinks32 = None if sinks is None else np.asarray(sinks, np.float32).reshape(-1, 1)
-    arrays = (kv_indptr.reshape(-1, 1), padded, lens, win, plan.token_table(geo.page_size), sinks32)
-    statics = (geo.num_heads, geo.page_size, plan.chunks,
-               (plan.rows_per_page, plan.entry_stride, plan.head_stride, plan.v_rows),
-               prob.sm_scale * float(k_scale), float(logits_soft_cap), float(v_scale), mm_dtype)
-    return arrays, statics
+    arrays = (meta, padded, layout.token_table(geo.page_size), sinks32)
+    statics = (geo.num_heads, geo.page_size, layout.strides, prob.sm_scale * float(k_scale),
+               float(logits_soft_cap), float(v_scale), mm_dtype)
+    return DecodeLaunch(arrays, statics, batch, rows)

@@ -28,13 +28,18 @@ def init_state(G, D):
     return [negm, l, acc]
 
 
-def mask_bias(c, T, R, L_g, W_g):
-    """[R, T] fp32: 0 where chunk c's token is inside [W, L), else NEG_BIG."""
-    pos = nl.ndarray((R, T), nl.int32, buffer=nl.sbuf, name="pos_g")
-    nisa.iota(dst=pos, pattern=[[1, T]], offset=c * T, channel_multiplier=0)
-    ok, late = _f32((R, T), "ok_g"), _f32((R, T), "late_g")
-    nisa.tensor_scalar(dst=ok, data=pos, op0=nl.less, operand0=L_g)
-    nisa.tensor_scalar(dst=late, data=pos, op0=nl.greater_equal, operand0=W_g)
+def mask_bias(cursor, bounds, iota_rt):
+    """[R, T] fp32: 0 where the chunk's token t is inside [W, L), else NEG_BIG. ``iota_rt`` holds t
+    in column t; with s = the chunk's first position, t is inside when W - s <= t < L - s."""
+    R, T = iota_rt.shape
+    hi, lo = nl.ndarray((R, 1), nl.int32, buffer=nl.sbuf, name="lim_hi"), nl.ndarray(
+        (R, 1), nl.int32, buffer=nl.sbuf, name="lim_lo")
+    nisa.tensor_tensor(dst=hi, data1=bounds.L_r, data2=cursor["start"], op=nl.subtract)
+    nisa.tensor_tensor(dst=lo, data1=bounds.W_r, data2=cursor["start"], op=nl.subtract)
+    ok = _f32((R, T), "ok_g")
+    nisa.tensor_scalar(dst=ok, data=iota_rt, op0=nl.less, operand0=hi)
+    late = _f32((R, T), "late_g")
+    nisa.tensor_scalar(dst=late, data=iota_rt, op0=nl.greater_equal, operand0=lo)
     nisa.tensor_tensor(dst=ok, data1=ok, data2=late, op=nl.multiply)
     nisa.tensor_scalar(dst=ok, data=ok, op0=nl.subtract, operand0=1.0, op1=nl.multiply,
                        operand1=-NEG_BIG)
@@ -93,7 +98,8 @@ def _scores(q_pads, k_sb, h0, D, mm_dtype):
 
 
 def online_update(state, q_pads, col_masks, k_sb, v_sb, h0, D, bias, scale, soft_cap, mm_dtype):
-    """Fold one chunk into the state of a head group (rows n*G). VectorE: bias add, row max,
+    """Fold one chunk into the state of a head group (rows n*G), updating the state tiles in
+    place (a device loop's body reuses its own buffers every iteration). VectorE: bias add, row max,
     running max, one column mask per head, two rescales; ScalarE: scaling, exp with the row sum,
     alpha, PSUM evictions."""
     negm, l, acc = state
@@ -129,27 +135,40 @@ def online_update(state, q_pads, col_masks, k_sb, v_sb, h0, D, bias, scale, soft
         nisa.nc_matmul(dst=pv, stationary=pT_j, moving=v_sb[:, h * D:(h + 1) * D], accumulate=j > 0)
     nisa.scalar_tensor_tensor(dst=acc, data=acc, op0=nl.multiply, operand0=alpha, op1=nl.add,
                               operand1=pv)
-    state[0] = negm_new
+    nisa.tensor_copy(dst=negm, src=negm_new)   # state lives in tiles made before the loop
 
 
 def finalize(state, out, lse, sinks, b, r0, v_scale):
-    """Query heads r0..r0+R of request b: out = acc / l * v_scale; lse = (m + ln l) * log2(e);
-    sinks join l."""
+    """Query heads r0..r0+R of request b (a device scalar): out = acc / l * v_scale;
+    lse = (m + ln l) * log2(e). A sink logit joins as one more key without a value: the max becomes
+    max(m, sink) and l gains exp(sink - max). A request with no keys has l = 0 and acc = 0: out is 0
+    (acc / max(l, 1); l >= 1 whenever a key was seen) and lse -inf (or the sink's log2 term)."""
     negm, l, acc = state
     R, D = acc.shape                # rows: the query heads of one head group
     if sinks is not None:
         sk = _f32((R, 1), "sink")
         nisa.dma_copy(dst=sk, src=sinks[r0:r0 + R, :])
-        nisa.activation(dst=sk, op=nl.exp, data=sk, bias=negm)
-        nisa.tensor_tensor(dst=l, data1=l, data2=sk, op=nl.add)
+        negm_new = _f32((R, 1), "neg_m")
+        nisa.tensor_scalar(dst=negm_new, data=sk, op0=nl.multiply, operand0=-1.0)
+        nisa.tensor_tensor(dst=negm_new, data1=negm_new, data2=negm, op=nl.minimum)
+        alpha = _f32((R, 1), "alpha")
+        nisa.activation(dst=alpha, op=nl.exp, data=negm, bias=negm_new, scale=-1.0)
+        nisa.activation(dst=sk, op=nl.exp, data=sk, bias=negm_new)
+        nisa.scalar_tensor_tensor(dst=l, data=l, op0=nl.multiply, operand0=alpha, op1=nl.add,
+                                  operand1=sk)
+        nisa.tensor_scalar(dst=acc, data=acc, op0=nl.multiply, operand0=alpha)
+        negm = negm_new
     rl = _f32((R, 1), "inv_l")
-    nisa.reciprocal(dst=rl, data=l)
+    nisa.tensor_scalar(dst=rl, data=l, op0=nl.maximum, operand0=1.0)
+    nisa.reciprocal(dst=rl, data=rl)
     o = nl.ndarray((R, D), out.dtype, buffer=nl.sbuf, name="o")
     nisa.tensor_scalar(dst=o, data=acc, op0=nl.multiply, operand0=rl, op1=nl.multiply,
                        operand1=float(v_scale))
-    nisa.dma_copy(dst=out[b, r0:r0 + R, :], src=o)
+    nisa.dma_copy(dst=out.ap([[D, R], [1, D]], offset=r0 * D, scalar_offset=b, indirect_dim=0),
+                  src=o)
     ln_l = _f32((R, 1), "ln_l")
     nisa.activation(dst=ln_l, op=nl.log, data=l)
     nisa.tensor_tensor(dst=ln_l, data1=ln_l, data2=negm, op=nl.subtract)
     nisa.tensor_scalar(dst=ln_l, data=ln_l, op0=nl.multiply, operand0=LN_TO_LOG2)
-    nisa.dma_copy(dst=lse[b, r0:r0 + R, :], src=ln_l)
+    nisa.dma_copy(dst=lse.ap([[1, R], [1, 1]], offset=r0, scalar_offset=b, indirect_dim=0),
+                  src=ln_l)

@@ -60,13 +60,13 @@ def decode_device(q, kv_cache, kv_indptr, kv_indices, kv_last_page_len, kv_layou
                   logits_soft_cap, window_left, sinks):
     from nki_kernels.paged_decode_attention.decode import prepare_decode
     from nki_kernels.paged_decode_attention.kernel import batch_decode_kernel
-    arrays, statics = prepare_decode(_meta(q), _meta(kv_cache), _host(kv_indptr), _host(kv_indices),
-                                     _host(kv_last_page_len), kv_layout, sm_scale, logits_soft_cap,
-                                     window_left, _host(sinks), 1.0, 1.0)
-    D = q.shape[2]
-    out, lse = batch_decode_kernel(q.contiguous(), kv_cache.reshape(-1, D), None,
-                                   *(_dev(a, q) for a in arrays), *statics)
-    return out, lse.reshape(q.shape[0], q.shape[1])
+    launch = prepare_decode(_meta(q), _meta(kv_cache), _host(kv_indptr), _host(kv_indices),
+                            _host(kv_last_page_len), kv_layout, sm_scale, logits_soft_cap,
+                            window_left, _host(sinks), 1.0, 1.0)
+    B, HQ, D = q.shape
+    out, lse = batch_decode_kernel(launch.pad_queries(q.contiguous()), kv_cache.reshape(-1, D), None,
+                                   *(_dev(a, q) for a in launch.arrays), *launch.statics)
+    return out[:B], lse[:B].reshape(B, HQ)
 
 
 def tensor_scatter_device(past_cache, update, write_indices, axis, mode):

@@ -251,3 +251,34 @@ def test_program_size_counts_one_copy_of_each_loop_body():
     assert len(trace) == 2 + 4 * (3 + 1)
     assert trace.program_instructions == 2 + 1 + 1
     assert [(l["iterations"], l["depth"]) for l in trace.loops][-2:] == [(3, 1), (4, 0)]
+
+
+def _differences_kernel(carry_in_place):
+    @jit
+    def k(x):
+        n = x.shape[1]
+        out = nl.ndarray((1, n), nl.float32, buffer=nl.shared_hbm)
+        prev = [nl.ndarray((1, 1), nl.float32, buffer=nl.sbuf, name="prev")]
+        nisa.memset(dst=prev[0], value=0.0)
+
+        def body(i):
+            cur = nl.ndarray((1, 1), nl.float32, buffer=nl.sbuf, name="cur")
+            nisa.dma_copy(dst=cur, src=x.ap([[n, 1], [1, 1]], scalar_offset=i, indirect_dim=1))
+            d = nl.ndarray((1, 1), nl.float32, buffer=nl.sbuf, name="d")
+            nisa.tensor_tensor(dst=d, data1=cur, data2=prev[0], op=nl.subtract)
+            nisa.dma_copy(dst=out.ap([[n, 1], [1, 1]], scalar_offset=i, indirect_dim=1), src=d)
+            if carry_in_place:
+                nisa.tensor_copy(dst=prev[0], src=cur)
+            else:
+                prev[0] = cur          # a body tile: the next iteration's "cur" is this buffer
+        nl.fori_loop(0, n, body)
+        return out
+    return k
+
+
+def test_loop_body_allocations_are_reused_across_iterations_as_on_device():
+    x = np.array([[1.0, 4.0, 9.0, 16.0]], np.float32)
+    np.testing.assert_array_equal(_differences_kernel(True)(x), [[1, 3, 5, 7]])
+    # Keeping a body tile for the next iteration reads the same buffer the next iteration
+    # overwrites: on device (and here) every later difference is 0.
+    np.testing.assert_array_equal(_differences_kernel(False)(x), [[1, 0, 0, 0]])

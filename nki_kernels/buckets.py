@@ -1,0 +1,79 @@
+"""Shape buckets: how host wrappers choose the static shapes the kernels are compiled for.
+
+``nki.jit`` compiles once per (shapes, dtypes, non-tensor arguments). A serving loop changes its
+batch, its total page count and its tokens per step all the time; padding each of them up to a
+bucket keeps the number of distinct programs small (one compile per bucket, reused ever after).
+
+Policy (``BucketPolicy``): a size n is padded to the smallest bucket >= n from a geometric ladder
+``minimum, minimum*growth, ...`` (default powers of two from 1). Padding costs nothing on device:
+padded requests have length 0 and padded tokens are skipped, so no work or HBM traffic scales with
+the padding (only the tiny index tables grow). A larger ``growth`` means fewer compiles and more
+padding. Set the process-wide policy with ``set_bucket_policy`` or the environment variable
+``NKI_KERNELS_BUCKETS="minimum,growth"`` (e.g. ``"8,2"``); ``BucketPolicy(exact=True)`` turns
+bucketing off (one compile per distinct size, as before).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+ENV = "NKI_KERNELS_BUCKETS"
+
+
+@dataclass(frozen=True)
+class BucketPolicy:
+    minimum: int = 1
+    growth: float = 2.0
+    exact: bool = False
+
+    def __post_init__(self):
+        if int(self.minimum) != self.minimum or self.minimum < 1:
+            raise ValueError(f"bucket minimum={self.minimum} must be an integer >= 1")
+        if not self.growth > 1:
+            raise ValueError(f"bucket growth={self.growth} must be > 1")
+
+    def bucket(self, n: int) -> int:
+        """The padded size for a real size ``n`` (n >= 0; 0 pads to the minimum)."""
+        n = int(n)
+        if n < 0:
+            raise ValueError(f"size {n} must be >= 0")
+        if self.exact:
+            return max(n, 1)
+        b = int(self.minimum)
+        while b < n:
+            b = max(b + 1, int(b * self.growth))
+        return b
+
+
+def _from_env() -> BucketPolicy:
+    text = os.environ.get(ENV, "").strip()
+    if not text:
+        return BucketPolicy()
+    if text == "exact":
+        return BucketPolicy(exact=True)
+    try:
+        minimum, growth = text.split(",")
+        return BucketPolicy(int(minimum), float(growth))
+    except ValueError as err:
+        raise ValueError(f"{ENV}={text!r} must be 'minimum,growth' (e.g. '8,2') or 'exact'") from err
+
+
+_policy = _from_env()
+
+
+def bucket_policy() -> BucketPolicy:
+    return _policy
+
+
+def set_bucket_policy(policy: BucketPolicy) -> BucketPolicy:
+    """Install ``policy`` for every wrapper; returns the previous one."""
+    global _policy
+    if not isinstance(policy, BucketPolicy):
+        raise TypeError(f"policy must be a BucketPolicy, got {type(policy).__name__}")
+    previous, _policy = _policy, policy
+    return previous
+
+
+def bucket(n: int) -> int:
+    return _policy.bucket(n)

@@ -1,0 +1,114 @@
+"""Where the current chunk is, kept in SBUF across the device loops of one request.
+
+A compiled loop body cannot take Python values from the loop index, so the chunk's position
+travels as small int32 tiles that each iteration advances by one chunk (T tokens):
+
+    pos   [T, 1]  sequence position of chunk token t
+    slot  [T, 1]  index into kv_indices of the page holding token t
+    entry [T, 1]  entry of token t inside that page
+    start [R, 1]  position of the chunk's first token, on the R score rows
+
+All values stay far below 2**24, so the fp32 ALU of VectorE computes them exactly.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from nki_kernels.backend import nisa, nl
+
+from .plan import ENTRY0, LEN, POS0, SLOT0, WIN
+
+
+class Geometry(NamedTuple):
+    T: int                  # chunk tokens
+    page_size: int
+    rows_per_page: int
+    entry_stride: int
+    head_stride: int
+    D: int
+    H: int
+
+
+def meta_broadcast(meta, b, col, parts, name):
+    """[parts, 1] int32 tile holding meta[b, col] in every partition (b: a device scalar)."""
+    t = nl.ndarray((parts, 1), nl.int32, buffer=nl.sbuf, name=name)
+    nisa.dma_copy(dst=t, src=meta.ap([[0, parts], [1, 1]], offset=col, scalar_offset=b,
+                                     indirect_dim=0))
+    return t
+
+
+class Bounds(NamedTuple):
+    """Request b's length and window start on the T token rows and the R score rows."""
+
+    L_t: object
+    W_t: object
+    L_r: object
+    W_r: object
+
+
+def request_bounds(meta, b, T, R):
+    return Bounds(meta_broadcast(meta, b, LEN, T, "len_t"), meta_broadcast(meta, b, WIN, T, "win_t"),
+                  meta_broadcast(meta, b, LEN, R, "len_r"), meta_broadcast(meta, b, WIN, R, "win_r"))
+
+
+def _add_tiles(dst, a, b):
+    nisa.tensor_tensor(dst=dst, data1=a, data2=b, op=nl.add)
+
+
+def start_cursor(meta, b, tok_sb, R):
+    """The cursor at chunk c0 of request b: pos = POS0 + t, slot = SLOT0 + slot(t),
+    entry = ENTRY0 + entry(t), start = POS0 (tok_sb: the [T, 2] chunk-local token table)."""
+    T = tok_sb.shape[0]
+    iota_t = nl.ndarray((T, 1), nl.int32, buffer=nl.sbuf, name="iota_t")
+    nisa.iota(dst=iota_t, pattern=[[1, 1]], offset=0, channel_multiplier=1)
+    pos = meta_broadcast(meta, b, POS0, T, "pos")
+    _add_tiles(pos, pos, iota_t)
+    slot = meta_broadcast(meta, b, SLOT0, T, "slot")
+    _add_tiles(slot, slot, tok_sb[:, 0:1])
+    entry = meta_broadcast(meta, b, ENTRY0, T, "entry")
+    _add_tiles(entry, entry, tok_sb[:, 1:2])
+    return {"pos": pos, "slot": slot, "entry": entry, "start": meta_broadcast(meta, b, POS0, R, "start")}
+
+
+def advance(cursor, page_size):
+    """Move the cursor one chunk on: T tokens = T // P whole pages (P <= 128), or 128 entries of
+    one page, wrapping to the next slot at the page end (P a multiple of 128)."""
+    T = cursor["pos"].shape[0]
+    for key in ("pos", "start"):
+        nisa.tensor_scalar(dst=cursor[key], data=cursor[key], op0=nl.add, operand0=T)
+    if page_size <= 128:
+        nisa.tensor_scalar(dst=cursor["slot"], data=cursor["slot"], op0=nl.add,
+                           operand0=T // page_size)
+        return
+    entry, slot = cursor["entry"], cursor["slot"]
+    wrap = nl.ndarray((T, 1), nl.int32, buffer=nl.sbuf, name="wrap")
+    nisa.tensor_scalar(dst=entry, data=entry, op0=nl.add, operand0=T)
+    nisa.tensor_scalar(dst=wrap, data=entry, op0=nl.greater_equal, operand0=page_size)
+    _add_tiles(slot, slot, wrap)
+    nisa.tensor_scalar(dst=wrap, data=wrap, op0=nl.multiply, operand0=page_size)
+    nisa.tensor_tensor(dst=entry, data1=entry, data2=wrap, op=nl.subtract)
+
+
+def token_validity(cursor, bounds):
+    """[T, 1] int32: 1 where the chunk's token t is inside [W, L)."""
+    T = cursor["pos"].shape[0]
+    ok = nl.ndarray((T, 1), nl.int32, buffer=nl.sbuf, name="tok_ok")
+    nisa.tensor_tensor(dst=ok, data1=cursor["pos"], data2=bounds.L_t, op=nl.less)
+    late = nl.ndarray((T, 1), nl.int32, buffer=nl.sbuf, name="tok_late")
+    nisa.tensor_tensor(dst=late, data1=cursor["pos"], data2=bounds.W_t, op=nl.greater_equal)
+    nisa.tensor_tensor(dst=ok, data1=ok, data2=late, op=nl.multiply)
+    return ok
+
+
+DROPPED = -(2 ** 24)     # an index every access skips: below zero even after any source offset
+
+
+def drop_invalid(dst, values, valid):
+    """dst = values where valid (0/1) else DROPPED, as values*valid + (valid - 1)*2**24: each
+    term and the sum are exact in fp32 for indices below 2**24."""
+    off = nl.ndarray(valid.shape, nl.int32, buffer=nl.sbuf, name="dropped")
+    nisa.tensor_scalar(dst=off, data=valid, op0=nl.subtract, operand0=1, op1=nl.multiply,
+                       operand1=-DROPPED)
+    nisa.tensor_tensor(dst=dst, data1=values, data2=valid, op=nl.multiply)
+    nisa.tensor_tensor(dst=dst, data1=dst, data2=off, op=nl.add)

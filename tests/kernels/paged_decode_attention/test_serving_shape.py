@@ -1,0 +1,106 @@
+"""Decode as a serving loop runs it: one compile per shape bucket, a program whose size does not
+grow with batch or length, work that does, and LNC=2."""
+
+import numpy as np
+import pytest
+
+import simulate
+from nki_kernels.buckets import BucketPolicy, set_bucket_policy
+from nki_kernels.paged_decode_attention import batch_decode, batch_decode_kernel, batch_decode_ref
+
+from .conftest import assert_close, make_decode_case
+
+pytestmark = pytest.mark.sim_only
+
+
+def _grow(rng, lens, page_size=16, H=2, G=2, D=32):
+    return make_decode_case(rng, lens, page_size, H, G, D)
+
+
+class FixedCache:
+    """One cache for a whole trace (as a server allocates it once): N pages of P tokens."""
+
+    def __init__(self, rng, pages=256, page_size=16, H=2, G=2, D=32):
+        self.rng, self.P, self.HQ, self.D = rng, page_size, H * G, D
+        self.cache = rng.standard_normal((pages, 2, page_size, H, D)).astype(np.float32)
+
+    def step(self, lens):
+        """q and a page table giving each request its own random pages."""
+        P = self.P
+        counts = [-(-n // P) for n in lens]
+        pages = self.rng.permutation(self.cache.shape[0])[:sum(counts)].astype(np.int32)
+        indptr = np.concatenate([[0], np.cumsum(counts)]).astype(np.int32)
+        last = np.array([(n - 1) % P + 1 if n else 0 for n in lens], np.int32)
+        q = self.rng.standard_normal((len(lens), self.HQ, self.D)).astype(np.float32)
+        return q, self.cache, indptr, pages, last, "NHD"
+
+
+def test_growing_trace_compiles_once_per_batch_bucket(rng, target):
+    """Requests grow by one token per step, arrive and finish; the batch moves between the
+    buckets 2 and 4 (powers of two); every step matches the reference."""
+    simulate.reset_compile_stats()
+    cache, batches = FixedCache(rng), []
+    for step in range(12):
+        batch = 2 if step < 5 else (3 if step < 9 else 4)
+        lens = [7 + step + 5 * i for i in range(batch)]
+        args = cache.step(lens)
+        out, lse = batch_decode(*args, return_lse=True, window_left=9 if step % 2 else -1)
+        ref, ref_lse = batch_decode_ref(*args, return_lse=True, window_left=9 if step % 2 else -1)
+        assert_close(out, ref, lse, ref_lse)
+        batches.append(batch)
+    stats = simulate.compile_stats(batch_decode_kernel)
+    # the window changes every step and is runtime data: it does not add compiles
+    assert stats["compilations"] == 2, stats
+    assert stats["hits"] == len(batches) - 2
+
+
+def test_exact_policy_compiles_per_batch_size(rng):
+    previous = set_bucket_policy(BucketPolicy(exact=True))
+    try:
+        simulate.reset_compile_stats()
+        for lens in ([5, 9, 2], [6, 10, 3], [6, 10, 3, 1], [6, 10]):
+            batch_decode(*_grow(rng, lens))
+        assert simulate.compile_stats(batch_decode_kernel)["compilations"] == 3
+    finally:
+        set_bucket_policy(previous)
+
+
+def test_program_size_is_independent_of_lengths_and_work_follows_them(rng, target):
+    cache = FixedCache(rng, pages=400)
+    sizes, executed, read = [], [], []
+    for lens in ([1000, 700], [2000, 1500]):       # with the window, all three chunk loops run
+        batch_decode(*cache.step(lens), window_left=400)
+        trace = simulate.last_trace()
+        sizes.append(trace.program_instructions)
+        executed.append(len(trace))
+        read.append(trace.hbm_bytes)
+    assert sizes[0] == sizes[1]
+    assert executed[0] == executed[1] > sizes[0]    # 4 chunks per request in both steps
+    assert read[0] == read[1]                        # same 401-token window in both
+    chunk_loops = [l for l in trace.loops if l["depth"] == 1]
+    assert [l["iterations"] for l in chunk_loops] == [1, 2, 1, 1, 2, 1]
+
+
+def test_lnc2_splits_requests_over_both_cores(rng):
+    args = make_decode_case(rng, [5, 0, 33, 17, 129], 16, 2, 3, 32)
+    with simulate.use_target("trn2"):
+        out, lse = batch_decode(*args, return_lse=True, lnc=2)
+    assert_close(out, *batch_decode_ref(*args, return_lse=True)[:1], lse,
+                 batch_decode_ref(*args, return_lse=True)[1])
+    per_core = {}
+    for e in simulate.last_trace().events:
+        per_core[e.program_id] = per_core.get(e.program_id, 0) + 1
+    assert set(per_core) == {(0,), (1,)} and min(per_core.values()) > 50
+    with pytest.raises(ValueError, match="lnc=3"):
+        batch_decode(*args, lnc=3)
+
+
+def test_padded_batch_rows_do_no_work(rng):
+    """Batch 5 runs in bucket 8: the three padded requests read no KV and load no chunk."""
+    batch_decode(*FixedCache(rng).step([40, 40, 40, 40, 40]))
+    loops = simulate.last_trace().loops
+    outer = [l for l in loops if l["depth"] == 0]
+    assert outer and outer[-1]["iterations"] == 8
+    chunk_loops = [l for l in loops if l["depth"] == 1]
+    assert len(chunk_loops) == 8 * 3
+    assert sum(l["iterations"] for l in chunk_loops) == 5
