@@ -5,24 +5,72 @@ from __future__ import annotations
 import numpy as np
 
 from .checks import check_append_shapes, check_page_table, destination_slots
-from .kernel import SKIP_SLOT, paged_kv_scatter_kernel
+from nki_kernels.buckets import bucket
+
+from .kernel import P_MAX, SKIP_SLOT, paged_kv_scatter_kernel
 from .layout import CacheGeometry, geometry, row_views
 
 
-def scatter_tokens(append_key, append_value, paged_kv_cache, geo: CacheGeometry, rows, keep=None):
+def padded_slots(rows, keep, geo: CacheGeometry, spare_page=None):
+    """[Tb, 1] int32 slots for a token bucket Tb >= T (a multiple of 128 above 128), and the
+    [1, 2] counts table (real tokens, 128-token tiles). Skipped and padded tokens get SKIP_SLOT,
+    or with ``spare_page`` a row of that page (entry t mod P), so nothing relies on
+    ``oob_mode.skip`` (NxD Inference's way: the allocator reserves the page)."""
+    T = int(rows.shape[0])
+    Tb = bucket(T)
+    if Tb > P_MAX:
+        Tb = -(-Tb // P_MAX) * P_MAX
+    real = np.asarray(rows, np.int64)
+    if keep is not None:
+        real = np.where(keep, real, -1)
+    slots = np.full(Tb, -1, np.int64)
+    slots[:T] = real
+    dropped = slots < 0
+    if spare_page is None:
+        slots[dropped] = SKIP_SLOT
+    else:
+        entries = np.arange(Tb) % geo.page_size
+        slots[dropped] = geo.rows(np.full(Tb, spare_page), entries)[dropped]
+    counts = np.array([[T, -(-T // min(P_MAX, Tb))]], np.int32)
+    return slots.astype(np.int32).reshape(-1, 1), counts
+
+
+def pad_tokens(a, Tb):
+    """[T, H, D] padded with zero tokens to [Tb, H, D] (a NumPy array or a torch tensor)."""
+    T = a.shape[0]
+    if T == Tb:
+        return a
+    if isinstance(a, np.ndarray):
+        return np.concatenate([np.ascontiguousarray(a), np.zeros((Tb - T,) + a.shape[1:], a.dtype)])
+    import torch
+    return torch.cat([a.contiguous(), a.new_zeros((Tb - T,) + tuple(a.shape[1:]))])
+
+
+def check_spare_page(spare_page, geo: CacheGeometry, used_pages=None):
+    if spare_page is None:
+        return
+    if not isinstance(spare_page, (int, np.integer)) or not 0 <= spare_page < geo.num_pages:
+        raise ValueError(f"spare_page={spare_page!r} must be a page id in [0, {geo.num_pages})")
+    if used_pages is not None and np.isin(spare_page, used_pages):
+        raise ValueError(f"spare_page={spare_page} is one of the pages being written; the spare "
+                         f"page must be reserved (owned by no request)")
+
+
+def scatter_tokens(append_key, append_value, paged_kv_cache, geo: CacheGeometry, rows, keep=None,
+                   spare_page=None):
     """Launch the device kernel for tokens whose first K row is ``rows`` (``keep`` False = skip)."""
     if append_key.shape[0] == 0:
         return
     k_rows, v_rows = row_views(paged_kv_cache, geo)
-    slots = np.where(keep if keep is not None else True, rows, SKIP_SLOT).astype(np.int32)
+    slots, counts = padded_slots(rows, keep, geo, spare_page)
     heads, stride = (1, 0) if geo.layout == "NHD" else (geo.num_heads, geo.page_size * geo.head_dim)
-    paged_kv_scatter_kernel(k_rows, v_rows, np.ascontiguousarray(append_key),
-                            np.ascontiguousarray(append_value), slots.reshape(-1, 1),
-                            heads, stride, geo.v_offset)
+    Tb = slots.shape[0]
+    paged_kv_scatter_kernel(k_rows, v_rows, pad_tokens(append_key, Tb),
+                            pad_tokens(append_value, Tb), slots, counts, heads, stride, geo.v_offset)
 
 
 def append_paged_kv_cache(append_key, append_value, batch_indices, positions, paged_kv_cache,
-                          kv_indices, kv_indptr, kv_last_page_len, kv_layout="NHD"):
+                          kv_indices, kv_indptr, kv_last_page_len, kv_layout="NHD", spare_page=None):
     """Append T ragged K/V rows into a paged cache in place (FlashInfer semantics).
 
     Dimensions:  T appended tokens, B requests, N pages, P page_size, H kv heads, D head_dim
@@ -34,6 +82,8 @@ def append_paged_kv_cache(append_key, append_value, batch_indices, positions, pa
             [N, P, H, D] / [N, H, P, D]; C-contiguous; written in place
         kv_indices: [>= kv_indptr[-1]] int32 pages; kv_indptr: [B + 1] int32;
         kv_last_page_len: [B] int32 in [1, P] (0 for a request with no pages)
+        spare_page: None (padding tokens of the shape bucket are dropped by ``oob_mode.skip``) or
+            a reserved page id that no request owns (padding is written there instead)
     Semantics:   page = kv_indices[kv_indptr[b] + pos // P], entry = pos % P.
     Notes:       every index is validated on the host first (nothing is written on bad input);
         the host then turns (batch, position) into cache rows (as vLLM's slot_mapping) and the
@@ -43,16 +93,20 @@ def append_paged_kv_cache(append_key, append_value, batch_indices, positions, pa
     geo = check_append_shapes(append_key, append_value, batch_indices, positions, paged_kv_cache,
                               kv_indices, kv_indptr, kv_last_page_len, kv_layout)
     lens = check_page_table(kv_indices, kv_indptr, kv_last_page_len, geo)
+    check_spare_page(spare_page, geo, kv_indices[:kv_indptr[-1]])
     pages, entries = destination_slots(batch_indices, positions, kv_indices, kv_indptr, lens, geo)
-    scatter_tokens(append_key, append_value, paged_kv_cache, geo, geo.rows(pages, entries))
+    scatter_tokens(append_key, append_value, paged_kv_cache, geo, geo.rows(pages, entries),
+                   spare_page=spare_page)
 
 
-def reshape_and_cache(key, value, key_cache, value_cache, slot_mapping, kv_layout="NHD"):
+def reshape_and_cache(key, value, key_cache, value_cache, slot_mapping, kv_layout="NHD",
+                      spare_page=None):
     """vLLM-style write: token t goes to slot_mapping[t] = block * block_size + offset.
 
     Args:
         key, value: [T, H, D]; key_cache, value_cache: [N, P, H, D] (NHD) / [N, H, P, D] (HND)
-        slot_mapping: [T] int32 or int64; a negative slot marks a padded token, which is skipped.
+        slot_mapping: [T] int32 or int64; a negative slot marks a padded token, which is skipped
+            (``spare_page`` None) or written to the reserved page ``spare_page``.
     Raises ValueError for slots >= N * P or two tokens on one slot, before anything is written.
     """
     cache = (key_cache, value_cache)
@@ -77,4 +131,5 @@ def reshape_and_cache(key, value, key_cache, value_cache, slot_mapping, kv_layou
     if np.unique(slots[keep]).size != int(keep.sum()):
         raise ValueError("slot_mapping holds the same slot twice")
     pages, entries = np.divmod(np.where(keep, slots, 0), geo.page_size)
-    scatter_tokens(key, value, cache, geo, geo.rows(pages, entries), keep)
+    check_spare_page(spare_page, geo, pages[keep])
+    scatter_tokens(key, value, cache, geo, geo.rows(pages, entries), keep, spare_page)

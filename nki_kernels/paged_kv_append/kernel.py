@@ -1,20 +1,23 @@
 """The device half of the paged KV append: scatter token rows into cache rows.
 
-Dimensions:  T tokens, R cache rows, H kv heads, D head_dim, P page_size
+Dimensions:  T tokens (a bucket: rows past the real count are padding), R cache rows, H kv heads,
+    D head_dim, P page_size, n = min(128, T) tokens per tile (T is a multiple of n)
 Args:
     k_rows: [R, row_elems] @ HBM, the K cache (or the whole fused cache) as rows, written in place
     v_rows: [R, row_elems] @ HBM, or None for a fused cache (V = k_rows + v_offset elements)
     key, value: [T, H, D] @ HBM, same dtype as the cache
-    slots: [T, 1] int32 @ HBM, first cache row of each token (see layout.py); rows of skipped
-        tokens hold SKIP_SLOT, which is out of bounds and dropped by ``oob_mode.skip``
+    slots: [T, 1] int32 @ HBM, first cache row of each token (see layout.py); skipped and padded
+        tokens hold SKIP_SLOT (out of bounds, dropped by ``oob_mode.skip``) or a spare page's row
+    counts: [1, 2] int32 @ HBM: real tokens, tiles of n holding them (runtime data)
     heads, head_stride: HND: a token's H head rows are ``head_stride`` elements apart (P * D);
         NHD: heads == 1 (the token's H*D elements are one row)
-Paths:
-    NeuronCore-v3+ (trn2): per tile of <= 128 tokens, K and V rows are loaded to SBUF (tokens on
-        partitions) and written with one indirect DMA each (``vector_offset`` = the tile's slots);
-        NHD moves one contiguous H*D run per token, HND H runs of D.
-    NeuronCore-v2 (trn1, no indirect DMA): the same tiles, written with one ``scalar_offset`` DMA
-        per token and tensor (K, V).
+Paths (a device loop each, trip count from ``counts``: the program does not grow with T, and
+padding costs no work beyond the last partly filled tile):
+    NeuronCore-v3+ (trn2): per tile of n tokens, the slots are loaded to SBUF and K and V are
+        copied HBM to HBM by one indirect DMA each (``vector_offset`` = the tile's slots on the
+        destination); NHD moves one contiguous H*D run per token, HND H runs of D.
+    NeuronCore-v2 (trn1, no indirect DMA): per real token, its slot is loaded and its K and V rows
+        are copied HBM to HBM by two ``scalar_offset`` DMAs.
 HBM traffic is the appended K/V bytes read plus written (and 4 bytes of slot per token).
 """
 
@@ -27,27 +30,45 @@ SKIP_SLOT = 2 ** 31 - 1
 
 
 @nki.jit
-def paged_kv_scatter_kernel(k_rows, v_rows, key, value, slots, heads, head_stride, v_offset):
+def paged_kv_scatter_kernel(k_rows, v_rows, key, value, slots, counts, heads, head_stride, v_offset):
     T = key.shape[0]
-    row_elems = k_rows.shape[1]
+    n = min(P_MAX, T)
     token_elems = key.shape[1] * key.shape[2]
-    indirect = nisa.get_nc_version() >= 3
-    for t0 in range(0, T, P_MAX):
-        n = min(P_MAX, T - t0)
-        slot_sb = nl.ndarray((n, 1), nl.int32, buffer=nl.sbuf, name="slot_sb")
-        nisa.dma_copy(dst=slot_sb, src=slots[t0:t0 + n, :])
-        targets = ((key, k_rows, 0), (value, k_rows if v_rows is None else v_rows,
-                                      v_offset if v_rows is None else 0))
-        for src_hbm, rows, offset in targets:
-            tile = nl.ndarray((n, token_elems), key.dtype, buffer=nl.sbuf, name="kv_sb")
-            nisa.dma_copy(dst=tile, src=src_hbm.ap([[token_elems, n], [1, token_elems]],
-                                                   offset=t0 * token_elems))
-            if indirect:
-                dst = rows.ap([[row_elems, n], [head_stride, heads], [1, row_elems]], offset=offset,
-                              vector_offset=slot_sb, indirect_dim=0)
-                nisa.dma_copy(dst=dst, src=tile, oob_mode=nisa.oob_mode.skip)
-            else:
-                for i in range(n):
-                    dst = rows.ap([[head_stride, heads], [1, row_elems]], offset=offset,
-                                  scalar_offset=slot_sb[i:i + 1, 0:1], indirect_dim=0)
-                    nisa.dma_copy(dst=dst, src=tile[i:i + 1, :], oob_mode=nisa.oob_mode.skip)
+    targets = ((key, k_rows, 0), (value, k_rows if v_rows is None else v_rows,
+                                  v_offset if v_rows is None else 0))
+    count_sb = nl.ndarray((1, 2), nl.int32, buffer=nl.sbuf, name="counts")
+    nisa.dma_copy(dst=count_sb, src=counts)
+    tokens, tiles = nisa.scalar_load(count_sb[0:1, 0:1]), nisa.scalar_load(count_sb[0:1, 1:2])
+    if nisa.get_nc_version() >= 3:
+        slot_tiles = slots.reshape((T // n, n))
+        src_tiles = [(src.reshape((T // n, n * token_elems)), rows, offset)
+                     for src, rows, offset in targets]
+        nl.fori_loop(0, tiles, lambda i: _scatter_tile(i, slot_tiles, src_tiles, n, token_elems,
+                                                       heads, head_stride))
+    else:
+        nl.fori_loop(0, tokens, lambda t: _scatter_token(t, slots, targets, heads, head_stride))
+
+
+def _scatter_tile(i, slot_tiles, src_tiles, n, token_elems, heads, head_stride):
+    """Tile i: its n slots into SBUF, then one indirect HBM-to-HBM write per K / V (rows of
+    padded or skipped tokens are neither read nor written)."""
+    slot_sb = nl.ndarray((n, 1), nl.int32, buffer=nl.sbuf, name="slot_sb")
+    nisa.dma_copy(dst=slot_sb, src=slot_tiles.ap([[1, n], [1, 1]], scalar_offset=i, indirect_dim=0))
+    for src, rows, offset in src_tiles:
+        row_elems = rows.shape[1]
+        dst = rows.ap([[row_elems, n], [head_stride, heads], [1, row_elems]], offset=offset,
+                      vector_offset=slot_sb, indirect_dim=0)
+        nisa.dma_copy(dst=dst, src=src.ap([[token_elems, n], [1, token_elems]], scalar_offset=i,
+                                          indirect_dim=0), oob_mode=nisa.oob_mode.skip)
+
+
+def _scatter_token(t, slots, targets, heads, head_stride):
+    """Token t: its slot into SBUF, then its K and V rows HBM to HBM at that slot."""
+    slot = nl.ndarray((1, 1), nl.int32, buffer=nl.sbuf, name="slot")
+    nisa.dma_copy(dst=slot, src=slots.ap([[1, 1], [1, 1]], scalar_offset=t, indirect_dim=0))
+    for src, rows, offset in targets:
+        row_elems = rows.shape[1]
+        dst = rows.ap([[head_stride, heads], [1, row_elems]], offset=offset, scalar_offset=slot,
+                      indirect_dim=0)
+        nisa.dma_copy(dst=dst, src=src.ap([[row_elems, heads], [1, row_elems]], scalar_offset=t,
+                                          indirect_dim=0), oob_mode=nisa.oob_mode.skip)

@@ -44,16 +44,19 @@ def append_device(append_key, append_value, batch_indices, positions, kv_cache, 
                   kv_indptr, kv_last_page_len, kv_layout):
     from nki_kernels.paged_kv_append.checks import (check_append_shapes, check_page_table,
                                                     destination_slots)
+    from nki_kernels.paged_kv_append.append import pad_tokens, padded_slots
     from nki_kernels.paged_kv_append.kernel import paged_kv_scatter_kernel
     idx = [_host(t) for t in (batch_indices, positions, kv_indices, kv_indptr, kv_last_page_len)]
     geo = check_append_shapes(_meta(append_key), _meta(append_value), idx[0], idx[1], _meta(kv_cache),
                               idx[2], idx[3], idx[4], kv_layout)
     lens = check_page_table(idx[2], idx[3], idx[4], geo)
     pages, entries = destination_slots(idx[0], idx[1], idx[2], idx[3], lens, geo)
-    rows = geo.rows(pages, entries).astype(np.int32).reshape(-1, 1)
+    slots, counts = padded_slots(geo.rows(pages, entries), None, geo)
     heads, stride = (1, 0) if kv_layout == "NHD" else (geo.num_heads, geo.page_size * geo.head_dim)
-    paged_kv_scatter_kernel(kv_cache.view(-1, geo.row_elems), None, append_key.contiguous(),
-                            append_value.contiguous(), _dev(rows, kv_cache), heads, stride, geo.v_offset)
+    Tb = slots.shape[0]
+    paged_kv_scatter_kernel(kv_cache.view(-1, geo.row_elems), None, pad_tokens(append_key, Tb),
+                            pad_tokens(append_value, Tb), _dev(slots, kv_cache),
+                            _dev(counts, kv_cache), heads, stride, geo.v_offset)
 
 
 def decode_device(q, kv_cache, kv_indptr, kv_indices, kv_last_page_len, kv_layout, sm_scale,

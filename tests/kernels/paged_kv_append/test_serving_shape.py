@@ -1,0 +1,73 @@
+"""The append kernel in a serving loop: one compile per token bucket, padding that does no work,
+and padding sent to a reserved spare page instead of relying on oob_mode.skip."""
+
+import numpy as np
+import pytest
+
+import simulate
+from nki_kernels.paged_kv_append import append_paged_kv_cache, paged_kv_scatter_kernel
+from nki_kernels.paged_kv_append.append import reshape_and_cache
+
+from .conftest import make_append_case
+
+pytestmark = pytest.mark.sim_only
+
+
+def test_token_counts_compile_once_per_bucket(rng, target):
+    N, P, H, D = 64, 8, 2, 8
+    kc = np.full((N, P, H, D), np.nan, np.float32)
+    vc = kc.copy()
+    simulate.reset_compile_stats()
+    counts = [1, 3, 4, 7, 20, 33, 40, 2, 129, 200]
+    for T in counts:
+        slots = rng.permutation(N * P)[:T].astype(np.int64)
+        key = rng.standard_normal((T, H, D)).astype(np.float32)
+        reshape_and_cache(key, key + 1, kc, vc, slots)
+        np.testing.assert_array_equal(kc.reshape(N * P, H, D)[slots], key)
+    buckets = {1, 2, 4, 8, 32, 64, 256}       # powers of two (above 128: multiples of 128)
+    assert simulate.compile_stats(paged_kv_scatter_kernel)["compilations"] == len(buckets)
+
+
+@pytest.mark.parametrize("layout", ["NHD", "HND"])
+def test_spare_page_takes_the_padding(rng, target, layout):
+    N, P, H, D = 6, 4, 2, 8
+    shape = (N, P, H, D) if layout == "NHD" else (N, H, P, D)
+    kc = np.full(shape, np.nan, np.float32)
+    vc = kc.copy()
+    key = rng.standard_normal((5, H, D)).astype(np.float32)
+    slots = np.array([3, -1, 17, 0, -5], np.int64)
+    reshape_and_cache(key, 2 * key, kc, vc, slots, kv_layout=layout, spare_page=5)
+    view = kc if layout == "NHD" else kc.transpose(0, 2, 1, 3)
+    for t, s in enumerate(slots):
+        if s >= 0:
+            np.testing.assert_array_equal(view[s // P, s % P], key[t])
+    # pages 0-4: only the three real tokens; page 5 (spare): the padded tokens 1 and 4 at entries
+    # t mod P = 1 and 0 (trn2 also writes the bucket's padding rows 5..7 there)
+    assert np.isnan(kc[:5]).sum() == (5 * P - 3) * H * D
+    spare = view[5]
+    assert not np.isnan(spare[[0, 1]]).any()
+
+
+def test_spare_page_on_flashinfer_append(rng, target):
+    args = make_append_case(rng, [9, 3, 6], [9, 3, 6], 4, 2, 8)     # 18 tokens -> bucket 32
+    owned = set(args[5].tolist())
+    spare = next(p for p in range(args[4].shape[0]) if p not in owned)
+    append_paged_kv_cache(*args, spare_page=spare)
+    cache = args[4]
+    if target == "trn2":                                            # the last tile's padding
+        assert not np.isnan(cache[spare]).any()
+    others = [p for p in range(cache.shape[0]) if p not in owned and p != spare]
+    assert np.isnan(cache[others]).all()
+
+
+def test_spare_page_must_be_reserved(rng):
+    args = make_append_case(rng, [9, 3], [2, 1], 4, 2, 8)
+    with pytest.raises(ValueError, match="spare_page=.* is one of the pages being written"):
+        append_paged_kv_cache(*args, spare_page=int(args[5][0]))
+    with pytest.raises(ValueError, match=r"spare_page=99 must be a page id"):
+        append_paged_kv_cache(*args, spare_page=99)
+    N, P, H, D = 4, 4, 1, 2
+    kc = np.zeros((N, P, H, D), np.float32)
+    with pytest.raises(ValueError, match="spare_page=0 is one of the pages"):
+        reshape_and_cache(np.zeros((1, H, D), np.float32), np.zeros((1, H, D), np.float32), kc,
+                          kc.copy(), np.array([2]), spare_page=0)
