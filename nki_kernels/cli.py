@@ -4,6 +4,7 @@
     nki-kernels check paged_decode_attention --size batch=4 --size kv_len=300 [--target trn1]
     nki-kernels profile tensor_scatter --trace-json ts.json --png ts.png [--set hbm_bytes_per_s=3e11]
     nki-kernels bench [--out benchmarks/results]
+    nki-kernels serve --steps 64 --max-batch 8 [--target trn1] [--png serve.png] [--out DIR]
     nki-kernels demo                     # the README's main job: every kernel checked and costed
 """
 
@@ -149,6 +150,30 @@ def cmd_suite(args, which):
     return 0 if ok else 1
 
 
+def cmd_serve(args):
+    from .serve import ServeConfig, plot_steps, replay, summary_markdown
+    if _on_hardware():
+        raise SystemExit("error: serve replays the trace in the simulator (it needs the trace to "
+                         "count compiles and cost steps); run it without the Neuron SDK backend")
+    trace = replay(ServeConfig(steps=args.steps, max_batch=args.max_batch, pages=args.pages),
+                   args.target)
+    table = summary_markdown(trace)
+    print(table)
+    if args.png:
+        plot_steps(trace, args.png)
+        print(f"\nwrote {args.png}")
+    if args.out:
+        os.makedirs(args.out, exist_ok=True)
+        base = os.path.join(args.out, f"serve_{args.target}")
+        with open(base + ".md", "w") as f:
+            f.write(table + "\n")
+        with open(base + ".json", "w") as f:
+            json.dump({"compilations": trace.compilations,
+                       "steps": [vars(x) for x in trace.steps]}, f, indent=1, default=float)
+        print(f"wrote {base}.md and .json")
+    return 0 if trace.max_error < 1e-4 else 1
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(prog="nki-kernels", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -168,6 +193,13 @@ def main(argv=None):
         s.add_argument("--targets", nargs="+", default=["trn1", "trn2"] if cmd == "demo" else ["trn2"])
         s.add_argument("--device", default="sim", choices=("sim", "trn"))
         s.add_argument("--out", default=os.path.join("benchmarks", "results"))
+    s = sub.add_parser("serve", help="replay a continuous-batching trace: compiles, time per step")
+    s.add_argument("--steps", type=int, default=48)
+    s.add_argument("--max-batch", type=int, default=8)
+    s.add_argument("--pages", type=int, default=512)
+    s.add_argument("--target", default="trn2", choices=("trn1", "trn2"))
+    s.add_argument("--png", help="write the per-step plot here")
+    s.add_argument("--out", help="write serve_<target>.md and .json here")
     args = p.parse_args(argv)
     _device_check(getattr(args, "device", "sim"))
     if args.cmd in ("demo", "bench") and _on_hardware():
@@ -181,6 +213,8 @@ def main(argv=None):
         return 0 if check(args.kernel, _sizes(spec, args.size, spec.demo), args.target)["ok"] else 1
     if args.cmd == "profile":
         return cmd_profile(args)
+    if args.cmd == "serve":
+        return cmd_serve(args)
     return cmd_suite(args, args.cmd)
 
 

@@ -3,7 +3,8 @@
 Per instruction (``instruction_seconds``):
 - DMA: bytes / (engines used x per-engine bandwidth x run efficiency) where engines used =
   ceil(rows / 8) capped at 16 and a contiguous run of b bytes moves at efficiency
-  b / (b + dma_descriptor_bytes); plus the fixed overhead, of which ``dma_queues_in_flight`` DMAs
+  b / (b + dma_descriptor_bytes), and never faster than its HBM reads plus writes at HBM bandwidth
+  (an HBM-to-HBM copy moves its bytes twice); plus the fixed overhead, of which ``dma_queues_in_flight`` DMAs
   overlap (counted as dma_fixed_s / dma_queues_in_flight per DMA).
 - TensorE matmul: matmul_init + max(min(64, M), N) cycles (x4 with fp32 inputs); transpose
   max(P, min(64, F)).
@@ -34,7 +35,9 @@ def _dma_seconds(e, hw: Hardware) -> float:
     run = e.dma_bytes / max(1, e.dma_runs)
     efficiency = run / (run + hw.dma_descriptor_bytes)
     rate = engines * hw.dma_bytes_per_s / hw.dma_engines * efficiency
-    return e.dma_bytes / rate + hw.dma_fixed_s / hw.dma_queues_in_flight
+    # an HBM-to-HBM copy reads and writes HBM: never faster than that traffic at HBM bandwidth
+    hbm_s = (e.hbm_read_bytes + e.hbm_write_bytes) / hw.hbm_bytes_per_s
+    return max(e.dma_bytes / rate, hbm_s) + hw.dma_fixed_s / hw.dma_queues_in_flight
 
 
 def _cycles(e, hw: Hardware) -> Tuple[float, float]:

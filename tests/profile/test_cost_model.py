@@ -78,3 +78,22 @@ def test_cli_check_profile_and_device_error(tmp_path, capsys):
     assert "est/floor" in out and (tmp_path / "p.json").exists()
     with pytest.raises(SystemExit, match="needs the Neuron SDK"):
         main(["check", "tensor_scatter", "--device", "trn"])
+
+
+def test_hbm_to_hbm_copy_is_never_faster_than_its_hbm_traffic():
+    """Regression: a DRAM-to-DRAM append was modelled below the HBM floor (0.9x)."""
+    import numpy as np
+
+    import simulate
+    from nki_kernels.profile.cost_model import estimate
+
+    @simulate.jit
+    def copy(x):
+        out = simulate.nl.ndarray(x.shape, x.dtype, buffer=simulate.nl.shared_hbm)
+        simulate.nisa.dma_copy(dst=out, src=x)
+        return out
+    with simulate.use_target("trn2"):
+        copy(np.ones((128, 4096), np.float32))
+    est = estimate(simulate.last_trace())
+    assert est.hbm_bytes == 2 * 128 * 4096 * 4
+    assert est.seconds >= est.hbm_floor_seconds

@@ -1,0 +1,177 @@
+"""Replay a continuous-batching decode trace through the kernels: ``nki-kernels serve``.
+
+Requests arrive with prompts of mixed lengths, are appended to one paged cache (allocated once,
+as a server does), then decode one token per step (append the new K/V, attend over the cache)
+until their output length is reached and their pages are freed. Per step it records what a
+serving engineer asks of a kernel library: compilations (``nki.jit`` keys, see
+``simulate.compile_stats``), instructions in the program and executed, modelled time of the
+append and decode launches, HBM bytes against the minimum (the K/V bytes the step must move), and
+tokens per second over the run. The simulator checks every decode step against the reference.
+
+    trace = replay(ServeConfig(steps=64), target="trn2")
+    print(summary_markdown(trace))
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import List
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    steps: int = 48
+    max_batch: int = 8                 # concurrent requests at most
+    arrival_per_step: float = 0.5      # mean new requests per step (Poisson)
+    prompt_lens: tuple = (16, 600)     # uniform range of prompt tokens
+    output_lens: tuple = (4, 40)       # uniform range of generated tokens
+    pages: int = 512
+    page_size: int = 16
+    kv_heads: int = 2
+    group: int = 4                     # query heads per kv head
+    head_dim: int = 64
+    seed: int = 0
+
+
+@dataclass
+class StepRecord:
+    step: int
+    batch: int
+    appended: int                      # tokens appended (prompts + one per decoding request)
+    kv_tokens: int                     # tokens attended over
+    compiles: int                      # new compile keys this step (append + decode)
+    program_instructions: int          # decode program size
+    executed_instructions: int         # append + decode
+    seconds: float                     # modelled, append + decode
+    hbm_bytes: int
+    min_hbm_bytes: int
+
+
+@dataclass
+class ServeTrace:
+    config: ServeConfig
+    target: str
+    steps: List[StepRecord] = field(default_factory=list)
+    compilations: dict = field(default_factory=dict)      # kernel -> compiles
+    max_error: float = 0.0
+
+    @property
+    def tokens_per_second(self) -> float:
+        seconds = sum(s.seconds for s in self.steps)
+        return sum(s.batch for s in self.steps) / seconds if seconds else 0.0
+
+
+def _kv_bytes(tokens, cfg, itemsize=4):
+    return tokens * 2 * cfg.kv_heads * cfg.head_dim * itemsize
+
+
+def replay(cfg: ServeConfig = ServeConfig(), target: str = "trn2", check=True) -> ServeTrace:
+    import simulate
+    from nki_kernels.paged_decode_attention import batch_decode, batch_decode_kernel, batch_decode_ref
+    from nki_kernels.paged_kv_append import paged_kv_scatter_kernel
+    from nki_kernels.paged_kv_append.page_table import PagedKVCache
+    from nki_kernels.profile.cost_model import estimate
+
+    rng = np.random.default_rng(cfg.seed)
+    H, HQ, D = cfg.kv_heads, cfg.kv_heads * cfg.group, cfg.head_dim
+    cache = PagedKVCache(cfg.pages, cfg.page_size, H, D)
+    kernels = (paged_kv_scatter_kernel, batch_decode_kernel)
+    simulate.reset_compile_stats()
+    out = ServeTrace(cfg, target)
+    remaining, next_id = {}, 0
+    for step in range(cfg.steps):
+        arrivals = rng.poisson(cfg.arrival_per_step) if step else max(1, cfg.max_batch // 2)
+        new = []
+        for _ in range(min(arrivals, cfg.max_batch - len(remaining))):
+            cache.add_request(next_id)
+            remaining[next_id] = int(rng.integers(*cfg.output_lens))
+            new.append((next_id, int(rng.integers(*cfg.prompt_lens))))
+            next_id += 1
+        rids = sorted(remaining)
+        if not rids:
+            continue
+        before = sum(simulate.compile_stats(k)["compilations"] for k in kernels)
+        with simulate.use_target(target), simulate.tracing() as traces:
+            prompts = [n for _, n in new]
+            if new:          # prefill: the prompts' K/V appended in one launch
+                t = sum(prompts)
+                cache.append([r for r, _ in new], *_kv(rng, t, H, D), prompts)
+            cache.append(rids, *_kv(rng, len(rids), H, D), [1] * len(rids))
+            q = rng.standard_normal((len(rids), HQ, D)).astype(np.float32)
+            table = cache.page_table(rids)
+            o = batch_decode(q, cache.data, *table)
+        if check:
+            ref = batch_decode_ref(q, cache.data, *table)
+            out.max_error = max(out.max_error, float(np.abs(o - ref).max()))
+        decode = traces[-1]
+        kv_tokens = sum(cache.seq_len(r) for r in rids)
+        appended = sum(prompts) + len(rids)
+        costs = [estimate(t, target) for t in traces]
+        out.steps.append(StepRecord(
+            step, len(rids), appended, kv_tokens,
+            sum(simulate.compile_stats(k)["compilations"] for k in kernels) - before,
+            decode.program_instructions, sum(len(t) for t in traces),
+            sum(c.seconds for c in costs), sum(t.hbm_bytes for t in traces),
+            _kv_bytes(kv_tokens, cfg) + 2 * _kv_bytes(appended, cfg) + 2 * q.nbytes))
+        for r in rids:
+            remaining[r] -= 1
+            if remaining[r] == 0:
+                del remaining[r]
+                cache.free_request(r)
+    out.compilations = {simulate.compile_stats(k)["kernel"]: simulate.compile_stats(k)["compilations"]
+                        for k in kernels}
+    return out
+
+
+def _kv(rng, tokens, H, D):
+    return (rng.standard_normal((tokens, H, D)).astype(np.float32),
+            rng.standard_normal((tokens, H, D)).astype(np.float32))
+
+
+def summary_markdown(trace: ServeTrace) -> str:
+    s = trace.steps
+    total = sum(x.seconds for x in s)
+    hbm, floor = sum(x.hbm_bytes for x in s), sum(x.min_hbm_bytes for x in s)
+    rows = [
+        ("target", trace.target),
+        ("steps replayed", len(s)),
+        ("batch (min / mean / max)", f"{min(x.batch for x in s)} / "
+                                     f"{np.mean([x.batch for x in s]):.1f} / {max(x.batch for x in s)}"),
+        ("KV tokens attended per step (mean / max)", f"{np.mean([x.kv_tokens for x in s]):.0f} / "
+                                                     f"{max(x.kv_tokens for x in s)}"),
+        ("compilations", ", ".join(f"{k} {v}" for k, v in trace.compilations.items())),
+        ("steps that compiled", sum(1 for x in s if x.compiles)),
+        ("decode program instructions (max)", max(x.program_instructions for x in s)),
+        ("executed instructions per step (mean)", f"{np.mean([x.executed_instructions for x in s]):.0f}"),
+        ("modelled time per step (mean / max)", f"{1e6 * total / len(s):.1f} / "
+                                                f"{1e6 * max(x.seconds for x in s):.1f} us"),
+        ("HBM bytes / minimum", f"{hbm / floor:.3f}"),
+        ("decode tokens per second (modelled)", f"{trace.tokens_per_second:,.0f}"),
+        ("max |out - reference|", f"{trace.max_error:.2e}"),
+    ]
+    return "| measure | value |\n|---|---|\n" + "\n".join(f"| {k} | {v} |" for k, v in rows)
+
+
+def plot_steps(trace: ServeTrace, path: str) -> None:
+    """Modelled time per step (and the batch) as a PNG (matplotlib, imported here only)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(9, 3.2))
+    steps = [x.step for x in trace.steps]
+    ax.plot(steps, [1e6 * x.seconds for x in trace.steps], label="modelled time (us)")
+    compiled = [x for x in trace.steps if x.compiles]
+    ax.scatter([x.step for x in compiled], [1e6 * x.seconds for x in compiled], color="red",
+               zorder=3, label="step that compiled a new bucket")
+    ax.set_xlabel("decode step")
+    ax.set_ylabel("us per step (append + decode)")
+    twin = ax.twinx()
+    twin.step(steps, [x.batch for x in trace.steps], color="gray", alpha=0.5, where="mid")
+    twin.set_ylabel("batch", color="gray")
+    ax.legend(loc="upper left", fontsize=8)
+    ax.set_title(f"continuous-batching replay on {trace.target} (simulated, cost-modelled)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
