@@ -18,6 +18,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+import numpy as np
+
 ENV = "NKI_KERNELS_BUCKETS"
 
 
@@ -77,3 +79,16 @@ def set_bucket_policy(policy: BucketPolicy) -> BucketPolicy:
 
 def bucket(n: int) -> int:
     return _policy.bucket(n)
+
+
+def pad_rows(a, rows: int):
+    """``a`` with zero rows appended along dim 0 up to ``rows`` (a NumPy array or a torch
+    tensor; returned as is when already that long)."""
+    extra = rows - a.shape[0]
+    if extra == 0:
+        return a
+    pad = (extra,) + tuple(a.shape[1:])
+    if isinstance(a, np.ndarray):
+        return np.concatenate([np.ascontiguousarray(a), np.zeros(pad, a.dtype)])
+    import torch
+    return torch.cat([a.contiguous(), a.new_zeros(pad)])

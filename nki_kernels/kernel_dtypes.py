@@ -1,6 +1,6 @@
 """Kernel-side dtype facts without NumPy attributes: NKI Beta 2 dtypes are not NumPy dtypes (the
 real package's are strings), so kernels compare against the ``nl`` constants instead of reading
-``.itemsize``."""
+a NumPy item-size attribute."""
 
 from __future__ import annotations
 

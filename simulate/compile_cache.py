@@ -76,9 +76,8 @@ def static_program(trace) -> tuple:
     """Instructions outside device loops, per program instance, as (op, operands) with static
     shapes, dtypes, patterns and (non-dynamic) offsets: what one compiled binary fixes."""
     rows = []
-    for e in sorted(trace.events, key=lambda e: (e.program_id, e.index)):
-        if e.loop_depth:
-            continue
+    outside = (e for e in trace.events if not e.loop_depth)
+    for e in sorted(outside, key=lambda e: (e.program_id, e.index)):
         ops = tuple((o.role, o.buffer, o.dtype, o.shape, o.pattern,
                      o.offset if o.indirect is None else None) for o in e.operands)
         rows.append((e.program_id, e.op, ops))

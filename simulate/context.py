@@ -27,23 +27,27 @@ class Launch:
     program_id: Tuple[int, ...] = (0,)
     shared_hbm_cursor: int = 0
     rank: int = 0                 # rank of this program in a multi-rank (collectives) job
-    loop_iters: list = field(default_factory=list)   # iteration index of each enclosing device loop
-    while_loops: list = field(default_factory=list)  # open ``while reg:`` loops: [site, iteration]
     loop_frames: list = field(default_factory=list)  # LoopFrame per enclosing device loop
+    while_loops: list = field(default_factory=list)  # open ``while reg:`` loops: (site, iterations)
+
+    def loop_position(self) -> Tuple[int, bool]:
+        """(device loops around the current point, whether every one is in its first iteration:
+        the part of the run that the compiled program holds once)."""
+        return len(self.loop_frames), not any(f.iteration for f in self.loop_frames)
 
 
 class LoopFrame:
-    """Allocations of one device loop's body. The compiled body allocates once and every iteration
+    """One device loop being run: its iteration number, and the allocations of its body. The compiled body allocates once and every iteration
     reuses the same buffers, so when a tile made by the n-th allocation of an iteration is still
     referenced as the next iteration makes its n-th allocation (it was kept across iterations),
     the two are one buffer here too, and the kept tile is overwritten as it would be on device.
     Tiles nobody keeps are freed as usual (weak references), so capacity is counted by liveness."""
 
     def __init__(self):
-        self.storages, self.ordinal = [], 0
+        self.storages, self.ordinal, self.iteration = [], 0, 0
 
-    def next_iteration(self):
-        self.ordinal = 0
+    def next_iteration(self, iteration: int):
+        self.iteration, self.ordinal = iteration, 0
 
     def take(self, shape, dtype, buffer):
         """The live storage this allocation aliases, or None (allocate, then ``keep``)."""

@@ -106,9 +106,8 @@ def launch(fn, args, kwargs, grid=(), target=None, shuffle=False, seed=0):
         random.Random(seed).shuffle(instances)
 
     def run_one(pid, meeting=None):
-        instance = dataclasses.replace(run, program_id=pid, shared_hbm_cursor=0, loop_iters=[],
-                                       while_loops=[], loop_frames=[],
-                                       memory=Memory(target))
+        instance = dataclasses.replace(run, program_id=pid, shared_hbm_cursor=0, loop_frames=[],
+                                       while_loops=[], memory=Memory(target))
         instance.meeting = meeting
         with context.running(instance):
             result = fn(*args, **kwargs)

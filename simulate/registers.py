@@ -59,28 +59,22 @@ def _called_from_while() -> bool:
 def _while_check(go: bool, frame) -> bool:
     """One condition check of a ``while reg:`` device loop: the first check at a (frame, line)
     opens the loop (numbered like the other device loops), a false one closes it."""
-    launch = context.current()
-    open_loops = launch.while_loops
+    open_loops = context.current().while_loops
     site = (id(frame), frame.f_lineno)
     if open_loops and open_loops[-1][0] == site:
-        entry = open_loops[-1]
-        entry[1] += 1
-        if go:
-            launch.loop_iters[-1] = entry[1]
-            launch.loop_frames[-1].next_iteration()
-            return True
-        open_loops.pop()
-        launch.loop_iters.pop()
-        launch.loop_frames.pop()
-        _record_loop("while", entry[1])
-        return False
-    if go:
-        open_loops.append([site, 0])
-        launch.loop_iters.append(0)
-        launch.loop_frames.append(context.LoopFrame())
+        iterations = open_loops[-1][1]
+    elif go:
+        iterations = _Iterations("while").__enter__()
+        open_loops.append((site, iterations))
     else:
         _record_loop("while", 0)
-    return go
+        return False
+    if go:
+        iterations.next()
+        return True
+    open_loops.pop()
+    iterations.__exit__(None, None, None)
+    return False
 
 
 class VirtualRegister(_DeviceValue):
@@ -242,10 +236,10 @@ def _step(step, op):
 def _record_loop(kind, iterations):
     launch = context.current()
     if launch.trace is not None:
+        depth, first_pass = launch.loop_position()
         launch.trace.loops.append({"kind": kind, "iterations": iterations,
-                                   "location": context.kernel_location(),
-                                   "depth": len(launch.loop_iters),
-                                   "first_pass": not any(launch.loop_iters)})
+                                   "location": context.kernel_location(), "depth": depth,
+                                   "first_pass": first_pass})
 
 
 class _Iterations:
@@ -255,19 +249,15 @@ class _Iterations:
         self.kind, self.count = kind, 0
 
     def __enter__(self):
-        launch = context.current()
-        self.iters, self.frames = launch.loop_iters, launch.loop_frames
-        self.iters.append(0)
+        self.frames = context.current().loop_frames
         self.frames.append(context.LoopFrame())
         return self
 
     def next(self):
-        self.iters[-1] = self.count
-        self.frames[-1].next_iteration()
+        self.frames[-1].next_iteration(self.count)
         self.count += 1
 
     def __exit__(self, *exc):
-        self.iters.pop()
         self.frames.pop()
         if exc[0] is None:
             _record_loop(self.kind, self.count)

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from nki_kernels.buckets import bucket
+from nki_kernels.buckets import bucket, pad_rows
 
 from nki_kernels.paged_kv_append.layout import split_cache
 
@@ -70,13 +70,7 @@ class DecodeLaunch:
 
     def pad_queries(self, q):
         """q padded with zero rows to the batch bucket (a NumPy array, or a torch tensor)."""
-        if self.bucket == self.batch:
-            return q
-        pad = (self.bucket - self.batch,) + tuple(q.shape[1:])
-        if isinstance(q, np.ndarray):
-            return np.concatenate([q, np.zeros(pad, q.dtype)])
-        import torch
-        return torch.cat([q, q.new_zeros(pad)])
+        return pad_rows(q, self.bucket)
 
 
 def prepare_decode(q, paged_kv_cache, kv_indptr, kv_indices, kv_last_page_len, kv_layout, sm_scale,

@@ -79,17 +79,9 @@ def batch_decode_kernel(q, k_rows, v_rows, meta, kv_indices, tok_tab, sinks, num
         for (h0, n), state in zip(groups, states):
             finalize(state, out, lse, sinks, b, h0 * G, v_scale)
 
-    lnc = nl.num_programs(0) if _launched_on_grid() else 1
-    first = nl.program_id(0) if lnc > 1 else 0
-    nl.fori_loop(first, B, request, step=lnc)
+    # LNC=2: program instance p takes requests p, p + 2, ...; a plain launch is one instance
+    nl.fori_loop(nl.program_id(0), B, request, step=nl.num_programs(0))
     return out, lse
-
-
-def _launched_on_grid() -> bool:
-    try:
-        return nl.num_programs(0) > 1
-    except Exception:             # no grid axis 0 (a plain kernel(...) launch)
-        return False
 
 
 def _chunk(consts, kv_indices, cursor, bounds, q_pads, states, masked, scale, soft_cap, mm_dtype):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from .checks import check_append_shapes, check_page_table, destination_slots
-from nki_kernels.buckets import bucket
+from nki_kernels.buckets import bucket, pad_rows
 
 from .kernel import P_MAX, SKIP_SLOT, paged_kv_scatter_kernel
 from .layout import CacheGeometry, geometry, row_views
@@ -35,17 +35,6 @@ def padded_slots(rows, keep, geo: CacheGeometry, spare_page=None):
     return slots.astype(np.int32).reshape(-1, 1), counts
 
 
-def pad_tokens(a, Tb):
-    """[T, H, D] padded with zero tokens to [Tb, H, D] (a NumPy array or a torch tensor)."""
-    T = a.shape[0]
-    if T == Tb:
-        return a
-    if isinstance(a, np.ndarray):
-        return np.concatenate([np.ascontiguousarray(a), np.zeros((Tb - T,) + a.shape[1:], a.dtype)])
-    import torch
-    return torch.cat([a.contiguous(), a.new_zeros((Tb - T,) + tuple(a.shape[1:]))])
-
-
 def check_spare_page(spare_page, geo: CacheGeometry, used_pages=None):
     if spare_page is None:
         return
@@ -65,8 +54,8 @@ def scatter_tokens(append_key, append_value, paged_kv_cache, geo: CacheGeometry,
     slots, counts = padded_slots(rows, keep, geo, spare_page)
     heads, stride = (1, 0) if geo.layout == "NHD" else (geo.num_heads, geo.page_size * geo.head_dim)
     Tb = slots.shape[0]
-    paged_kv_scatter_kernel(k_rows, v_rows, pad_tokens(append_key, Tb),
-                            pad_tokens(append_value, Tb), slots, counts, heads, stride, geo.v_offset)
+    paged_kv_scatter_kernel(k_rows, v_rows, pad_rows(append_key, Tb),
+                            pad_rows(append_value, Tb), slots, counts, heads, stride, geo.v_offset)
 
 
 def append_paged_kv_cache(append_key, append_value, batch_indices, positions, paged_kv_cache,

@@ -44,7 +44,8 @@ def append_device(append_key, append_value, batch_indices, positions, kv_cache, 
                   kv_indptr, kv_last_page_len, kv_layout):
     from nki_kernels.paged_kv_append.checks import (check_append_shapes, check_page_table,
                                                     destination_slots)
-    from nki_kernels.paged_kv_append.append import pad_tokens, padded_slots
+    from nki_kernels.buckets import pad_rows
+    from nki_kernels.paged_kv_append.append import padded_slots
     from nki_kernels.paged_kv_append.kernel import paged_kv_scatter_kernel
     idx = [_host(t) for t in (batch_indices, positions, kv_indices, kv_indptr, kv_last_page_len)]
     geo = check_append_shapes(_meta(append_key), _meta(append_value), idx[0], idx[1], _meta(kv_cache),
@@ -54,8 +55,8 @@ def append_device(append_key, append_value, batch_indices, positions, kv_cache, 
     slots, counts = padded_slots(geo.rows(pages, entries), None, geo)
     heads, stride = (1, 0) if kv_layout == "NHD" else (geo.num_heads, geo.page_size * geo.head_dim)
     Tb = slots.shape[0]
-    paged_kv_scatter_kernel(kv_cache.view(-1, geo.row_elems), None, pad_tokens(append_key, Tb),
-                            pad_tokens(append_value, Tb), _dev(slots, kv_cache),
+    paged_kv_scatter_kernel(kv_cache.view(-1, geo.row_elems), None, pad_rows(append_key, Tb),
+                            pad_rows(append_value, Tb), _dev(slots, kv_cache),
                             _dev(counts, kv_cache), heads, stride, geo.v_offset)
 
 

@@ -90,8 +90,8 @@ def record(op: str, engine: str, operands: dict, name=None, **fields) -> Instruc
     launch = context.current()
     event = None
     if launch.trace is not None:
+        depth, first_pass = launch.loop_position()
         event = launch.trace.add(op=op, engine=engine, program_id=launch.program_id,
                                  operands=tuple(describe(k, v) for k, v in operands.items()),
-                                 name=name, loop_depth=len(launch.loop_iters),
-                                 first_pass=not any(launch.loop_iters), **fields)
+                                 name=name, loop_depth=depth, first_pass=first_pass, **fields)
     return Instruction(event)

@@ -60,13 +60,19 @@ def test_scalar_load_arithmetic_and_store():
     assert big == np.int32(np.int64(2**32 + 1).astype(np.int32))       # 32-bit wrap
 
 
+def _register_from(x):
+    """A register holding the (1, 1) int32 HBM tensor ``x`` (inside a kernel)."""
+    t = nl.ndarray((1, 1), nl.int32, buffer=nl.sbuf)
+    nisa.dma_copy(dst=t, src=x)
+    r = nisa.register_alloc()
+    nisa.register_load(r, t)
+    return r
+
+
 def test_registers_refuse_python_control_flow():
     @jit
     def k(x):
-        t = nl.ndarray((1, 1), nl.int32, buffer=nl.sbuf)
-        nisa.dma_copy(dst=t, src=x)
-        r = nisa.register_alloc()
-        nisa.register_load(r, t)
+        r = _register_from(x)
         if r:                                            # the tracer cannot know this
             pass
     with pytest.raises(TypeError, match="cannot drive Python control flow"):
@@ -76,10 +82,7 @@ def test_registers_refuse_python_control_flow():
 def test_fori_loop_with_register_bound_runs_and_is_counted():
     @jit
     def k(data, n):
-        nb = nl.ndarray((1, 1), nl.int32, buffer=nl.sbuf)
-        nisa.dma_copy(dst=nb, src=n)
-        reg = nisa.register_alloc()
-        nisa.register_load(reg, nb)
+        reg = _register_from(n)
         out = nl.ndarray(data.shape, data.dtype, buffer=nl.shared_hbm)
         zero = nl.zeros(data.shape, data.dtype)
         nisa.dma_copy(dst=out, src=zero)
@@ -217,10 +220,7 @@ def test_fori_loop_index_is_a_scalar_with_int_bounds_and_a_register_with_registe
 
     @jit
     def k(n):
-        nb = nl.ndarray((1, 1), nl.int32, buffer=nl.sbuf)
-        nisa.dma_copy(dst=nb, src=n)
-        reg = nisa.register_alloc()
-        nisa.register_load(reg, nb)
+        reg = _register_from(n)
         nl.fori_loop(0, 2, lambda i: seen.append(type(i).__name__))
         nl.fori_loop(0, reg, lambda i: seen.append(type(i).__name__))
     k(np.array([[1]], np.int32))
@@ -230,8 +230,7 @@ def test_fori_loop_index_is_a_scalar_with_int_bounds_and_a_register_with_registe
 def test_program_size_counts_one_copy_of_each_loop_body():
     @jit
     def k(n):
-        nb = nl.ndarray((1, 1), nl.int32, buffer=nl.sbuf)
-        nisa.dma_copy(dst=nb, src=n)
+        trips = _register_from(n)
         acc = nl.ndarray((1, 1), nl.int32, buffer=nl.sbuf)
         nisa.memset(dst=acc, value=0)
 
@@ -240,12 +239,7 @@ def test_program_size_counts_one_copy_of_each_loop_body():
                 nisa.tensor_scalar(dst=acc, data=acc, op0=nl.add, operand0=1)
             nl.fori_loop(0, 3, inner)
             nisa.tensor_scalar(dst=acc, data=acc, op0=nl.multiply, operand0=1)
-        nl.fori_loop(0, nb_reg(nb), outer)
-
-    def nb_reg(t):
-        r = nisa.register_alloc()
-        nisa.register_load(r, t)
-        return r
+        nl.fori_loop(0, trips, outer)
     k(np.array([[4]], np.int32))
     trace = simulate.last_trace()
     assert len(trace) == 2 + 4 * (3 + 1)
