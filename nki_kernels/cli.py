@@ -82,7 +82,9 @@ def cost_row(row, overrides=None):
     est = estimate(row["trace"], target=row["target"], **(overrides or {}))
     spec, inputs = row["spec"], row["inputs"]
     min_bytes = spec.min_bytes(inputs)
-    floor = max(min_bytes / est.hw.hbm_bytes_per_s, spec.flops(inputs) / est.hw.tensor_peak_bf16)
+    # the floor of the cores the launch used (two under LNC=2): their HBM bandwidth and TensorE peak
+    floor = max(min_bytes / (est.hw.hbm_bytes_per_s * est.cores),
+                spec.flops(inputs) / (est.hw.tensor_peak_bf16 * est.cores))
     return dict(kernel=row["kernel"], target=row["target"], ok=row["ok"],
                 instructions=sum(est.instructions.values()), dma=est.dma_count,
                 hbm_bytes=est.hbm_bytes, min_bytes=min_bytes,

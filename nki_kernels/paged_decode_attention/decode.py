@@ -7,12 +7,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from nki_kernels.buckets import bucket, pad_rows
+from nki_kernels.launch_options import check_lnc
 
 from nki_kernels.paged_kv_append.layout import split_cache
 
 from .checks import check_batch_decode_inputs
 from .kernel import batch_decode_kernel
-from .plan import make_layout, request_table
+from .plan import decode_work, make_layout
 
 
 def _rows(a, D):
@@ -33,7 +34,10 @@ def batch_decode(q, paged_kv_cache, kv_indptr, kv_indices, kv_last_page_len, kv_
         sm_scale: default 1/sqrt(D); logits_soft_cap: cap * tanh(logit / cap) if > 0;
         window_left: keep the last window_left + 1 keys (-1: all); sinks: [HQ] logits added to
         the softmax denominator only; k_scale scales logits, v_scale the output.
-        lnc: 1, or 2 to split the requests over the two cores of a trn2 logical core (LNC=2).
+        lnc: 1, or 2 to share the step between the two cores of a trn2 logical core (LNC=2):
+            the step's chunks are cut into two halves of equal work, whole requests on either
+            side and the request at the cut split between the cores (split-KV, partial states
+            merged on device), so a single long request uses both cores too.
     Returns:
         out [B, HQ, D] in q's dtype; with return_lse also lse [B, HQ] float32, base 2 (log2 of the
         softmax denominator, as FlashInfer; multiply by ln 2 for natural log). Empty requests give
@@ -42,20 +46,15 @@ def batch_decode(q, paged_kv_cache, kv_indptr, kv_indices, kv_last_page_len, kv_
     are padded to buckets, lengths reach the kernel as device data.
     """
     launch = prepare_decode(q, paged_kv_cache, kv_indptr, kv_indices, kv_last_page_len, kv_layout,
-                            sm_scale, logits_soft_cap, window_left, sinks, k_scale, v_scale)
+                            sm_scale, logits_soft_cap, window_left, sinks, k_scale, v_scale,
+                            check_lnc(lnc))
     k, v, fused = split_cache(paged_kv_cache)
     B, HQ, D = q.shape
     rows = (_rows(paged_kv_cache, D), None) if fused else (_rows(k, D), _rows(v, D))
-    kernel = batch_decode_kernel if lnc == 1 else batch_decode_kernel[_check_lnc(lnc)]
+    kernel = batch_decode_kernel if lnc == 1 else batch_decode_kernel[lnc]
     out, lse = kernel(launch.pad_queries(q), *rows, *launch.arrays, *launch.statics)
     out, lse = out[:B], lse[:B].reshape(B, HQ)
     return (out, lse) if return_lse else out
-
-
-def _check_lnc(lnc):
-    if lnc not in (1, 2):
-        raise ValueError(f"lnc={lnc!r} must be 1 or 2 (logical NeuronCore size)")
-    return lnc
 
 
 @dataclass(frozen=True)
@@ -67,6 +66,7 @@ class DecodeLaunch:
     statics: tuple
     batch: int
     bucket: int
+    loads: tuple = ()          # modelled work per core (chunk-equivalents)
 
     def pad_queries(self, q):
         """q padded with zero rows to the batch bucket (a NumPy array, or a torch tensor)."""
@@ -74,7 +74,7 @@ class DecodeLaunch:
 
 
 def prepare_decode(q, paged_kv_cache, kv_indptr, kv_indices, kv_last_page_len, kv_layout, sm_scale,
-                   logits_soft_cap, window_left, sinks, k_scale, v_scale) -> DecodeLaunch:
+                   logits_soft_cap, window_left, sinks, k_scale, v_scale, cores=1) -> DecodeLaunch:
     """Host half: validate, and build the small index arrays the kernel reads, padded to buckets.
 
     ``q``/``paged_kv_cache`` may be shape-and-dtype stand-ins (only their metadata is read); the
@@ -89,14 +89,14 @@ def prepare_decode(q, paged_kv_cache, kv_indptr, kv_indices, kv_last_page_len, k
     k_dtype = split_cache(paged_kv_cache)[0].dtype
     batch = prob.batch
     rows = bucket(batch)
-    meta = request_table(kv_indptr, prob.kv_lens, window_left, geo.page_size, rows)
+    work = decode_work(kv_indptr, prob.kv_lens, window_left, geo.page_size, rows, cores)
     pages = int(kv_indptr[-1])
     capacity = max(geo.num_pages, bucket(pages)) + layout.chunk
     padded = np.zeros((capacity, 1), np.int32)
     padded[:pages, 0] = kv_indices[:pages]
     mm_dtype = k_dtype.name if k_dtype.itemsize >= 2 else "bfloat16"
     sinks32 = None if sinks is None else np.asarray(sinks, np.float32).reshape(-1, 1)
-    arrays = (meta, padded, layout.token_table(geo.page_size), sinks32)
+    arrays = (work.items, work.spans, padded, layout.token_table(geo.page_size), sinks32)
     statics = (geo.num_heads, geo.page_size, layout.strides, prob.sm_scale * float(k_scale),
                float(logits_soft_cap), float(v_scale), mm_dtype)
-    return DecodeLaunch(arrays, statics, batch, rows)
+    return DecodeLaunch(arrays, statics, batch, rows, work.loads)

@@ -6,19 +6,23 @@ Args (device):
     q: [B, HQ, D] @ HBM (fp32 / fp16 / bf16)
     k_rows, v_rows: the cache as rows of D elements [R, D] @ HBM (v_rows None for a fused cache:
         V rows sit ``v_rows_offset`` rows after K rows)
-    meta: [B, META_COLS] int32 request table (plan.py: kv_indices start, length, window start,
-        chunk bounds, where the first chunk starts); kv_indices: [>= pages + T, 1] int32 (padded)
+    meta: [rows, META_COLS] int32 work items (plan.py: a request or the part of one a core
+        takes: kv_indices start, length, window start, chunk bounds, where the first chunk
+        starts, output row); spans: [cores, SPAN_COLS] int32, which items each core runs
+    kv_indices: [>= pages + T, 1] int32 (padded)
     tok_tab: [T, 2] int32 (page slot, entry of chunk-local token t); sinks: [HQ, 1] fp32 or None
     static: kv heads, page size, row strides, scale = sm_scale * k_scale, soft_cap, v_scale,
         matmul dtype: shapes and model constants only, so one compile serves every step of a
         shape bucket
 Returns out [B, HQ, D] (q dtype) and lse [B, HQ, 1] fp32, base 2, @ shared HBM.
 
-Control flow is on the device: one loop over requests and, per request, three loops over its
+Control flow is on the device: one loop over work items and, per item, three loops over its
 chunks (masked first chunk, unmasked middle, masked last chunk) with trip counts read from
 ``meta`` by ``nisa.scalar_load``. The program size does not grow with batch or length, and the
-work done is the chunks each request owns. With ``kernel[2]`` (LNC=2) the two program instances
-take alternate requests.
+work done is the chunks each request owns. With ``kernel[2]`` (LNC=2) each program instance runs
+its own span of whole requests, then its part of the one request split between the two (the
+host cuts the step's chunks into equal halves, plan.decode_work); the two partial softmax states
+of that request are exchanged with ``nisa.sendrecv`` and merged, and program 0 writes it.
 Tiling per request and group of kv heads (rows R = heads x G <= 128 on partitions): scores[R, T]
 accumulate one matmul per head in PSUM fp32 (stationary = that head's qT zero-padded to R columns,
 moving = K^T made on TensorE, D > 128 in 128-row K-tiles), one online softmax for the whole group
@@ -29,16 +33,17 @@ each head's columns @ V of that head.
 from __future__ import annotations
 
 from nki_kernels.backend import nki, nisa, nl
+from nki_kernels.launch_options import program_cores
 
 from .kernel_cursor import Geometry, advance, request_bounds, start_cursor, token_validity
 from .kernel_load import ROW_LIMIT, load_chunk_indirect, load_chunk_pages
-from .kernel_softmax import (column_masks, finalize, init_state, mask_bias, online_update,
-                             padded_queries)
-from .plan import C0, C1, FULL_HI, FULL_LO, META_COLS
+from .kernel_softmax import (column_masks, finalize, init_state, mask_bias, merge_with_partner,
+                             online_update, padded_queries)
+from .plan import BOUNDARY, C0, C1, END, FIRST, FULL_HI, FULL_LO, META_COLS, OUT, SPAN_COLS
 
 
 @nki.jit
-def batch_decode_kernel(q, k_rows, v_rows, meta, kv_indices, tok_tab, sinks, num_kv_heads,
+def batch_decode_kernel(q, k_rows, v_rows, meta, spans, kv_indices, tok_tab, sinks, num_kv_heads,
                         page_size, strides, scale, soft_cap, v_scale, mm_dtype):
     B, HQ, D = q.shape
     H, G = num_kv_heads, HQ // num_kv_heads
@@ -61,26 +66,40 @@ def batch_decode_kernel(q, k_rows, v_rows, meta, kv_indices, tok_tab, sinks, num
     convert_v = k_rows.dtype == nl.float8_e4m3fn and nisa.get_nc_version() < nisa.nc_version.gen4
     consts = (geo, G, sources, groups, masks, iota_rt, indirect, convert_v)
 
-    def request(b):
+    def attend(i):
+        """Work item i: (its output row, the softmax state of each head group over its chunks)."""
         row = nl.ndarray((1, META_COLS), nl.int32, buffer=nl.sbuf, name="meta_row")
-        nisa.dma_copy(dst=row, src=meta.ap([[META_COLS, 1], [1, META_COLS]], scalar_offset=b,
+        nisa.dma_copy(dst=row, src=meta.ap([[META_COLS, 1], [1, META_COLS]], scalar_offset=i,
                                            indirect_dim=0))
-        c0, full_lo, full_hi, c1 = (nisa.scalar_load(row[0:1, c:c + 1]) for c in (C0, FULL_LO,
-                                                                                   FULL_HI, C1))
+        c0, full_lo, full_hi, c1, b = (nisa.scalar_load(row[0:1, c:c + 1])
+                                       for c in (C0, FULL_LO, FULL_HI, C1, OUT))
         qT = _load_q(q, b, mm_dtype)
         q_pads = [padded_queries(qT, h0, n, G, mm_dtype) for h0, n in groups]
         states = [init_state(n * G, D) for _, n in groups]
-        bounds = request_bounds(meta, b, T, R)
-        cursor = start_cursor(meta, b, tok_sb, R)
+        bounds = request_bounds(meta, i, T, R)
+        cursor = start_cursor(meta, i, tok_sb, R)
         for lo, hi, masked in ((c0, full_lo, True), (full_lo, full_hi, False), (full_hi, c1, True)):
             nl.fori_loop(lo, hi, lambda c, masked=masked: _chunk(
                 consts, kv_indices, cursor, bounds, q_pads, states, masked, scale, soft_cap,
                 mm_dtype))
+        return b, states
+
+    def whole(i):
+        b, states = attend(i)
         for (h0, n), state in zip(groups, states):
             finalize(state, out, lse, sinks, b, h0 * G, v_scale)
 
-    # LNC=2: program instance p takes requests p, p + 2, ...; a plain launch is one instance
-    nl.fori_loop(nl.program_id(0), B, request, step=nl.num_programs(0))
+    p, cores = nl.program_id(0), program_cores()
+    span = nl.ndarray((1, SPAN_COLS), nl.int32, buffer=nl.sbuf, name="span")
+    nisa.dma_copy(dst=span, src=spans[p:p + 1, :])
+    first, end = nisa.scalar_load(span[0:1, FIRST:FIRST + 1]), nisa.scalar_load(span[0:1, END:END + 1])
+    nl.fori_loop(first, end, whole)
+    if cores == 2:          # the request split between the cores: merge the two partial states
+        b, states = attend(nisa.scalar_load(span[0:1, BOUNDARY:BOUNDARY + 1]))
+        for (h0, n), state in zip(groups, states):
+            merge_with_partner(state, p)
+            if p == 0:
+                finalize(state, out, lse, sinks, b, h0 * G, v_scale)
     return out, lse
 
 

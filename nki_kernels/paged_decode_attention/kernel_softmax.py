@@ -172,3 +172,27 @@ def finalize(state, out, lse, sinks, b, r0, v_scale):
     nisa.tensor_scalar(dst=ln_l, data=ln_l, op0=nl.multiply, operand0=LN_TO_LOG2)
     nisa.dma_copy(dst=lse.ap([[1, R], [1, 1]], offset=r0, scalar_offset=b, indirect_dim=0),
                   src=ln_l)
+
+
+def merge_with_partner(state, p):
+    """LNC=2: swap this group's state with the other core (``nisa.sendrecv``, SBUF to SBUF) and
+    merge the two in place: m = max(m0, m1), l = l0 a0 + l1 a1, acc = acc0 a0 + acc1 a1 with
+    a_i = exp(m_i - m). Both cores end with the same state; an empty part (l = 0, m = -NEG_BIG
+    sentinel) weighs 0."""
+    negm, l, acc = state
+    peer = [_f32(t.shape, "peer_" + n) for t, n in zip(state, ("neg_m", "l", "acc"))]
+    for pipe, (mine, theirs) in enumerate(zip(state, peer)):
+        nisa.sendrecv(src=mine, dst=theirs, send_to_rank=1 - p, recv_from_rank=1 - p,
+                      pipe_id=pipe)
+    R = negm.shape[0]
+    negm_new, a_mine, a_peer = _f32((R, 1), "neg_m"), _f32((R, 1), "alpha"), _f32((R, 1), "alpha")
+    nisa.tensor_tensor(dst=negm_new, data1=negm, data2=peer[0], op=nl.minimum)
+    nisa.activation(dst=a_mine, op=nl.exp, data=negm, bias=negm_new, scale=-1.0)
+    nisa.activation(dst=a_peer, op=nl.exp, data=peer[0], bias=negm_new, scale=-1.0)
+    nisa.tensor_scalar(dst=l, data=l, op0=nl.multiply, operand0=a_mine)
+    nisa.scalar_tensor_tensor(dst=l, data=peer[1], op0=nl.multiply, operand0=a_peer, op1=nl.add,
+                              operand1=l)
+    nisa.tensor_scalar(dst=acc, data=acc, op0=nl.multiply, operand0=a_mine)
+    nisa.scalar_tensor_tensor(dst=acc, data=peer[2], op0=nl.multiply, operand0=a_peer, op1=nl.add,
+                              operand1=acc)
+    nisa.tensor_copy(dst=negm, src=negm_new)

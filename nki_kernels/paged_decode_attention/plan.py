@@ -17,12 +17,13 @@ Row addressing (cache viewed as rows of D elements): token entry e of page p, kv
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
 # Columns of the request table: [B, META_COLS] int32.
-PTR, LEN, WIN, C0, FULL_LO, FULL_HI, C1, SLOT0, ENTRY0, POS0 = range(10)
-META_COLS = 10
+PTR, LEN, WIN, C0, FULL_LO, FULL_HI, C1, SLOT0, ENTRY0, POS0, OUT = range(11)
+META_COLS = 11
 
 
 @dataclass(frozen=True)
@@ -65,13 +66,32 @@ def make_layout(geo) -> DecodeLayout:
                         head_stride, per_kv if geo.fused else 0)
 
 
-def request_table(kv_indptr, kv_lens, window_left: int, page_size: int, rows: int) -> np.ndarray:
-    """[rows, META_COLS] int32 device table; rows past the batch are empty requests (L = 0).
+class _Requests(NamedTuple):
+    ptr: np.ndarray        # kv_indices start
+    L: np.ndarray          # length
+    W: np.ndarray          # window start
+    c0: np.ndarray         # chunks [c0, c1) hold the keys [W, L)
+    c1: np.ndarray
+    full_lo: np.ndarray    # chunks [full_lo, full_hi) lie wholly inside [W, L)
+    full_hi: np.ndarray
 
-    Per request: kv_indices start (PTR), length L, window start W, chunk bounds c0 <= full_lo <=
-    full_hi <= c1, and where chunk c0 starts: its kv_indices slot (SLOT0 = PTR + c0*T // P), page
-    entry (ENTRY0) and token position (POS0 = c0 * T).
-    """
+    def items(self, idx, a, e, page_size):
+        """[n, META_COLS] int64 rows of work items: requests ``idx`` over chunks [a, e) (a
+        part of [c0, c1); the mask-free range is clipped to it)."""
+        T = chunk_tokens(page_size)
+        full_lo = np.clip(self.full_lo[idx], a, e)
+        full_hi = np.clip(self.full_hi[idx], full_lo, e)
+        pos0 = np.asarray(a, np.int64) * T
+        ptr = self.ptr[idx]
+        rows = np.zeros((np.size(ptr), META_COLS), np.int64)
+        rows[:, PTR], rows[:, LEN], rows[:, WIN], rows[:, OUT] = ptr, self.L[idx], self.W[idx], idx
+        rows[:, C0], rows[:, FULL_LO], rows[:, FULL_HI], rows[:, C1] = a, full_lo, full_hi, e
+        rows[:, SLOT0] = ptr + pos0 // page_size
+        rows[:, ENTRY0], rows[:, POS0] = pos0 % page_size, pos0
+        return rows
+
+
+def _requests(kv_indptr, kv_lens, window_left, page_size) -> _Requests:
     T = chunk_tokens(page_size)
     L = np.asarray(kv_lens, np.int64)
     W = np.maximum(0, L - 1 - window_left) if window_left >= 0 else np.zeros_like(L)
@@ -79,12 +99,92 @@ def request_table(kv_indptr, kv_lens, window_left: int, page_size: int, rows: in
     c0, c1 = W // T, -(-L // T)
     full_lo = np.minimum(-(-W // T), c1)
     full_hi = np.maximum(full_lo, L // T)
-    pos0 = c0 * T
+    return _Requests(np.asarray(kv_indptr, np.int64)[:L.size], L, W, c0, c1, full_lo, full_hi)
+
+
+def request_table(kv_indptr, kv_lens, window_left: int, page_size: int, rows: int) -> np.ndarray:
+    """[rows, META_COLS] int32: one work item per request (all its chunks), rows past the batch
+    are empty requests (L = 0). Columns: kv_indices start (PTR), length L, window start W, chunk
+    bounds c0 <= full_lo <= full_hi <= c1, where chunk c0 starts (its kv_indices slot SLOT0 =
+    PTR + c0*T // P, page entry ENTRY0, token position POS0 = c0 * T), output row OUT."""
+    req = _requests(kv_indptr, kv_lens, window_left, page_size)
+    idx = np.arange(req.L.size)
     table = np.zeros((rows, META_COLS), np.int64)
-    n = L.size
-    table[:n, PTR] = np.asarray(kv_indptr, np.int64)[:n]
-    table[:n, LEN], table[:n, WIN], table[:n, C0], table[:n, C1] = L, W, c0, c1
-    table[:n, FULL_LO], table[:n, FULL_HI] = full_lo, full_hi
-    table[:n, SLOT0] = table[:n, PTR] + pos0 // page_size
-    table[:n, ENTRY0], table[:n, POS0] = pos0 % page_size, pos0
+    table[:idx.size] = req.items(idx, req.c0, req.c1, page_size)
     return table.astype(np.int32)
+
+
+# Modelled work, in chunk-equivalents, of what a core does besides a mask-free chunk: a work
+# item's fixed cost (request table, q load, state, finalize) and a masked chunk's extra (mask
+# bias, validity). Fitted to the cost model on trn2 (benchmarks/decode_two_cores.py): 16 requests
+# of one chunk vs one request of 16 chunks gives 0.4-0.9 chunks per item (H 8, D 128, G 1-4) and
+# a masked chunk 1.2-1.8 chunks.
+ITEM_COST_CHUNKS = 1.0
+MASKED_EXTRA_CHUNKS = 0.5
+
+
+@dataclass(frozen=True)
+class DecodeWork:
+    """The device tables of one launch.
+
+    items: [rows, META_COLS] int32 work items (request_table's columns, chunk bounds of the part
+        of the request the item covers).
+    spans: [cores, SPAN_COLS] int32: core p runs items FIRST..END-1 whole and, with two cores,
+        item BOUNDARY: its part of the one request split between the cores, whose partial
+        softmax states the cores exchange and merge (program 0 writes the result).
+    loads: modelled work of each core, in chunk-equivalents (host-side, for reports).
+    """
+
+    items: np.ndarray
+    spans: np.ndarray
+    loads: tuple
+
+
+FIRST, END, BOUNDARY = range(3)
+SPAN_COLS = 3
+
+
+def decode_work(kv_indptr, kv_lens, window_left: int, page_size: int, batch_rows: int,
+                cores: int = 1) -> DecodeWork:
+    """Share a decode step between ``cores`` (1, or 2 under LNC=2) program instances.
+
+    Two cores: requests keep their order and the sequence of all their chunks is cut in two
+    halves of equal modelled work (chunks plus ITEM_COST_CHUNKS per item): core 0 takes the
+    requests before the cut, core 1 those after it, and the request the cut falls in is split at
+    a chunk boundary (split-KV), so one long request uses both cores as evenly as many short
+    ones. Table rows: [boundary of core 0, boundary of core 1, core 0's whole requests, core 1's],
+    ``batch_rows + 2`` in all (a shape of the batch bucket only).
+    """
+    req = _requests(kv_indptr, kv_lens, window_left, page_size)
+    B = req.L.size
+    chunks = (req.c1 - req.c0).astype(np.float64)
+    masked = (req.full_lo - req.c0) + (req.c1 - req.full_hi)
+    work = chunks + MASKED_EXTRA_CHUNKS * masked                 # per request, without the item
+    if cores == 1:
+        items = request_table(kv_indptr, kv_lens, window_left, page_size, batch_rows)
+        return DecodeWork(items, np.array([[0, B, 0]], np.int32),
+                          (float(work.sum() + ITEM_COST_CHUNKS * B),))
+    if cores != 2:
+        raise ValueError(f"cores={cores!r} must be 1 or 2")
+    table = np.zeros((batch_rows + 2, META_COLS), np.int64)
+    if B == 0:                 # both boundary items: the empty padding request 0
+        return DecodeWork(table.astype(np.int32), np.array([[2, 2, 0], [2, 2, 1]], np.int32),
+                          (0.0, 0.0))
+    cum = np.cumsum(work + ITEM_COST_CHUNKS)
+    total = float(cum[-1])
+    k = min(int(np.searchsorted(cum, total / 2)), B - 1)     # the request the cut falls in
+    before, after = (float(cum[k - 1]) if k else 0.0), total - float(cum[k])
+    # core 0 takes chunks [c0, c0 + s) of request k, core 1 the rest: equal loads (request k's
+    # work taken as spread evenly over its chunks)
+    share = np.clip((after - before + work[k]) / 2, 0.0, work[k])
+    s = int(round(share / work[k] * chunks[k])) if work[k] else 0
+    ck = req.c0[k]
+    table[0:2] = req.items(np.array([k, k]), np.array([ck, ck + s]),
+                           np.array([ck + s, req.c1[k]]), page_size)
+    whole = np.array([b for b in range(B) if b != k], np.int64)
+    if whole.size:
+        table[2:1 + B] = req.items(whole, req.c0[whole], req.c1[whole], page_size)
+    spans = np.array([[2, 2 + k, 0], [2 + k, 1 + B, 1]], np.int32)
+    part = work[k] * s / chunks[k] if chunks[k] else 0.0
+    loads = (before + ITEM_COST_CHUNKS + part, after + ITEM_COST_CHUNKS + work[k] - part)
+    return DecodeWork(table.astype(np.int32), spans, loads)

@@ -6,6 +6,7 @@ import numpy as np
 
 from .checks import check_append_shapes, check_page_table, destination_slots
 from nki_kernels.buckets import bucket, pad_rows
+from nki_kernels.launch_options import check_lnc
 
 from .kernel import P_MAX, SKIP_SLOT, paged_kv_scatter_kernel
 from .layout import CacheGeometry, geometry, row_views
@@ -46,7 +47,7 @@ def check_spare_page(spare_page, geo: CacheGeometry, used_pages=None):
 
 
 def scatter_tokens(append_key, append_value, paged_kv_cache, geo: CacheGeometry, rows, keep=None,
-                   spare_page=None):
+                   spare_page=None, lnc=1):
     """Launch the device kernel for tokens whose first K row is ``rows`` (``keep`` False = skip)."""
     if append_key.shape[0] == 0:
         return
@@ -54,12 +55,14 @@ def scatter_tokens(append_key, append_value, paged_kv_cache, geo: CacheGeometry,
     slots, counts = padded_slots(rows, keep, geo, spare_page)
     heads, stride = (1, 0) if geo.layout == "NHD" else (geo.num_heads, geo.page_size * geo.head_dim)
     Tb = slots.shape[0]
-    paged_kv_scatter_kernel(k_rows, v_rows, pad_rows(append_key, Tb),
+    kernel = paged_kv_scatter_kernel if lnc == 1 else paged_kv_scatter_kernel[lnc]
+    kernel(k_rows, v_rows, pad_rows(append_key, Tb),
                             pad_rows(append_value, Tb), slots, counts, heads, stride, geo.v_offset)
 
 
 def append_paged_kv_cache(append_key, append_value, batch_indices, positions, paged_kv_cache,
-                          kv_indices, kv_indptr, kv_last_page_len, kv_layout="NHD", spare_page=None):
+                          kv_indices, kv_indptr, kv_last_page_len, kv_layout="NHD", spare_page=None,
+                          lnc=1):
     """Append T ragged K/V rows into a paged cache in place (FlashInfer semantics).
 
     Dimensions:  T appended tokens, B requests, N pages, P page_size, H kv heads, D head_dim
@@ -73,6 +76,7 @@ def append_paged_kv_cache(append_key, append_value, batch_indices, positions, pa
         kv_last_page_len: [B] int32 in [1, P] (0 for a request with no pages)
         spare_page: None (padding tokens of the shape bucket are dropped by ``oob_mode.skip``) or
             a reserved page id that no request owns (padding is written there instead)
+        lnc: 1, or 2 on trn2 (LNC=2): one core writes K, the other V
     Semantics:   page = kv_indices[kv_indptr[b] + pos // P], entry = pos % P.
     Notes:       every index is validated on the host first (nothing is written on bad input);
         the host then turns (batch, position) into cache rows (as vLLM's slot_mapping) and the
@@ -83,19 +87,21 @@ def append_paged_kv_cache(append_key, append_value, batch_indices, positions, pa
                               kv_indices, kv_indptr, kv_last_page_len, kv_layout)
     lens = check_page_table(kv_indices, kv_indptr, kv_last_page_len, geo)
     check_spare_page(spare_page, geo, kv_indices[:kv_indptr[-1]])
+    check_lnc(lnc)
     pages, entries = destination_slots(batch_indices, positions, kv_indices, kv_indptr, lens, geo)
     scatter_tokens(append_key, append_value, paged_kv_cache, geo, geo.rows(pages, entries),
-                   spare_page=spare_page)
+                   spare_page=spare_page, lnc=lnc)
 
 
 def reshape_and_cache(key, value, key_cache, value_cache, slot_mapping, kv_layout="NHD",
-                      spare_page=None):
+                      spare_page=None, lnc=1):
     """vLLM-style write: token t goes to slot_mapping[t] = block * block_size + offset.
 
     Args:
         key, value: [T, H, D]; key_cache, value_cache: [N, P, H, D] (NHD) / [N, H, P, D] (HND)
         slot_mapping: [T] int32 or int64; a negative slot marks a padded token, which is skipped
             (``spare_page`` None) or written to the reserved page ``spare_page``.
+        lnc: 1, or 2 on trn2 (LNC=2): one core writes K, the other V
     Raises ValueError for slots >= N * P or two tokens on one slot, before anything is written.
     """
     cache = (key_cache, value_cache)
@@ -121,4 +127,5 @@ def reshape_and_cache(key, value, key_cache, value_cache, slot_mapping, kv_layou
         raise ValueError("slot_mapping holds the same slot twice")
     pages, entries = np.divmod(np.where(keep, slots, 0), geo.page_size)
     check_spare_page(spare_page, geo, pages[keep])
-    scatter_tokens(key, value, cache, geo, geo.rows(pages, entries), keep, spare_page)
+    check_lnc(lnc)
+    scatter_tokens(key, value, cache, geo, geo.rows(pages, entries), keep, spare_page, lnc)

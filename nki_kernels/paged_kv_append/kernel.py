@@ -19,11 +19,13 @@ padding costs no work beyond the last partly filled tile):
     NeuronCore-v2 (trn1, no indirect DMA): per real token, its slot is loaded and its K and V rows
         are copied HBM to HBM by two ``scalar_offset`` DMAs.
 HBM traffic is the appended K/V bytes read plus written (and 4 bytes of slot per token).
+LNC=2 (``kernel[2]``, trn2): program 0 writes K and program 1 writes V, an exact half each.
 """
 
 from __future__ import annotations
 
 from nki_kernels.backend import nki, nisa, nl
+from nki_kernels.launch_options import program_cores
 
 P_MAX = 128
 SKIP_SLOT = 2 ** 31 - 1
@@ -36,6 +38,8 @@ def paged_kv_scatter_kernel(k_rows, v_rows, key, value, slots, counts, heads, he
     token_elems = key.shape[1] * key.shape[2]
     targets = ((key, k_rows, 0), (value, k_rows if v_rows is None else v_rows,
                                   v_offset if v_rows is None else 0))
+    if program_cores() == 2:                # LNC=2: core 0 writes K, core 1 writes V
+        targets = targets[nl.program_id(0):nl.program_id(0) + 1]
     count_sb = nl.ndarray((1, 2), nl.int32, buffer=nl.sbuf, name="counts")
     nisa.dma_copy(dst=count_sb, src=counts)
     tokens, tiles = nisa.scalar_load(count_sb[0:1, 0:1]), nisa.scalar_load(count_sb[0:1, 1:2])

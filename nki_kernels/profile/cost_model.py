@@ -14,6 +14,10 @@ Per instruction (``instruction_seconds``):
 Engines run concurrently and each runs its instructions in program order; dependencies between
 engines are not modelled, so the estimate (busiest engine) is a lower bound on a well-pipelined
 kernel, and the sum over engines an upper bound on a fully serialised one.
+
+Two cores: the program instances of an LNC=2 launch (NeuronCore-v3+) run on two physical cores,
+each with its own engines and its share of HBM bandwidth; the estimate is the busier core and the
+HBM floor divides the bytes over the cores used. Instances on an older target share one core.
 """
 
 from __future__ import annotations
@@ -77,37 +81,58 @@ class Estimate:
     dma_runs: int
     flops: int
     timeline: List[Tuple[str, str, float, float]] = field(default_factory=list)  # engine, op, start, dur
+    core_engine_seconds: Dict[Tuple[int, str], float] = field(default_factory=dict)
+
+    @property
+    def cores(self) -> int:
+        return max(1, len({c for c, _ in self.core_engine_seconds}))
+
+    def core_seconds(self, core: int) -> float:
+        """One core's busiest engine."""
+        return max((t for (c, _), t in self.core_engine_seconds.items() if c == core), default=0.0)
 
     @property
     def seconds(self) -> float:
-        """Engines overlapped: the busiest engine."""
-        return max(self.engine_seconds.values(), default=0.0)
+        """Engines overlapped: the busiest engine of the busier core."""
+        return max((self.core_seconds(c) for c in range(self.cores)), default=0.0)
 
     @property
     def serial_seconds(self) -> float:
-        return sum(self.engine_seconds.values())
+        """Every engine of a core one after another; the slower core."""
+        per = {}
+        for (c, _), t in self.core_engine_seconds.items():
+            per[c] = per.get(c, 0.0) + t
+        return max(per.values(), default=0.0)
 
     @property
     def hbm_floor_seconds(self) -> float:
-        return self.hbm_bytes / self.hw.hbm_bytes_per_s
+        return self.hbm_bytes / (self.hw.hbm_bytes_per_s * self.cores)
 
     def flop_floor_seconds(self, fp32=False) -> float:
         peak = self.hw.tensor_peak_fp32 if fp32 else self.hw.tensor_peak_bf16
-        return self.flops / peak
+        return self.flops / (peak * self.cores)
 
 
 def estimate(trace, target: str = None, hw: Hardware = None, **overrides) -> Estimate:
     """Cost of ``trace`` (a simulate.Trace) on ``target`` (default: the trace's own)."""
     hw = hw or hardware(target or trace.target.name, **overrides)
-    busy: Dict[str, float] = {}
+    two_cores = trace.target is None or trace.target.nc_version >= 3
+    pids = sorted({e.program_id for e in trace})
+    core_of = {p: (i if two_cores else 0) for i, p in enumerate(pids)}
+    busy: Dict[Tuple[int, str], float] = {}
     counts: Dict[str, int] = {}
     timeline = []
     for e in trace:
         dur = instruction_seconds(e, hw)
-        start = busy.get(e.engine, 0.0)
-        busy[e.engine] = start + dur
+        key = (core_of[e.program_id], e.engine)
+        start = busy.get(key, 0.0)
+        busy[key] = start + dur
         counts[e.engine] = counts.get(e.engine, 0) + 1
-        timeline.append((e.engine, e.name or e.op, start, dur))
+        lane = e.engine if len(set(core_of.values())) == 1 else f"core{key[0]} {e.engine}"
+        timeline.append((lane, e.name or e.op, start, dur))
+    per_engine: Dict[str, float] = {}
+    for (_, engine), t in busy.items():
+        per_engine[engine] = max(per_engine.get(engine, 0.0), t)
     dmas = [e for e in trace if e.engine == "dma"]
-    return Estimate(hw, busy, counts, trace.hbm_bytes, len(dmas), sum(e.dma_runs for e in dmas),
-                    sum(e.flops for e in trace), timeline)
+    return Estimate(hw, per_engine, counts, trace.hbm_bytes, len(dmas),
+                    sum(e.dma_runs for e in dmas), sum(e.flops for e in trace), timeline, busy)

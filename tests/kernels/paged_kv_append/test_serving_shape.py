@@ -71,3 +71,31 @@ def test_spare_page_must_be_reserved(rng):
     with pytest.raises(ValueError, match="spare_page=0 is one of the pages"):
         reshape_and_cache(np.zeros((1, H, D), np.float32), np.zeros((1, H, D), np.float32), kc,
                           kc.copy(), np.array([2]), spare_page=0)
+
+
+@pytest.mark.parametrize("layout,fused", [("NHD", True), ("HND", False), ("NHD", False)])
+def test_lnc2_cores_write_k_and_v_each(rng, layout, fused):
+    from nki_kernels.paged_kv_append import append_paged_kv_cache_ref
+    args = make_append_case(rng, [37, 130, 5], [3, 130, 5], 16, 2, 8, layout=layout, fused=fused)
+    expected = append_paged_kv_cache_ref(*args)
+    with simulate.use_target("trn2"):
+        append_paged_kv_cache(*args, lnc=2)
+        trace = simulate.last_trace()
+    got = args[4]
+    for g, e in zip(got if isinstance(got, tuple) else (got,),
+                    expected if isinstance(expected, tuple) else (expected,)):
+        np.testing.assert_array_equal(g, e)
+    written = {}
+    for e in trace.events:
+        written[e.program_id] = written.get(e.program_id, 0) + e.hbm_write_bytes
+    assert set(written) == {(0,), (1,)} and written[(0,)] == written[(1,)] > 0
+
+
+def test_lnc2_is_refused_on_trn1_and_lnc3_everywhere(rng):
+    args = make_append_case(rng, [9], [2], 16, 2, 8)
+    before = args[4].copy()
+    with simulate.use_target("trn1"), pytest.raises(ValueError, match="lnc=2 needs a NeuronCore-v3"):
+        append_paged_kv_cache(*args, lnc=2)
+    with pytest.raises(ValueError, match="lnc=3 must be 1 or 2"):
+        append_paged_kv_cache(*args, lnc=3)
+    np.testing.assert_array_equal(args[4], before)
