@@ -7,6 +7,7 @@ Every builder returns coalesced patterns, so contiguous runs are as long as the 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import List, Tuple
 
 import numpy as np
@@ -15,38 +16,103 @@ from .algebra import coalesce
 from .pattern import AccessPattern
 
 
+@dataclass(frozen=True)
+class PagedKVLayout:
+    """Where a paged KV cache keeps each element: the one derivation of its strides and patterns,
+    used by the host wrappers and, through the patterns, by the kernels.
+
+    Cache forms: fused 5-D [N, 2, P, H, D] ("NHD") / [N, 2, H, P, D] ("HND"), K at [:, 0] and V
+    at [:, 1]; or one of a (k, v) pair of 4-D [N, P, H, D] / [N, H, P, D]. Units: elements.
+    """
+
+    num_pages: int
+    page_size: int
+    num_heads: int
+    head_dim: int
+    layout: str
+    fused: bool
+
+    @classmethod
+    def from_shape(cls, cache_shape, layout: str) -> "PagedKVLayout":
+        if layout not in ("NHD", "HND"):
+            raise ValueError(f"layout={layout!r} must be 'NHD' or 'HND'")
+        shape = tuple(int(d) for d in cache_shape)
+        if len(shape) == 5 and shape[1] == 2:
+            n, inner, fused = shape[0], shape[2:], True
+        elif len(shape) == 4:
+            n, inner, fused = shape[0], shape[1:], False
+        else:
+            raise ValueError(f"cache shape {shape} must be [N, 2, P, H, D]-like (fused) or 4-D")
+        P, H = (inner[0], inner[1]) if layout == "NHD" else (inner[1], inner[0])
+        return cls(n, P, H, inner[2], layout, fused)
+
+    @property
+    def kv_block(self) -> int:
+        """Elements of one page's K (or V): P * H * D."""
+        return self.page_size * self.num_heads * self.head_dim
+
+    @property
+    def page_stride(self) -> int:
+        return self.kv_block * (2 if self.fused else 1)
+
+    @property
+    def v_offset(self) -> int:
+        """From a page's K block to its V block in a fused cache (0 for a pair)."""
+        return self.kv_block if self.fused else 0
+
+    @property
+    def entry_stride(self) -> int:
+        """Between consecutive tokens of a page."""
+        return self.num_heads * self.head_dim if self.layout == "NHD" else self.head_dim
+
+    @property
+    def head_stride(self) -> int:
+        return self.head_dim if self.layout == "NHD" else self.page_size * self.head_dim
+
+    def start(self, page, entry, kv: int = 0, head: int = 0):
+        """Flat element of (page, entry, head, d = 0) of K (kv 0) or V (kv 1); arrays allowed."""
+        return (page * self.page_stride + kv * self.v_offset + entry * self.entry_stride
+                + head * self.head_stride)
+
+    def token(self) -> AccessPattern:
+        """One token's [H, D] elements from its first: NHD one run of H*D; HND H runs of D."""
+        return coalesce(AccessPattern(((self.head_stride, self.num_heads), (1, self.head_dim))))
+
+    @property
+    def token_run(self) -> int:
+        """Elements of a token's first contiguous run (H*D for NHD, D for HND): the row width of
+        the row view the kernels address tokens in."""
+        return self.token().pattern[-1][1]
+
+    def tokens(self, count: int, token_step: int = None) -> AccessPattern:
+        """``count`` tokens ``token_step`` apart (default: consecutive entries of one page), each
+        as ``token()``; the token dimension stays outermost (the kernels' partition or indirect
+        dimension), so it is not merged with the heads."""
+        step = self.entry_stride if token_step is None else token_step
+        return AccessPattern(((step, count),) + self.token().pattern)
+
+    def page_rows(self, page: int, start: int, count: int, kv: int = 0,
+                  head: int = None) -> AccessPattern:
+        """Token rows ``start:start+count`` of one page (one kv head, or all heads when None).
+        Shape before coalescing: NHD [count, H*D] ([count, D] for one head); HND [H, count, D]
+        ([count, D])."""
+        P, H, D = self.page_size, self.num_heads, self.head_dim
+        if not (0 <= start and start + count <= P and count >= 1):
+            raise ValueError(f"rows {start}:{start + count} are not inside a page of {P}")
+        offset = self.start(page, start, kv, head or 0)
+        if head is not None:
+            pattern = ((self.entry_stride, count), (1, D))
+        elif self.layout == "NHD":
+            pattern = ((self.entry_stride, count), (1, H * D))
+        else:
+            pattern = ((self.head_stride, H), (self.entry_stride, count), (1, D))
+        return coalesce(AccessPattern(pattern, offset))
+
+
 def page_rows(layout: str, cache_shape, page: int, start: int, count: int, kv: int = 0,
               head: int = None) -> AccessPattern:
-    """Token rows ``start:start+count`` of one page (one kv head, or all heads when None).
-
-    Shape of the result before coalescing: NHD [count, H*D] (or [count, D] for one head);
-    HND [H, count, D] (or [count, D]).
-    """
-    fused = len(cache_shape) == 5
-    if layout not in ("NHD", "HND"):
-        raise ValueError(f"layout={layout!r} must be 'NHD' or 'HND'")
-    inner = cache_shape[2:] if fused else cache_shape[1:]
-    P, H, D = (inner[0], inner[1], inner[2]) if layout == "NHD" else (inner[1], inner[0], inner[2])
-    if not (0 <= start and start + count <= P and count >= 1):
-        raise ValueError(f"rows {start}:{start + count} are not inside a page of {P}")
-    block = P * H * D
-    base = (page * (2 if fused else 1) + (kv if fused else 0)) * block
-    if layout == "NHD":
-        offset = base + start * H * D + (head or 0) * D
-        pattern = ((H * D, count), (1, D if head is not None else H * D))
-    else:
-        offset = base + start * D + (head or 0) * P * D
-        pattern = ((D, count), (1, D)) if head is not None else ((P * D, H), (D, count), (1, D))
-    return coalesce(AccessPattern(pattern, offset))
-
-
-def ragged_rows(indptr, b: int, row_shape) -> AccessPattern:
-    """Rows ``indptr[b]:indptr[b+1]`` of a ragged [T, *row_shape] tensor (one contiguous run)."""
-    row = int(np.prod(row_shape))
-    count = int(indptr[b + 1] - indptr[b])
-    if count < 1:
-        raise ValueError(f"request {b} has no rows")
-    return AccessPattern(((1, count * row),), int(indptr[b]) * row)
+    """``PagedKVLayout.from_shape(cache_shape, layout).page_rows(...)``."""
+    return PagedKVLayout.from_shape(cache_shape, layout).page_rows(page, start, count, kv, head)
 
 
 def scatter_write(cache_shape, axis: int, batch: int, write_index: int, seq_len: int,

@@ -153,12 +153,18 @@ def cmd_suite(args, which):
 
 
 def cmd_serve(args):
-    from .serve import ServeConfig, plot_steps, replay, summary_markdown
+    from .serve import PRESETS, plot_steps, replay, summary_markdown
     if _on_hardware():
         raise SystemExit("error: serve replays the trace in the simulator (it needs the trace to "
                          "count compiles and cost steps); run it without the Neuron SDK backend")
-    trace = replay(ServeConfig(steps=args.steps, max_batch=args.max_batch, pages=args.pages),
-                   args.target)
+    import dataclasses
+    base = PRESETS[args.preset]
+    given = {k: v for k, v in (("steps", args.steps), ("max_batch", args.max_batch),
+                               ("pages", args.pages), ("dtype", args.dtype)) if v is not None}
+    cfg = dataclasses.replace(base, lnc=args.lnc, **given)
+    if cfg.lnc == 2 and args.target == "trn1":
+        raise SystemExit("error: --lnc 2 needs --target trn2 (trn1 has one core per logical core)")
+    trace = replay(cfg, args.target)
     table = summary_markdown(trace)
     print(table)
     if args.png:
@@ -166,14 +172,14 @@ def cmd_serve(args):
         print(f"\nwrote {args.png}")
     if args.out:
         os.makedirs(args.out, exist_ok=True)
-        base = os.path.join(args.out, f"serve_{args.target}")
+        base = os.path.join(args.out, f"serve_{args.preset}_{args.target}_lnc{cfg.lnc}")
         with open(base + ".md", "w") as f:
             f.write(table + "\n")
         with open(base + ".json", "w") as f:
             json.dump({"compilations": trace.compilations,
                        "steps": [vars(x) for x in trace.steps]}, f, indent=1, default=float)
         print(f"wrote {base}.md and .json")
-    return 0 if trace.max_error < 1e-4 else 1
+    return 0 if trace.max_error < cfg.tolerance else 1
 
 
 def main(argv=None):
@@ -196,9 +202,14 @@ def main(argv=None):
         s.add_argument("--device", default="sim", choices=("sim", "trn"))
         s.add_argument("--out", default=os.path.join("benchmarks", "results"))
     s = sub.add_parser("serve", help="replay a continuous-batching trace: compiles, time per step")
-    s.add_argument("--steps", type=int, default=48)
-    s.add_argument("--max-batch", type=int, default=8)
-    s.add_argument("--pages", type=int, default=512)
+    s.add_argument("--preset", default="small", choices=("small", "llama8b"),
+                   help="model shape and trace (serve.PRESETS); the flags below override it")
+    s.add_argument("--steps", type=int)
+    s.add_argument("--max-batch", type=int)
+    s.add_argument("--pages", type=int)
+    s.add_argument("--dtype", choices=("float32", "bfloat16", "float16"))
+    s.add_argument("--lnc", type=int, default=1, choices=(1, 2),
+                   help="2: append and decode share each step over the two cores (trn2)")
     s.add_argument("--target", default="trn2", choices=("trn1", "trn2"))
     s.add_argument("--png", help="write the per-step plot here")
     s.add_argument("--out", help="write serve_<target>.md and .json here")

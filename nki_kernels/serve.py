@@ -32,7 +32,25 @@ class ServeConfig:
     kv_heads: int = 2
     group: int = 4                     # query heads per kv head
     head_dim: int = 64
+    dtype: str = "float32"             # cache and q: float32 | bfloat16 | float16
+    lnc: int = 1                       # 2: append and decode share each step over two cores
     seed: int = 0
+
+    @property
+    def tolerance(self) -> float:
+        """Max |out - reference| accepted for the dtype (attention outputs are O(1))."""
+        return {"float32": 1e-4, "float16": 5e-3, "bfloat16": 3e-2}[self.dtype]
+
+
+# Named configurations. "llama8b": one attention layer of Llama-3-8B (8 kv heads, 32 query heads,
+# head_dim 128, bf16, 16-token pages) with prompts of up to 2k tokens and 16 concurrent requests
+# in a 4096-page cache (64 MiB per layer).
+PRESETS = {
+    "small": ServeConfig(),
+    "llama8b": ServeConfig(steps=32, max_batch=16, arrival_per_step=1.0, prompt_lens=(128, 2048),
+                           output_lens=(8, 64), pages=4096, page_size=16, kv_heads=8, group=4,
+                           head_dim=128, dtype="bfloat16"),
+}
 
 
 @dataclass
@@ -47,6 +65,7 @@ class StepRecord:
     seconds: float                     # modelled, append + decode
     hbm_bytes: int
     min_hbm_bytes: int
+    floor_seconds: float = 0.0         # minimum bytes at the HBM bandwidth of the cores used
 
 
 @dataclass
@@ -63,8 +82,14 @@ class ServeTrace:
         return sum(s.batch for s in self.steps) / seconds if seconds else 0.0
 
 
-def _kv_bytes(tokens, cfg, itemsize=4):
-    return tokens * 2 * cfg.kv_heads * cfg.head_dim * itemsize
+def _np_dtype(name):
+    import ml_dtypes
+    return np.dtype({"float32": np.float32, "float16": np.float16,
+                     "bfloat16": ml_dtypes.bfloat16}[name])
+
+
+def _kv_bytes(tokens, cfg):
+    return tokens * 2 * cfg.kv_heads * cfg.head_dim * _np_dtype(cfg.dtype).itemsize
 
 
 def replay(cfg: ServeConfig = ServeConfig(), target: str = "trn2", check=True) -> ServeTrace:
@@ -76,7 +101,8 @@ def replay(cfg: ServeConfig = ServeConfig(), target: str = "trn2", check=True) -
 
     rng = np.random.default_rng(cfg.seed)
     H, HQ, D = cfg.kv_heads, cfg.kv_heads * cfg.group, cfg.head_dim
-    cache = PagedKVCache(cfg.pages, cfg.page_size, H, D)
+    dt = _np_dtype(cfg.dtype)
+    cache = PagedKVCache(cfg.pages, cfg.page_size, H, D, dtype=dt)
     kernels = (paged_kv_scatter_kernel, batch_decode_kernel)
     simulate.reset_compile_stats()
     out = ServeTrace(cfg, target)
@@ -97,14 +123,15 @@ def replay(cfg: ServeConfig = ServeConfig(), target: str = "trn2", check=True) -
             prompts = [n for _, n in new]
             if new:          # prefill: the prompts' K/V appended in one launch
                 t = sum(prompts)
-                cache.append([r for r, _ in new], *_kv(rng, t, H, D), prompts)
-            cache.append(rids, *_kv(rng, len(rids), H, D), [1] * len(rids))
-            q = rng.standard_normal((len(rids), HQ, D)).astype(np.float32)
+                cache.append([r for r, _ in new], *_kv(rng, t, H, D, dt), prompts, lnc=cfg.lnc)
+            cache.append(rids, *_kv(rng, len(rids), H, D, dt), [1] * len(rids), lnc=cfg.lnc)
+            q = rng.standard_normal((len(rids), HQ, D)).astype(dt)
             table = cache.page_table(rids)
-            o = batch_decode(q, cache.data, *table)
+            o = batch_decode(q, cache.data, *table, lnc=cfg.lnc)
         if check:
             ref = batch_decode_ref(q, cache.data, *table)
-            out.max_error = max(out.max_error, float(np.abs(o - ref).max()))
+            err = np.abs(o.astype(np.float64) - ref.astype(np.float64)).max()
+            out.max_error = max(out.max_error, float(err))
         decode = traces[-1]
         kv_tokens = sum(cache.seq_len(r) for r in rids)
         appended = sum(prompts) + len(rids)
@@ -115,6 +142,8 @@ def replay(cfg: ServeConfig = ServeConfig(), target: str = "trn2", check=True) -
             decode.program_instructions, sum(len(t) for t in traces),
             sum(c.seconds for c in costs), sum(t.hbm_bytes for t in traces),
             _kv_bytes(kv_tokens, cfg) + 2 * _kv_bytes(appended, cfg) + 2 * q.nbytes))
+        rec = out.steps[-1]
+        rec.floor_seconds = rec.min_hbm_bytes / (costs[-1].hw.hbm_bytes_per_s * costs[-1].cores)
         for r in rids:
             remaining[r] -= 1
             if remaining[r] == 0:
@@ -125,17 +154,20 @@ def replay(cfg: ServeConfig = ServeConfig(), target: str = "trn2", check=True) -
     return out
 
 
-def _kv(rng, tokens, H, D):
-    return (rng.standard_normal((tokens, H, D)).astype(np.float32),
-            rng.standard_normal((tokens, H, D)).astype(np.float32))
+def _kv(rng, tokens, H, D, dtype):
+    return (rng.standard_normal((tokens, H, D)).astype(dtype),
+            rng.standard_normal((tokens, H, D)).astype(dtype))
 
 
 def summary_markdown(trace: ServeTrace) -> str:
     s = trace.steps
     total = sum(x.seconds for x in s)
     hbm, floor = sum(x.hbm_bytes for x in s), sum(x.min_hbm_bytes for x in s)
+    cfg = trace.config
     rows = [
-        ("target", trace.target),
+        ("target", f"{trace.target}, LNC={cfg.lnc}"),
+        ("model shape", f"{cfg.kv_heads} kv heads x {cfg.group} (GQA), head_dim {cfg.head_dim}, "
+                        f"{cfg.dtype}, pages {cfg.pages} x {cfg.page_size} tokens"),
         ("steps replayed", len(s)),
         ("batch (min / mean / max)", f"{min(x.batch for x in s)} / "
                                      f"{np.mean([x.batch for x in s]):.1f} / {max(x.batch for x in s)}"),
@@ -148,6 +180,8 @@ def summary_markdown(trace: ServeTrace) -> str:
         ("modelled time per step (mean / max)", f"{1e6 * total / len(s):.1f} / "
                                                 f"{1e6 * max(x.seconds for x in s):.1f} us"),
         ("HBM bytes / minimum", f"{hbm / floor:.3f}"),
+        ("modelled time / HBM floor (mean over steps)",
+         f"{np.mean([x.seconds / x.floor_seconds for x in s if x.floor_seconds]):.2f}"),
         ("decode tokens per second (modelled)", f"{trace.tokens_per_second:,.0f}"),
         ("max |out - reference|", f"{trace.max_error:.2e}"),
     ]
@@ -170,8 +204,11 @@ def plot_steps(trace: ServeTrace, path: str) -> None:
     twin = ax.twinx()
     twin.step(steps, [x.batch for x in trace.steps], color="gray", alpha=0.5, where="mid")
     twin.set_ylabel("batch", color="gray")
+    ax.plot(steps, [1e6 * x.floor_seconds for x in trace.steps], color="green", lw=0.8,
+            ls="--", label="HBM floor (minimum bytes)")
     ax.legend(loc="upper left", fontsize=8)
-    ax.set_title(f"continuous-batching replay on {trace.target} (simulated, cost-modelled)")
+    ax.set_title(f"continuous-batching replay on {trace.target}, LNC={trace.config.lnc} "
+                 f"(simulated, cost-modelled)")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)

@@ -97,6 +97,7 @@ def prepare_decode(q, paged_kv_cache, kv_indptr, kv_indices, kv_last_page_len, k
     mm_dtype = k_dtype.name if k_dtype.itemsize >= 2 else "bfloat16"
     sinks32 = None if sinks is None else np.asarray(sinks, np.float32).reshape(-1, 1)
     arrays = (work.items, work.spans, padded, layout.token_table(geo.page_size), sinks32)
-    statics = (geo.num_heads, geo.page_size, layout.strides, prob.sm_scale * float(k_scale),
+    statics = (geo.num_heads, geo.page_size, layout.strides, tuple(geo.token().pattern),
+               prob.sm_scale * float(k_scale),
                float(logits_soft_cap), float(v_scale), mm_dtype)
     return DecodeLaunch(arrays, statics, batch, rows, work.loads)

@@ -11,7 +11,8 @@ Args (device):
         starts, output row); spans: [cores, SPAN_COLS] int32, which items each core runs
     kv_indices: [>= pages + T, 1] int32 (padded)
     tok_tab: [T, 2] int32 (page slot, entry of chunk-local token t); sinks: [HQ, 1] fp32 or None
-    static: kv heads, page size, row strides, scale = sm_scale * k_scale, soft_cap, v_scale,
+    static: kv heads, page size, row strides, a token's K (or V) pattern (access_patterns
+        PagedKVLayout.token), scale = sm_scale * k_scale, soft_cap, v_scale,
         matmul dtype: shapes and model constants only, so one compile serves every step of a
         shape bucket
 Returns out [B, HQ, D] (q dtype) and lse [B, HQ, 1] fp32, base 2, @ shared HBM.
@@ -44,12 +45,12 @@ from .plan import BOUNDARY, C0, C1, END, FIRST, FULL_HI, FULL_LO, META_COLS, OUT
 
 @nki.jit
 def batch_decode_kernel(q, k_rows, v_rows, meta, spans, kv_indices, tok_tab, sinks, num_kv_heads,
-                        page_size, strides, scale, soft_cap, v_scale, mm_dtype):
+                        page_size, strides, token_pattern, scale, soft_cap, v_scale, mm_dtype):
     B, HQ, D = q.shape
     H, G = num_kv_heads, HQ // num_kv_heads
     T = tok_tab.shape[0]
     rpp, es, hs, v_rows_offset = strides
-    geo = Geometry(T, page_size, rpp, es, hs, D, H)
+    geo = Geometry(T, page_size, rpp, es, hs, D, H, token_pattern)
     sources = ((k_rows, 0), (k_rows, v_rows_offset * D) if v_rows is None else (v_rows, 0))
     out = nl.ndarray((B, HQ, D), q.dtype, buffer=nl.shared_hbm, name="out")
     lse = nl.ndarray((B, HQ, 1), nl.float32, buffer=nl.shared_hbm, name="lse")

@@ -28,6 +28,7 @@ class Geometry(NamedTuple):
     head_stride: int
     D: int
     H: int
+    token_pattern: tuple    # one token's heads from its first element: ((step, num), ...)
 
 
 def meta_broadcast(meta, b, col, parts, name):

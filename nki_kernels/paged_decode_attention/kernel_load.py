@@ -37,8 +37,8 @@ def load_chunk_indirect(tiles, sources, kv_indices, cursor, valid_t, geo):
     for tile, (rows, offset) in zip(tiles, sources):
         if valid_t is not None:
             nisa.memset(dst=tile, value=0.0)          # skipped rows must read as 0, not NaN
-        src = rows.ap([[D, T], [geo.head_stride * D, H], [1, D]], offset=offset,
-                      vector_offset=row, indirect_dim=0)
+        src = rows.ap([[D, T], *geo.token_pattern], offset=offset, vector_offset=row,
+                      indirect_dim=0)
         nisa.dma_copy(dst=tile, src=src, oob_mode=nisa.oob_mode.skip)
 
 
@@ -76,7 +76,7 @@ def load_chunk_pages(tiles, sources, kv_indices, cursor, bounds, valid_t, geo):
             raw = nl.ndarray((T, H * D), tile.dtype, buffer=nl.sbuf, name="kv_raw")
             nisa.memset(dst=raw, value=0.0)
         for j in range(nslots):
-            src = pieces.ap([[es * D, span], [geo.head_stride * D, H], [1, D]], offset=offset,
+            src = pieces.ap([[es * D, span], *geo.token_pattern], offset=offset,
                             scalar_offset=pid[0:1, j:j + 1], indirect_dim=0)
             nisa.dma_copy(dst=raw[j * span:(j + 1) * span, :], src=src, oob_mode=nisa.oob_mode.skip)
         if valid_t is not None:

@@ -9,9 +9,10 @@ whole pages or part of one page. Request b owns tokens [W, L) (W: window start, 
 window); its chunks are [c0, c1) = [W // T, ceil(L / T)). Chunks wholly inside [W, L), [full_lo,
 full_hi), need no mask; at most one masked chunk precedes them and one follows.
 
-Row addressing (cache viewed as rows of D elements): token entry e of page p, kv head h, is row
-``p * rows_per_page + e * entry_stride + h * head_stride``; V rows are ``v_rows`` further in a fused
-5-D cache.
+Row addressing (cache viewed as rows of D elements; strides from ``access_patterns.PagedKVLayout``):
+token entry e of page p, kv head h, is row ``p * rows_per_page + e * entry_stride + h *
+head_stride``; V rows are ``v_rows`` further in a fused 5-D cache. The kernel reads a token's heads
+with the layout's token pattern.
 """
 
 from __future__ import annotations
@@ -59,11 +60,10 @@ def chunk_tokens(page_size: int) -> int:
 
 
 def make_layout(geo) -> DecodeLayout:
-    P, H = geo.page_size, geo.num_heads
-    per_kv = P * H
-    entry_stride, head_stride = (H, 1) if geo.layout == "NHD" else (1, P)
-    return DecodeLayout(chunk_tokens(P), per_kv * (2 if geo.fused else 1), entry_stride,
-                        head_stride, per_kv if geo.fused else 0)
+    """Row strides (rows of D elements) from the cache's ``access_patterns.PagedKVLayout``."""
+    D = geo.head_dim
+    return DecodeLayout(chunk_tokens(geo.page_size), geo.page_stride // D, geo.entry_stride // D,
+                        geo.head_stride // D, geo.v_offset // D)
 
 
 class _Requests(NamedTuple):

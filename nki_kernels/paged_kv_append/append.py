@@ -53,11 +53,10 @@ def scatter_tokens(append_key, append_value, paged_kv_cache, geo: CacheGeometry,
         return
     k_rows, v_rows = row_views(paged_kv_cache, geo)
     slots, counts = padded_slots(rows, keep, geo, spare_page)
-    heads, stride = (1, 0) if geo.layout == "NHD" else (geo.num_heads, geo.page_size * geo.head_dim)
     Tb = slots.shape[0]
     kernel = paged_kv_scatter_kernel if lnc == 1 else paged_kv_scatter_kernel[lnc]
     kernel(k_rows, v_rows, pad_rows(append_key, Tb),
-                            pad_rows(append_value, Tb), slots, counts, heads, stride, geo.v_offset)
+                            pad_rows(append_value, Tb), slots, counts, geo.token_pattern, geo.v_offset)
 
 
 def append_paged_kv_cache(append_key, append_value, batch_indices, positions, paged_kv_cache,

@@ -9,8 +9,8 @@ Args:
     slots: [T, 1] int32 @ HBM, first cache row of each token (see layout.py); skipped and padded
         tokens hold SKIP_SLOT (out of bounds, dropped by ``oob_mode.skip``) or a spare page's row
     counts: [1, 2] int32 @ HBM: real tokens, tiles of n holding them (runtime data)
-    heads, head_stride: HND: a token's H head rows are ``head_stride`` elements apart (P * D);
-        NHD: heads == 1 (the token's H*D elements are one row)
+    token_pattern: one token's K (or V) elements from its first, ``(step, num)`` pairs built by
+        ``access_patterns.PagedKVLayout.token`` (NHD: one run of H*D; HND: H runs of D, P*D apart)
 Paths (a device loop each, trip count from ``counts``: the program does not grow with T, and
 padding costs no work beyond the last partly filled tile):
     NeuronCore-v3+ (trn2): per tile of n tokens, the slots are loaded to SBUF and K and V are
@@ -32,7 +32,7 @@ SKIP_SLOT = 2 ** 31 - 1
 
 
 @nki.jit
-def paged_kv_scatter_kernel(k_rows, v_rows, key, value, slots, counts, heads, head_stride, v_offset):
+def paged_kv_scatter_kernel(k_rows, v_rows, key, value, slots, counts, token_pattern, v_offset):
     T = key.shape[0]
     n = min(P_MAX, T)
     token_elems = key.shape[1] * key.shape[2]
@@ -48,31 +48,30 @@ def paged_kv_scatter_kernel(k_rows, v_rows, key, value, slots, counts, heads, he
         src_tiles = [(src.reshape((T // n, n * token_elems)), rows, offset)
                      for src, rows, offset in targets]
         nl.fori_loop(0, tiles, lambda i: _scatter_tile(i, slot_tiles, src_tiles, n, token_elems,
-                                                       heads, head_stride))
+                                                       token_pattern))
     else:
-        nl.fori_loop(0, tokens, lambda t: _scatter_token(t, slots, targets, heads, head_stride))
+        nl.fori_loop(0, tokens, lambda t: _scatter_token(t, slots, targets, token_pattern,
+                                                         token_elems))
 
 
-def _scatter_tile(i, slot_tiles, src_tiles, n, token_elems, heads, head_stride):
+def _scatter_tile(i, slot_tiles, src_tiles, n, token_elems, token_pattern):
     """Tile i: its n slots into SBUF, then one indirect HBM-to-HBM write per K / V (rows of
     padded or skipped tokens are neither read nor written)."""
     slot_sb = nl.ndarray((n, 1), nl.int32, buffer=nl.sbuf, name="slot_sb")
     nisa.dma_copy(dst=slot_sb, src=slot_tiles.ap([[1, n], [1, 1]], scalar_offset=i, indirect_dim=0))
     for src, rows, offset in src_tiles:
         row_elems = rows.shape[1]
-        dst = rows.ap([[row_elems, n], [head_stride, heads], [1, row_elems]], offset=offset,
-                      vector_offset=slot_sb, indirect_dim=0)
+        dst = rows.ap([[row_elems, n], *token_pattern], offset=offset, vector_offset=slot_sb,
+                      indirect_dim=0)
         nisa.dma_copy(dst=dst, src=src.ap([[token_elems, n], [1, token_elems]], scalar_offset=i,
                                           indirect_dim=0), oob_mode=nisa.oob_mode.skip)
 
 
-def _scatter_token(t, slots, targets, heads, head_stride):
+def _scatter_token(t, slots, targets, token_pattern, token_elems):
     """Token t: its slot into SBUF, then its K and V rows HBM to HBM at that slot."""
     slot = nl.ndarray((1, 1), nl.int32, buffer=nl.sbuf, name="slot")
     nisa.dma_copy(dst=slot, src=slots.ap([[1, 1], [1, 1]], scalar_offset=t, indirect_dim=0))
     for src, rows, offset in targets:
-        row_elems = rows.shape[1]
-        dst = rows.ap([[head_stride, heads], [1, row_elems]], offset=offset, scalar_offset=slot,
-                      indirect_dim=0)
-        nisa.dma_copy(dst=dst, src=src.ap([[row_elems, heads], [1, row_elems]], scalar_offset=t,
+        dst = rows.ap([[0, 1], *token_pattern], offset=offset, scalar_offset=slot, indirect_dim=0)
+        nisa.dma_copy(dst=dst, src=src.ap([[token_elems, 1], [1, token_elems]], scalar_offset=t,
                                           indirect_dim=0), oob_mode=nisa.oob_mode.skip)

@@ -3,9 +3,10 @@
 Cache forms (FlashInfer): one 5-D tensor [N, 2, P, H, D] ("NHD") / [N, 2, H, P, D] ("HND") with
 [:, 0] = K and [:, 1] = V, or a (k_cache, v_cache) pair of 4-D [N, P, H, D] / [N, H, P, D].
 
-The kernel sees a cache as rows: NHD rows of H*D elements (a token's K or V is one row), HND rows of
-D elements (a token's heads are H rows, P*D apart). A token at (page, entry) starts at row
-``page * rows_per_page + entry``.
+Strides and token patterns come from ``access_patterns.PagedKVLayout``. The append kernel sees a
+cache as rows of a token's first contiguous run: NHD rows of H*D elements (a token's K or V is one
+row), HND rows of D elements (a token's heads are H rows, P*D apart). A token at (page, entry)
+starts at row ``page * rows_per_page + entry``.
 """
 
 from __future__ import annotations
@@ -14,35 +15,32 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from access_patterns import PagedKVLayout
+
 LAYOUTS = ("NHD", "HND")
 
 
 @dataclass(frozen=True)
-class CacheGeometry:
-    num_pages: int
-    page_size: int
-    num_heads: int
-    head_dim: int
-    layout: str
-    fused: bool                  # one 5-D tensor (True) or a (k, v) pair
+class CacheGeometry(PagedKVLayout):
+    """A cache's ``PagedKVLayout`` (strides and token patterns) plus the row view the append
+    kernel addresses: rows of ``row_elems`` = a token's first contiguous run."""
 
     @property
     def row_elems(self) -> int:
-        return self.num_heads * self.head_dim if self.layout == "NHD" else self.head_dim
+        return self.token_run
 
     @property
     def rows_per_page(self) -> int:
-        per_kv = self.page_size * (1 if self.layout == "NHD" else self.num_heads)
-        return per_kv * (2 if self.fused else 1)
+        return self.page_stride // self.row_elems
 
     @property
-    def v_offset(self) -> int:
-        """Elements from a page's K block to its V block in a fused cache."""
-        return self.page_size * self.num_heads * self.head_dim
+    def token_pattern(self) -> tuple:
+        """One token's K (or V) elements from its first, as ``(step, num)`` pairs for ``.ap``."""
+        return tuple(self.token().pattern)
 
     def rows(self, pages: np.ndarray, entries: np.ndarray) -> np.ndarray:
         """First row of each token's K in the row view (int64)."""
-        return pages.astype(np.int64) * self.rows_per_page + entries.astype(np.int64)
+        return (self.start(pages.astype(np.int64), entries.astype(np.int64)) // self.row_elems)
 
 
 def split_cache(paged_kv_cache):

@@ -79,8 +79,10 @@ class PagedKVCache:
         last = [(self._lens[r] - 1) % self.page_size + 1 if self._lens[r] else 0 for r in rids]
         return kv_indptr, kv_indices, np.array(last, np.int32)
 
-    def append(self, rids, keys, values, append_lens):
-        """Reserve room and write ragged K/V ([sum(append_lens), H, D]) for requests ``rids``."""
+    def append(self, rids, keys, values, append_lens, lnc=1):
+        """Reserve room and write ragged K/V ([sum(append_lens), H, D]) for requests ``rids``
+        (``lnc=2``: over both cores of a trn2 logical core). On any failure the reservation is
+        rolled back: lengths and pages are as before the call."""
         append_lens = np.asarray(append_lens, np.int64)
         if append_lens.shape != (len(rids),) or append_lens.sum() != keys.shape[0]:
             raise ValueError(f"append_lens {append_lens.tolist()} must give one count per request "
@@ -92,8 +94,8 @@ class PagedKVCache:
         batch, positions = get_batch_indices_positions(append_indptr, seq_lens, keys.shape[0])
         try:
             append_paged_kv_cache(keys, values, batch, positions, self.data, kv_indices, kv_indptr,
-                                  last, self.kv_layout)
-        except (ValueError, TypeError):
+                                  last, self.kv_layout, lnc=lnc)
+        except BaseException:
             self._rollback(rids, append_lens)
             raise
 

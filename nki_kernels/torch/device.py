@@ -53,11 +53,10 @@ def append_device(append_key, append_value, batch_indices, positions, kv_cache, 
     lens = check_page_table(idx[2], idx[3], idx[4], geo)
     pages, entries = destination_slots(idx[0], idx[1], idx[2], idx[3], lens, geo)
     slots, counts = padded_slots(geo.rows(pages, entries), None, geo)
-    heads, stride = (1, 0) if kv_layout == "NHD" else (geo.num_heads, geo.page_size * geo.head_dim)
     Tb = slots.shape[0]
     paged_kv_scatter_kernel(kv_cache.view(-1, geo.row_elems), None, pad_rows(append_key, Tb),
                             pad_rows(append_value, Tb), _dev(slots, kv_cache),
-                            _dev(counts, kv_cache), heads, stride, geo.v_offset)
+                            _dev(counts, kv_cache), geo.token_pattern, geo.v_offset)
 
 
 def decode_device(q, kv_cache, kv_indptr, kv_indices, kv_last_page_len, kv_layout, sm_scale,

@@ -5,7 +5,7 @@ import itertools
 import numpy as np
 import pytest
 
-from access_patterns import contiguous_run, page_rows, ragged_rows, scatter_write
+from access_patterns import PagedKVLayout, contiguous_run, page_rows, scatter_write
 
 
 @pytest.mark.parametrize("fused", [True, False])
@@ -30,14 +30,6 @@ def test_page_rows(layout, fused):
     assert run == 3 * H * D if layout == "NHD" else run == 3 * D
 
 
-def test_ragged_rows():
-    indptr = [0, 3, 3, 7]
-    arr = np.arange(7 * 2 * 3).reshape(7, 2, 3)
-    np.testing.assert_array_equal(ragged_rows(indptr, 2, (2, 3)).indices().ravel(), arr[3:7].ravel())
-    with pytest.raises(ValueError, match="no rows"):
-        ragged_rows(indptr, 1, (2, 3))
-
-
 @pytest.mark.parametrize("mode", ["linear", "circular"])
 def test_scatter_write_matches_onnx_semantics(mode):
     shape, axis = (3, 2, 8, 5), 2
@@ -53,3 +45,28 @@ def test_scatter_write_matches_onnx_semantics(mode):
         for s in range(5):
             want[b, :, (w + s) % 8 if mode == "circular" else w + s] = update[b, :, s]
         np.testing.assert_array_equal(got.reshape(shape), want)
+
+
+@pytest.mark.parametrize("fused", [True, False])
+@pytest.mark.parametrize("layout", ["NHD", "HND"])
+def test_paged_layout_token_patterns_address_the_cache(layout, fused):
+    """start + tokens(...) reaches exactly the elements NumPy indexing gives, for K and V."""
+    N, P, H, D = 4, 6, 3, 2
+    inner = (P, H, D) if layout == "NHD" else (H, P, D)
+    shape = (N, 2) + inner if fused else (N,) + inner
+    arr = np.arange(int(np.prod(shape))).reshape(shape)
+    lay = PagedKVLayout.from_shape(shape, layout)
+    assert (lay.num_pages, lay.page_size, lay.num_heads, lay.head_dim) == (N, P, H, D)
+    for page, entry, kv in itertools.product(range(N), range(P), [0, 1] if fused else [0]):
+        block = arr[page, kv] if fused else arr[page]
+        want = block[entry] if layout == "NHD" else block[:, entry]          # [H, D]
+        got = lay.token().with_offset(lay.start(page, entry, kv)).indices()
+        np.testing.assert_array_equal(got.ravel(), want.ravel())
+    count = P - 1
+    got = lay.tokens(count).with_offset(lay.start(2, 1)).indices().reshape(count, H * D)
+    block = arr[2, 0] if fused else arr[2]
+    want = block[1:1 + count] if layout == "NHD" else block[:, 1:1 + count].transpose(1, 0, 2)
+    np.testing.assert_array_equal(got, want.reshape(count, H * D))
+    assert lay.token_run == (H * D if layout == "NHD" else D)
+    with pytest.raises(ValueError, match="layout"):
+        PagedKVLayout.from_shape(shape, "NDH")

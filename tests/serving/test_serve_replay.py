@@ -32,5 +32,24 @@ def test_replay_compiles_once_per_bucket(target):
 def test_cli_serve_writes_table_and_json(tmp_path, capsys):
     assert main(["serve", "--steps", "4", "--max-batch", "3", "--out", str(tmp_path)]) == 0
     assert "decode tokens per second" in capsys.readouterr().out
-    data = json.loads((tmp_path / "serve_trn2.json").read_text())
+    data = json.loads((tmp_path / "serve_small_trn2_lnc1.json").read_text())
     assert len(data["steps"]) == 4 and data["compilations"]["batch_decode_kernel"] >= 1
+
+
+def test_lnc2_replay_shares_steps_over_two_cores():
+    one = replay(ServeConfig(steps=10, max_batch=5, prompt_lens=(5, 300), seed=4), "trn2")
+    two = replay(ServeConfig(steps=10, max_batch=5, prompt_lens=(5, 300), seed=4, lnc=2), "trn2")
+    assert two.max_error < 1e-5
+    assert two.compilations == one.compilations          # LNC=2 adds no compile keys per bucket
+    for a, b in zip(one.steps, two.steps):
+        # the same K/V bytes, shared; each core also reads its own tables, slots and the split
+        # request's q (~1% at these ~400-token steps)
+        assert a.hbm_bytes <= b.hbm_bytes <= 1.02 * a.hbm_bytes
+        assert b.hbm_bytes < 1.06 * b.min_hbm_bytes
+        assert b.floor_seconds == pytest.approx(a.floor_seconds / 2)
+        assert b.seconds < a.seconds
+
+
+def test_cli_serve_refuses_lnc2_on_trn1():
+    with pytest.raises(SystemExit, match="trn2"):
+        main(["serve", "--steps", "2", "--lnc", "2", "--target", "trn1"])

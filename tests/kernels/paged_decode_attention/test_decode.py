@@ -83,8 +83,8 @@ def test_reads_only_owned_tokens(rng, target):
     batch_decode(*args)
     trace = simulate.last_trace()
     kv_bytes = sum(kv) * 2 * 2 * 32 * 4                 # tokens x (K, V) x heads x D x fp32
-    kv_loads = [e for e in trace if e.op == "dma_copy" and len(e.operands[1].shape) == 3
-                and e.operands[1].indirect is not None]      # src [tokens, H, D] through the page table
+    kv_loads = [e for e in trace if e.op == "dma_copy" and e.operands[1].indirect is not None
+                and e.operands[0].tensor in ("k_sb", "v_sb", "kv_raw")]   # K/V through the page table
     read = sum(e.hbm_read_bytes for e in kv_loads)
     if target == "trn2":
         assert read == kv_bytes                           # exactly the owned tokens
