@@ -1,8 +1,10 @@
 """Access patterns of the layouts the kernels use, built from shapes (element units).
 
 Paged KV cache (FlashInfer): 5-D [N, 2, P, H, D] ("NHD") / [N, 2, H, P, D] ("HND"), or one of a
-(k, v) pair of 4-D [N, P, H, D] / [N, H, P, D]. TensorScatter cache: [B, D1, ..., M, ..., Dn].
-Every builder returns coalesced patterns, so contiguous runs are as long as the layout allows.
+(k, v) pair of 4-D [N, P, H, D] / [N, H, P, D]: ``PagedKVLayout``. TensorScatter cache:
+[B, D1, ..., M, ..., Dn] viewed as [outer, M, inner]: ``sequence_rows``, ``scatter_write``.
+The kernels take their patterns from here; host-side builders return coalesced patterns, so
+contiguous runs are as long as the layout allows.
 """
 
 from __future__ import annotations
@@ -115,6 +117,14 @@ def page_rows(layout: str, cache_shape, page: int, start: int, count: int, kv: i
     return PagedKVLayout.from_shape(cache_shape, layout).page_rows(page, start, count, kv, head)
 
 
+def sequence_rows(outer: int, max_seq: int, rows: int, inner: int) -> AccessPattern:
+    """Rows 0..rows-1 along the sequence axis of each of ``outer`` prefixes of a tensor viewed as
+    [outer, max_seq, inner] (TensorScatter's cache and update): shape [outer, rows, inner],
+    offset 0 (add the first row's and prefix's offset, statically or on device). ``rows`` may
+    exceed ``max_seq`` when the row dimension is replaced by an indirect offset per row."""
+    return AccessPattern(((max_seq * inner, outer), (inner, rows), (1, inner)))
+
+
 def scatter_write(cache_shape, axis: int, batch: int, write_index: int, seq_len: int,
                   mode: str = "linear") -> List[Tuple[AccessPattern, AccessPattern]]:
     """(cache AP, update AP) pairs writing ``seq_len`` rows at ``write_index`` along ``axis`` for one
@@ -129,10 +139,9 @@ def scatter_write(cache_shape, axis: int, batch: int, write_index: int, seq_len:
     while done < seq_len:
         pos = (w + done) % M
         n = min(seq_len - done, M - pos)
-        dst = AccessPattern(((M * inner, outer), (inner, n), (1, inner)),
-                            (batch * outer * M + pos) * inner)
-        src = AccessPattern(((seq_len * inner, outer), (inner, n), (1, inner)),
-                            (batch * outer * seq_len + done) * inner)
+        dst = sequence_rows(outer, M, n, inner).with_offset((batch * outer * M + pos) * inner)
+        src = sequence_rows(outer, seq_len, n, inner).with_offset(
+            (batch * outer * seq_len + done) * inner)
         pieces.append((coalesce(dst), coalesce(src)))
         done += n
     return pieces

@@ -116,11 +116,10 @@ def request_table(kv_indptr, kv_lens, window_left: int, page_size: int, rows: in
 
 # Modelled work, in chunk-equivalents, of what a core does besides a mask-free chunk: a work
 # item's fixed cost (request table, q load, state, finalize) and a masked chunk's extra (mask
-# bias, validity). Fitted to the cost model on trn2 (benchmarks/decode_two_cores.py): 16 requests
-# of one chunk vs one request of 16 chunks gives 0.4-0.9 chunks per item (H 8, D 128, G 1-4) and
-# a masked chunk 1.2-1.8 chunks.
+# bias, validity). Fitted to the cost model on trn2 (benchmarks/decode_two_cores.py): an item
+# costs 0.4-1.4 chunks and a masked chunk 0.3-1.0 extra (fp32 and bf16, H 2-8, G 1-4, D 64-128).
 ITEM_COST_CHUNKS = 1.0
-MASKED_EXTRA_CHUNKS = 0.5
+MASKED_EXTRA_CHUNKS = 1.0
 
 
 @dataclass(frozen=True)

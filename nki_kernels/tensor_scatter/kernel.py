@@ -6,7 +6,9 @@ Device view: cache [O, M, I] @ HBM (written in place), update [O, S, I] @ HBM, w
              (write indices, already reduced modulo M in circular mode).
 Paths:
   seq_len 1 (decode), NeuronCore-v3+: all batches' rows in one indirect DMA per 128 batches
-      (row index b * O/B * M + w[b] computed on device), whatever the mode.
+      (row index b * O/B * M + w[b] computed on device, so only for O * M < 2**24 rows, where the
+      fp32 ALU is exact; larger caches take the linear path), whatever the mode.
+Patterns come from ``access_patterns.sequence_rows`` ([outer, rows, inner] of a sequence axis).
   linear (all targets): one HBM->HBM DMA per batch; the destination pattern covers the batch's
       O/B prefixes x S rows x I words and starts at row w[b] through ``scalar_offset``.
   circular, NeuronCore-v3+ (trn2): rows land at (w[b] + s) mod M, which is not affine in s, so the
@@ -21,11 +23,20 @@ A write that wraps would be two static patterns if w were known at trace time; i
 
 from __future__ import annotations
 
+from access_patterns import permute, sequence_rows
 from nki_kernels.backend import nki, nisa, nl
 from nki_kernels.kernel_dtypes import dtype_bytes
 
 P_MAX = 128
 SBUF_TILE_BYTES = 64 * 1024          # staging budget per partition for the circular path
+ROW_LIMIT = 2 ** 24                  # row indices computed on VectorE (fp32 ALU) are exact below
+
+
+def _rows(outer, seq, rows, inner, rows_first=False):
+    """``access_patterns.sequence_rows`` as ``.ap`` pairs; ``rows_first`` puts the row dimension
+    outermost (the partition / indirect dimension)."""
+    ap = sequence_rows(outer, seq, rows, inner)
+    return [list(p) for p in (permute(ap, (1, 0, 2)) if rows_first else ap).pattern]
 
 
 @nki.jit
@@ -34,7 +45,8 @@ def tensor_scatter_kernel(cache, update, w, batch, circular):
     O, M, I = cache.shape
     S = update.shape[1]
     per_batch = O // batch
-    if S == 1 and nisa.get_nc_version() >= 3 and per_batch * I * dtype_bytes(cache.dtype) <= SBUF_TILE_BYTES:
+    if (S == 1 and nisa.get_nc_version() >= 3 and O * M < ROW_LIMIT
+            and per_batch * I * dtype_bytes(cache.dtype) <= SBUF_TILE_BYTES):
         _single_row_indirect(cache, update, w, batch, per_batch)
     elif not circular:
         _linear(cache, update, w, batch, per_batch)
@@ -52,9 +64,9 @@ def _linear(cache, update, w, batch, per_batch):
         w_sb = nl.ndarray((nb, 1), nl.int32, buffer=nl.sbuf, name="w_sb")
         nisa.dma_copy(dst=w_sb, src=w[b0:b0 + nb, :])
         for b in range(b0, b0 + nb):
-            dst = cache.ap([[M * I, per_batch], [I, S], [1, I]], offset=b * per_batch * M * I,
+            dst = cache.ap(_rows(per_batch, M, S, I), offset=b * per_batch * M * I,
                            scalar_offset=w_sb[b - b0:b - b0 + 1, 0:1], indirect_dim=1)
-            src = update.ap([[S * I, per_batch], [I, S], [1, I]], offset=b * per_batch * S * I)
+            src = update.ap(_rows(per_batch, S, S, I), offset=b * per_batch * S * I)
             nisa.dma_copy(dst=dst, src=src)
 
 
@@ -70,10 +82,10 @@ def _single_row_indirect(cache, update, w, batch, per_batch):
         nisa.iota(dst=base, pattern=[[1, 1]], offset=b0 * per_batch * M, channel_multiplier=per_batch * M)
         nisa.tensor_tensor(dst=idx, data1=idx, data2=base, op=nl.add)       # b * O/B * M + w[b]
         upd_sb = nl.ndarray((nb, per_batch, I), cache.dtype, buffer=nl.sbuf, name="upd_sb")
-        nisa.dma_copy(dst=upd_sb, src=update.ap([[per_batch * I, nb], [I, per_batch], [1, I]],
+        nisa.dma_copy(dst=upd_sb, src=update.ap(_rows(nb, per_batch, per_batch, I),
                                                 offset=b0 * per_batch * I))
-        dst = rows_view.ap([[I, nb], [M * I, per_batch], [1, I]], offset=0, vector_offset=idx,
-                           indirect_dim=0)
+        dst = rows_view.ap(_rows(per_batch, M, nb, I, rows_first=True), offset=0,
+                           vector_offset=idx, indirect_dim=0)
         nisa.dma_copy(dst=dst, src=upd_sb)
 
 
@@ -103,9 +115,9 @@ def _circular_indirect(cache, update, w, batch, per_batch):
                 n = min(chunk, per_batch - o0)
                 o = b * per_batch + o0
                 upd_sb = nl.ndarray((rows, n, I), cache.dtype, buffer=nl.sbuf, name="upd_sb")
-                nisa.dma_copy(dst=upd_sb,
-                              src=update.ap([[I, rows], [S * I, n], [1, I]], offset=(o * S + s0) * I))
-                dst = rows_view.ap([[I, rows], [M * I, n], [1, I]], offset=o * M * I,
+                nisa.dma_copy(dst=upd_sb, src=update.ap(_rows(n, S, rows, I, rows_first=True),
+                                                        offset=(o * S + s0) * I))
+                dst = rows_view.ap(_rows(n, M, rows, I, rows_first=True), offset=o * M * I,
                                    vector_offset=idx, indirect_dim=0)
                 nisa.dma_copy(dst=dst, src=upd_sb)
 
@@ -119,7 +131,7 @@ def _circular_rows(cache, update, w, batch, per_batch):
             idx = nl.ndarray((rows, 1), nl.int32, buffer=nl.sbuf, name="row_idx")
             _wrapped_rows(idx, w, b, s0, M, rows)
             for s in range(s0, s0 + rows):
-                dst = cache.ap([[M * I, per_batch], [1, I]], offset=b * per_batch * M * I,
+                dst = cache.ap(_rows(per_batch, M, 1, I), offset=b * per_batch * M * I,
                                scalar_offset=idx[s - s0:s - s0 + 1, 0:1], indirect_dim=1)
-                src = update.ap([[S * I, per_batch], [1, I]], offset=(b * per_batch * S + s) * I)
+                src = update.ap(_rows(per_batch, S, 1, I), offset=(b * per_batch * S + s) * I)
                 nisa.dma_copy(dst=dst, src=src)

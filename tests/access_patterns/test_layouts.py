@@ -70,3 +70,11 @@ def test_paged_layout_token_patterns_address_the_cache(layout, fused):
     assert lay.token_run == (H * D if layout == "NHD" else D)
     with pytest.raises(ValueError, match="layout"):
         PagedKVLayout.from_shape(shape, "NDH")
+
+
+def test_sequence_rows_are_rows_of_every_prefix():
+    outer, M, rows, inner = 3, 7, 4, 5
+    arr = np.arange(outer * M * inner).reshape(outer, M, inner)
+    from access_patterns import sequence_rows
+    ap = sequence_rows(outer, M, rows, inner).with_offset(2 * inner)        # from row 2
+    np.testing.assert_array_equal(ap.indices(), arr[:, 2:2 + rows])
