@@ -10,7 +10,9 @@ lowers to ``nki.isa`` instructions, so it is traced and validated like hand-writ
   default to ``dtype=nl.bool_``; otherwise the result dtype is promoted from the inputs.
 - Reductions ``sum/max/min/mean/prod/var/all(x, axis, dtype=None, keepdims=False)`` over
   trailing free axes; ``softmax(x, axis=-1)`` of a 2-D tile (the row recipe of nki-api.md §6);
-  ``where``, ``broadcast_to``, ``expand_dims``.
+  ``where``, ``broadcast_to``, ``expand_dims``; ``rms_norm(x, w, axis, n)`` of a 2-D tile over its
+  free axis, ``dropout(x, rate)`` (VectorE PRNG), ``gather_flattened(data, indices)`` (per
+  partition, ``nc_n_gather``).
 Results live in SBUF (PSUM for ``matmul``/``transpose``).
 """
 
@@ -26,7 +28,7 @@ from .tensor import MemoryRegion, ndarray
 
 __all__ = ["load", "store", "load_transpose2d", "copy_tile", "transpose", "matmul", "sum", "max",
            "min", "mean", "prod", "var", "all", "softmax", "where", "broadcast_to", "expand_dims",
-           "logical_not"]
+           "logical_not", "rms_norm", "dropout", "gather_flattened"]
 
 BOOL_RESULT = ("compare", "logical")
 
@@ -247,6 +249,48 @@ def softmax(x, axis=-1, dtype=None):
     out = _sbuf(x.shape, dtype or x.dtype, "softmax")
     isa.tensor_scalar(dst=out, data=e, op0=ALU_OPS["multiply"], operand0=total)
     return out
+
+
+def rms_norm(x, w, axis, n, epsilon=1e-06, dtype=None, compute_dtype=None):
+    """``x / sqrt(sum(x**2) / n + epsilon) * w`` over the free axis of a 2-D tile (``w``: a tile
+    of x's shape, or [1, F] broadcast over partitions); fp32 (or ``compute_dtype``) inside."""
+    if x.ndim != 2 or axis % x.ndim != 1:
+        raise ValueError(f"nl.rms_norm here takes a 2-D tile and axis=1 (got {x.shape}, "
+                         f"axis={axis})")
+    P, F = x.shape
+    if not isinstance(n, (int, np.integer)) or n < 1:
+        raise ValueError(f"n={n!r} must be a positive count of values")
+    cdt = compute_dtype or np.float32
+    sq, total = _sbuf((P, F), cdt, "rms_sq"), _sbuf((P, 1), np.float32, "rms_sum")
+    isa.activation(dst=sq, op=ACTIVATIONS["square"], data=x, reduce_op=ALU_OPS["add"],
+                   reduce_res=total, reduce_cmd=isa.reduce_cmd.reset_reduce)
+    isa.tensor_scalar(dst=total, data=total, op0=ALU_OPS["multiply"], operand0=1.0 / n,
+                      op1=ALU_OPS["add"], operand1=float(epsilon))
+    isa.activation(dst=total, op=ACTIVATIONS["rsqrt"], data=total)
+    normed = _sbuf((P, F), cdt, "rms_normed")
+    isa.tensor_scalar(dst=normed, data=x, op0=ALU_OPS["multiply"], operand0=total)
+    out = _sbuf((P, F), dtype or x.dtype, "rms_norm")
+    isa.tensor_tensor(dst=out, data1=normed, data2=_broadcast_free(w, (P, F)) if w.shape[0] == P
+                      else broadcast_to(w, (P, F)), op=ALU_OPS["multiply"])
+    return out
+
+
+def dropout(x, rate, dtype=None):
+    """Zero each element of ``x`` with probability ``rate`` (a number or a [P, 1] tile)."""
+    out = _sbuf(x.shape, x.dtype, "dropout")
+    isa.dropout(dst=out, data=x, prob=rate)
+    return out if dtype is None or dtype == x.dtype else copy_tile(out, dtype)
+
+
+def gather_flattened(data, indices, axis=0, dtype=None):
+    """Per partition p: ``data[p].ravel()[indices[p, ...]]`` (uint32 indices, or cast to them)."""
+    if axis != 0:
+        raise ValueError(f"axis={axis}: gather_flattened gathers within each partition (axis 0)")
+    if indices.dtype != dtypes.uint32:
+        indices = copy_tile(indices, dtypes.uint32)
+    out = _sbuf(indices.shape, data.dtype, "gather")
+    isa.nc_n_gather(dst=out, data=data, indices=indices)
+    return out if dtype is None or dtype == data.dtype else copy_tile(out, dtype)
 
 
 # -- selection and shapes --------------------------------------------------------------------

@@ -5,6 +5,8 @@ from .. import context as _context
 from ..errors import NkiValidationError
 from .basic import iota, memset, tensor_copy
 from .core import Instruction
+
+NkiInstruction = Instruction      # the documented name of an instruction's handle
 from .dma import dma_copy
 from ..registers import (NkiScalar, VirtualRegister, register_alloc, register_load, register_move,
                          register_store, scalar_load, scalar_store)

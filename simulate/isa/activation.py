@@ -114,3 +114,60 @@ def exponential(dst, src, max_value=0.0, reduce_res=None, reduce_cmd=cmd_enum.id
         _reduce_res(o, reduce_res, parts, regs, operands)
     return record(o, "vector", operands, name=name, partitions=parts, free_elems=n,
                   details={"reduce": reduce_res is not None})
+
+
+ACTIVATE2_PAIRS = {("multiply", "add"), ("multiply", "subtract"), ("multiply", "bypass"),
+                   ("add", "bypass"), ("subtract", "bypass"), ("bypass", "bypass")}
+
+
+def activate2(dst, op, data, imm0, imm1, op0, op1, relu_param=0.0, reverse0=False,
+              reverse1=False, reduce_op=None, reduce_res=None, reduce_cmd=cmd_enum.idle,
+              name=None):
+    """NeuronCore-v4 ScalarE: ``dst = op((data op0 imm0) op1 imm1)`` (operands swapped by
+    ``reverse0``/``reverse1``) with the optional accumulator reduction of ``activation``.
+    ``relu_param`` is the negative slope of ``prelu``."""
+    o = "activate2"
+    target = context.current().target
+    if target.nc_version < 4:
+        context.fail(TargetError, f"{o} needs NeuronCore-v4+ (target {target.name})", op=o)
+    if not isinstance(op, Op) or op.arity != 1 or op.kind != "activation":
+        fail(f"op={op!r} is not an activation function", o, "op")
+    names = (getattr(op0, "name", None), getattr(op1, "name", None))
+    if names not in ACTIVATE2_PAIRS:
+        fail(f"(op0, op1) = {names}: activate2 takes {sorted(ACTIVATE2_PAIRS)}", o, "op0")
+    if reverse0 and names[0] == "bypass" or reverse1 and names[1] == "bypass":
+        fail("reverse0/reverse1 need op0/op1 set", o, "reverse0" if reverse0 else "reverse1")
+    d, x = on_chip(dst, o, "dst"), on_chip(data, o, "data")
+    parts = same_partitions(o, dst=d, data=x)
+    n = same_free(o, dst=d, data=x)
+    operands = {"dst": d, "data": x}
+    imms = []
+    for role, v in (("imm0", imm0), ("imm1", imm1), ("relu_param", relu_param)):
+        vals, r = per_partition(o, v, role, parts)
+        if r is not None:
+            operands[role] = r
+        imms.append(vals)
+    if isinstance(imm0, ndarray) and isinstance(imm1, ndarray) and imm0.dtype != imm1.dtype:
+        fail(f"imm0 ({imm0.dtype.name}) and imm1 ({imm1.dtype.name}) must share a dtype", o,
+             "imm1")
+    values = as_2d(x.read()).astype(np.float32)
+    with np.errstate(all="ignore"):
+        for name_k, imm, rev in ((names[0], imms[0], reverse0), (names[1], imms[1], reverse1)):
+            if name_k == "bypass":
+                continue
+            a, b = (imm, values) if rev else (values, imm)
+            values = {"multiply": np.multiply, "add": np.add, "subtract": np.subtract}[name_k](a, b)
+        if op.name == "prelu":
+            out = np.where(values >= 0, values, imms[2] * values).astype(np.float32)
+        else:
+            out = op.fn(values.astype(np.float32)).astype(np.float32)
+    store(d, out)
+    cmd = cmd_enum(reduce_cmd)
+    if reduce_op is not None and getattr(reduce_op, "name", None) not in accumulators.IDENTITY:
+        fail(f"reduce_op={reduce_op!r} is not a reduction", o, "reduce_op")
+    regs = accumulators.update("scalar", cmd, getattr(reduce_op, "name", None), out,
+                               read=reduce_res is not None)
+    if reduce_res is not None:
+        _reduce_res(o, reduce_res, parts, regs, operands)
+    return record(o, "scalar", operands, name=name, partitions=parts, free_elems=n,
+                  details={"op": op.name, "reduce": reduce_res is not None})

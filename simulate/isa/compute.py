@@ -1,6 +1,9 @@
 """Compute-engine instructions (TensorE, VectorE, ScalarE, GpSimd), gathered for ``nki.isa``."""
 
-from .activation import activation, activation_reduce, exponential
+from .activation import activate2, activation, activation_reduce, exponential
+from .dma_transform import dma_compute, dma_transpose
+from .gather import local_gather, nc_n_gather, sequence_bounds, topk
+from .random import dropout, rand2, rand_get_state, rand_set_state, rng, set_rng_seed
 from .find8 import nc_find_index8, nc_match_replace8
 from .elementwise import (reciprocal, scalar_tensor_tensor, tensor_copy_predicated, tensor_scalar,
                           tensor_tensor)
@@ -13,6 +16,9 @@ from .shuffle import nc_stream_shuffle
 from .selection import affine_select, range_select, select_reduce
 
 __all__ = [
+    "activate2", "dma_compute", "dma_transpose", "local_gather", "nc_n_gather",
+    "sequence_bounds", "topk", "dropout", "rand2", "rand_get_state", "rand_set_state", "rng",
+    "set_rng_seed",
     "activation", "activation_reduce", "exponential", "reciprocal", "scalar_tensor_tensor",
     "tensor_copy_predicated", "tensor_scalar", "tensor_tensor", "nc_matmul", "nc_transpose",
     "bn_aggr", "bn_stats", "max8", "tensor_partition_reduce", "tensor_reduce",
