@@ -73,6 +73,11 @@ def activation(dst, op, data, bias=None, scale=1.0, reduce_op=None, reduce_res=N
         reduce_op = Op("add", np.add, 2, "arith")     # the only reduction ScalarE does
     regs = accumulators.update("scalar", cmd, getattr(reduce_op, "name", None), out,
                                read=reduce_res is not None)
+    return _finish(o, op, regs, reduce_res, parts, n, operands, name)
+
+
+def _finish(o, op, regs, reduce_res, parts, n, operands, name):
+    """Read the accumulators out into ``reduce_res`` (if given) and record the instruction."""
     if reduce_res is not None:
         _reduce_res(o, reduce_res, parts, regs, operands)
     return record(o, "scalar", operands, name=name, partitions=parts, free_elems=n,
@@ -167,7 +172,4 @@ def activate2(dst, op, data, imm0, imm1, op0, op1, relu_param=0.0, reverse0=Fals
         fail(f"reduce_op={reduce_op!r} is not a reduction", o, "reduce_op")
     regs = accumulators.update("scalar", cmd, getattr(reduce_op, "name", None), out,
                                read=reduce_res is not None)
-    if reduce_res is not None:
-        _reduce_res(o, reduce_res, parts, regs, operands)
-    return record(o, "scalar", operands, name=name, partitions=parts, free_elems=n,
-                  details={"op": op.name, "reduce": reduce_res is not None})
+    return _finish(o, op, regs, reduce_res, parts, n, operands, name)

@@ -8,13 +8,18 @@ import pytest
 from access_patterns import PagedKVLayout, contiguous_run, page_rows, scatter_write
 
 
+def _numbered_cache(N, P, H, D, layout, fused):
+    """(shape, array of element numbers) of a fused 5-D or one 4-D paged cache."""
+    inner = (P, H, D) if layout == "NHD" else (H, P, D)
+    shape = (N, 2) + inner if fused else (N,) + inner
+    return shape, np.arange(int(np.prod(shape))).reshape(shape)
+
+
 @pytest.mark.parametrize("fused", [True, False])
 @pytest.mark.parametrize("layout", ["NHD", "HND"])
 def test_page_rows(layout, fused):
     N, P, H, D = 3, 8, 2, 4
-    inner = (P, H, D) if layout == "NHD" else (H, P, D)
-    shape = (N, 2) + inner if fused else (N,) + inner
-    arr = np.arange(int(np.prod(shape))).reshape(shape)
+    shape, arr = _numbered_cache(N, P, H, D, layout, fused)
     for page, kv, start, count, head in itertools.product([0, 2], [0, 1] if fused else [0], [0, 3],
                                                            [1, 5], [None, 1]):
         block = arr[page, kv] if fused else arr[page]
@@ -52,9 +57,7 @@ def test_scatter_write_matches_onnx_semantics(mode):
 def test_paged_layout_token_patterns_address_the_cache(layout, fused):
     """start + tokens(...) reaches exactly the elements NumPy indexing gives, for K and V."""
     N, P, H, D = 4, 6, 3, 2
-    inner = (P, H, D) if layout == "NHD" else (H, P, D)
-    shape = (N, 2) + inner if fused else (N,) + inner
-    arr = np.arange(int(np.prod(shape))).reshape(shape)
+    shape, arr = _numbered_cache(N, P, H, D, layout, fused)
     lay = PagedKVLayout.from_shape(shape, layout)
     assert (lay.num_pages, lay.page_size, lay.num_heads, lay.head_dim) == (N, P, H, D)
     for page, entry, kv in itertools.product(range(N), range(P), [0, 1] if fused else [0]):
