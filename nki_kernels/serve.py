@@ -83,9 +83,8 @@ class ServeTrace:
 
 
 def _np_dtype(name):
-    import ml_dtypes
-    return np.dtype({"float32": np.float32, "float16": np.float16,
-                     "bfloat16": ml_dtypes.bfloat16}[name])
+    from nki_kernels.registry import DTYPES
+    return np.dtype(DTYPES[name])
 
 
 def _kv_bytes(tokens, cfg):

@@ -66,7 +66,6 @@ class DecodeLaunch:
     statics: tuple
     batch: int
     bucket: int
-    loads: tuple = ()          # modelled work per core (chunk-equivalents)
 
     def pad_queries(self, q):
         """q padded with zero rows to the batch bucket (a NumPy array, or a torch tensor)."""
@@ -100,4 +99,4 @@ def prepare_decode(q, paged_kv_cache, kv_indptr, kv_indices, kv_last_page_len, k
     statics = (geo.num_heads, geo.page_size, layout.strides, tuple(geo.token().pattern),
                prob.sm_scale * float(k_scale),
                float(logits_soft_cap), float(v_scale), mm_dtype)
-    return DecodeLaunch(arrays, statics, batch, rows, work.loads)
+    return DecodeLaunch(arrays, statics, batch, rows)

@@ -49,8 +49,8 @@ def batch_decode_kernel(q, k_rows, v_rows, meta, spans, kv_indices, tok_tab, sin
     B, HQ, D = q.shape
     H, G = num_kv_heads, HQ // num_kv_heads
     T = tok_tab.shape[0]
-    rpp, es, hs, v_rows_offset = strides
-    geo = Geometry(T, page_size, rpp, es, hs, D, H, token_pattern)
+    rpp, es, v_rows_offset = strides
+    geo = Geometry(T, page_size, rpp, es, D, H, token_pattern)
     sources = ((k_rows, 0), (k_rows, v_rows_offset * D) if v_rows is None else (v_rows, 0))
     out = nl.ndarray((B, HQ, D), q.dtype, buffer=nl.shared_hbm, name="out")
     lse = nl.ndarray((B, HQ, 1), nl.float32, buffer=nl.shared_hbm, name="lse")

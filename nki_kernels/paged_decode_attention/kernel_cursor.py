@@ -25,7 +25,6 @@ class Geometry(NamedTuple):
     page_size: int
     rows_per_page: int
     entry_stride: int
-    head_stride: int
     D: int
     H: int
     token_pattern: tuple    # one token's heads from its first element: ((step, num), ...)

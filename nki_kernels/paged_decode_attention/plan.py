@@ -10,9 +10,9 @@ window); its chunks are [c0, c1) = [W // T, ceil(L / T)). Chunks wholly inside [
 full_hi), need no mask; at most one masked chunk precedes them and one follows.
 
 Row addressing (cache viewed as rows of D elements; strides from ``access_patterns.PagedKVLayout``):
-token entry e of page p, kv head h, is row ``p * rows_per_page + e * entry_stride + h *
-head_stride``; V rows are ``v_rows`` further in a fused 5-D cache. The kernel reads a token's heads
-with the layout's token pattern.
+token entry e of page p starts at row ``p * rows_per_page + e * entry_stride``; V rows are
+``v_rows`` further in a fused 5-D cache. The kernel reads a token's heads with the layout's token
+pattern.
 """
 
 from __future__ import annotations
@@ -33,13 +33,12 @@ class DecodeLayout:
 
     chunk: int                  # T tokens per chunk
     rows_per_page: int
-    entry_stride: int
-    head_stride: int
+    entry_stride: int           # the heads of a token: the layout's token pattern
     v_rows: int                 # fused cache: V rows after K; pair: 0
 
     @property
     def strides(self):
-        return (self.rows_per_page, self.entry_stride, self.head_stride, self.v_rows)
+        return (self.rows_per_page, self.entry_stride, self.v_rows)
 
     def token_table(self, page_size: int) -> np.ndarray:
         """[T, 2] int32: page slot and entry of chunk-local token t, relative to the chunk's first
@@ -63,7 +62,7 @@ def make_layout(geo) -> DecodeLayout:
     """Row strides (rows of D elements) from the cache's ``access_patterns.PagedKVLayout``."""
     D = geo.head_dim
     return DecodeLayout(chunk_tokens(geo.page_size), geo.page_stride // D, geo.entry_stride // D,
-                        geo.head_stride // D, geo.v_offset // D)
+                        geo.v_offset // D)
 
 
 class _Requests(NamedTuple):
@@ -107,7 +106,10 @@ def request_table(kv_indptr, kv_lens, window_left: int, page_size: int, rows: in
     are empty requests (L = 0). Columns: kv_indices start (PTR), length L, window start W, chunk
     bounds c0 <= full_lo <= full_hi <= c1, where chunk c0 starts (its kv_indices slot SLOT0 =
     PTR + c0*T // P, page entry ENTRY0, token position POS0 = c0 * T), output row OUT."""
-    req = _requests(kv_indptr, kv_lens, window_left, page_size)
+    return _whole_requests(_requests(kv_indptr, kv_lens, window_left, page_size), rows, page_size)
+
+
+def _whole_requests(req: _Requests, rows: int, page_size: int) -> np.ndarray:
     idx = np.arange(req.L.size)
     table = np.zeros((rows, META_COLS), np.int64)
     table[:idx.size] = req.items(idx, req.c0, req.c1, page_size)
@@ -160,8 +162,8 @@ def decode_work(kv_indptr, kv_lens, window_left: int, page_size: int, batch_rows
     masked = (req.full_lo - req.c0) + (req.c1 - req.full_hi)
     work = chunks + MASKED_EXTRA_CHUNKS * masked                 # per request, without the item
     if cores == 1:
-        items = request_table(kv_indptr, kv_lens, window_left, page_size, batch_rows)
-        return DecodeWork(items, np.array([[0, B, 0]], np.int32),
+        return DecodeWork(_whole_requests(req, batch_rows, page_size),
+                          np.array([[0, B, 0]], np.int32),
                           (float(work.sum() + ITEM_COST_CHUNKS * B),))
     if cores != 2:
         raise ValueError(f"cores={cores!r} must be 1 or 2")

@@ -55,8 +55,8 @@ def scatter_tokens(append_key, append_value, paged_kv_cache, geo: CacheGeometry,
     slots, counts = padded_slots(rows, keep, geo, spare_page)
     Tb = slots.shape[0]
     kernel = paged_kv_scatter_kernel if lnc == 1 else paged_kv_scatter_kernel[lnc]
-    kernel(k_rows, v_rows, pad_rows(append_key, Tb),
-                            pad_rows(append_value, Tb), slots, counts, geo.token_pattern, geo.v_offset)
+    kernel(k_rows, v_rows, pad_rows(append_key, Tb), pad_rows(append_value, Tb), slots, counts,
+           geo.token_pattern, geo.v_offset)
 
 
 def append_paged_kv_cache(append_key, append_value, batch_indices, positions, paged_kv_cache,

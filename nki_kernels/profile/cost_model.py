@@ -119,6 +119,7 @@ def estimate(trace, target: str = None, hw: Hardware = None, **overrides) -> Est
     two_cores = trace.target is None or trace.target.nc_version >= 3
     pids = sorted({e.program_id for e in trace})
     core_of = {p: (i if two_cores else 0) for i, p in enumerate(pids)}
+    one_core = len(set(core_of.values())) <= 1
     busy: Dict[Tuple[int, str], float] = {}
     counts: Dict[str, int] = {}
     timeline = []
@@ -128,7 +129,7 @@ def estimate(trace, target: str = None, hw: Hardware = None, **overrides) -> Est
         start = busy.get(key, 0.0)
         busy[key] = start + dur
         counts[e.engine] = counts.get(e.engine, 0) + 1
-        lane = e.engine if len(set(core_of.values())) == 1 else f"core{key[0]} {e.engine}"
+        lane = e.engine if one_core else f"core{key[0]} {e.engine}"
         timeline.append((lane, e.name or e.op, start, dur))
     per_engine: Dict[str, float] = {}
     for (_, engine), t in busy.items():

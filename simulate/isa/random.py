@@ -21,6 +21,7 @@ import numpy as np
 from .. import context, dtypes
 from ..errors import TargetError
 from ..tensor import ndarray
+from .activation import per_partition
 from .core import as_2d, engine_name, fail, free_elems, on_chip, record
 from .elementwise import store
 from .enums import engine as engine_enum
@@ -110,13 +111,12 @@ def rng(dst, engine=engine_enum.vector, name=None):
 
 
 def _bound(value, role, parts, o, operands):
-    if isinstance(value, ndarray):
-        r = on_chip(value, o, role)
-        if r.shape[0] != parts or free_elems(r) != 1:
-            fail(f"{role} {value.shape} must be a [{parts}, 1] tile", o, role)
+    """A number or a [P, 1] tile as fp32 [P, 1] (``activation.per_partition``), the tile kept
+    among the recorded operands."""
+    vals, r = per_partition(o, value, role, parts)
+    if r is not None:
         operands[role] = r
-        return as_2d(r.read()).astype(np.float32)
-    return np.full((parts, 1), float(value), np.float32)
+    return vals
 
 
 def rand2(dst, min, max, name=None):  # noqa: A002 - documented argument names
