@@ -23,6 +23,7 @@ from typing import Dict, Tuple
 
 import numpy as np
 
+from . import dtypes
 from .errors import SimulationError
 
 
@@ -67,9 +68,11 @@ def _part(value):
 
 
 def compile_key(args, kwargs, grid, target_name) -> tuple:
-    """The key ``nki.jit`` compiles under for these host arguments."""
-    return (tuple(_part(a) for a in args), tuple(sorted((k, _part(v)) for k, v in kwargs.items())),
-            tuple(grid), target_name)
+    """The key ``nki.jit`` compiles under for these host arguments (plus the simulator's
+    ``NKI_PRECISE_FP=0`` setting, which changes the dtypes a kernel allocates)."""
+    key = (tuple(_part(a) for a in args), tuple(sorted((k, _part(v)) for k, v in kwargs.items())),
+           tuple(grid), target_name)
+    return key if dtypes.precise_fp() else key + ("NKI_PRECISE_FP=0",)
 
 
 def static_program(trace) -> tuple:

@@ -2,9 +2,16 @@
 
 NKI has no 64-bit types: float64/int64/uint64/complex arrays are refused at kernel launch.
 ``tfloat32`` is stored as float32.
+
+``NKI_PRECISE_FP=0`` (the official simulator's switch; default 1) allocates the tensors a kernel
+creates with a low-precision float dtype (bfloat16, float16, the fp8 types) as float32 instead,
+so a kernel's algorithmic error can be told apart from its rounding error. Host arrays passed in
+keep their dtype (a DMA into a float32 tile widens them exactly).
 """
 
 from __future__ import annotations
+
+import os
 
 import ml_dtypes
 import numpy as np
@@ -37,6 +44,22 @@ NKI_DTYPES = {
     "float4_e2m1fn_x4": float4_e2m1fn_x4,
 }
 _SUPPORTED = set(NKI_DTYPES.values())
+# the float types NKI_PRECISE_FP=0 widens to float32
+LOW_PRECISION = frozenset((bfloat16, float16, float8_e4m3, float8_e4m3fn, float8_e5m2))
+
+
+PRECISE_FP_ENV = "NKI_PRECISE_FP"
+
+
+def precise_fp() -> bool:
+    """False when ``NKI_PRECISE_FP`` is 0 / false / off (read at every allocation)."""
+    return os.environ.get(PRECISE_FP_ENV, "1").strip().lower() not in ("0", "false", "off", "no")
+
+
+def allocated(dtype) -> np.dtype:
+    """The dtype a kernel allocation of ``dtype`` gets: float32 for low-precision floats when
+    ``NKI_PRECISE_FP=0``, else ``dtype``."""
+    return float32 if dtype in LOW_PRECISION and not precise_fp() else dtype
 
 
 def as_dtype(dtype) -> np.dtype:

@@ -126,6 +126,12 @@ class _TileSize:
     bn_stats_fmax = 512
     psum_num_banks = property(lambda self: _context.current().target.psum_num_banks)
     total_available_sbuf_size = property(lambda self: _context.current().target.sbuf_usable_bytes)
+    psum_bank_fmax_bytes = psum_fmax_bytes = property(
+        lambda self: _context.current().target.psum_bank_bytes)
+    sbuf_size_bytes = property(lambda self: _context.current().target.pmax
+                               * _context.current().target.sbuf_partition_bytes)
+    sbuf_fmax_bytes = property(lambda self: _context.current().target.sbuf_usable_bytes)
+    sbuf_fmax = property(lambda self: _context.current().target.sbuf_usable_bytes // 4)
 
 
 tile_size = _TileSize()

@@ -6,6 +6,13 @@ On-chip capacity is counted per partition: an SBUF allocation of shape ``(P, f..
 target's usable SBUF (``tile_size.total_available_sbuf_size``). A PSUM allocation occupies whole
 2 KiB banks; live ones must fit in the 8 banks. An allocation is live while any view of it is
 referenced (CPython frees it when the last reference goes, e.g. a loop variable rebound).
+
+A tensor placed with ``address=(partition_offset, free_offset_bytes)`` occupies that region
+instead of an allocator-chosen one. Tensors placed at the same address with the same extent
+share storage (a write through one is read through the other, as on the device), and the region
+is counted once however many tensors are placed there, so rotating a few fixed PSUM banks is
+not a capacity error. A placement that partly overlaps a live tensor placed elsewhere is refused
+(the simulator cannot share part of a storage).
 """
 
 from __future__ import annotations
@@ -55,6 +62,23 @@ class Storage:
         return cls(data, shape, buffer, name, address)
 
 
+class _Region:
+    """One placed region: its extent and the live storages placed there."""
+
+    __slots__ = ("buffer", "partitions", "start", "nbytes", "live", "data", "last")
+
+    def __init__(self, buffer, partitions, start, nbytes, data):
+        self.buffer, self.partitions, self.start, self.nbytes = buffer, partitions, start, nbytes
+        self.live = 0                       # storages placed here and not yet freed
+        self.data = data                    # the region's bytes (shared by those storages)
+        self.last = None                    # weakref to the newest of them
+
+    def overlaps(self, partitions, start, nbytes) -> bool:
+        p0, p1 = self.partitions
+        return (p0 < partitions[1] and partitions[0] < p1
+                and self.start < start + nbytes and start < self.start + self.nbytes)
+
+
 class Memory:
     """Live on-chip bytes per partition of one program instance, with the peaks reached."""
 
@@ -64,28 +88,99 @@ class Memory:
         self.psum_banks_live = 0
         self.sbuf_peak = 0
         self.psum_banks_peak = 0
+        self.regions = {}                   # (buffer, partition offset, byte offset) -> _Region
+
+    # -- tensors placed by address ------------------------------------------------------------
+    def place(self, shape, dtype, buffer, name, address, fail) -> Storage:
+        """The storage of a tensor placed at ``address``: shared with the live tensors placed
+        at the same address with the same extent, fresh (and counted) otherwise."""
+        dtype = np.dtype(dtype)
+        p_off, b_off = (int(a) for a in address)
+        probe = Storage(np.empty(0, dtype), shape, buffer)
+        nbytes, parts = probe.partition_bytes, (p_off, p_off + int(shape[0]))
+        limit = (self.target.psum_partition_bytes if buffer == "psum"
+                 else self.target.sbuf_usable_bytes)
+        if p_off < 0 or parts[1] > self.target.pmax or b_off < 0 or b_off + nbytes > limit:
+            fail(CapacityError, f"{buffer} address {tuple(address)} with shape {tuple(shape)} "
+                                f"{dtype.name} ({nbytes} B/partition) leaves the {buffer} "
+                                f"({self.target.pmax} partitions x {limit} B)")
+        if b_off % dtype.itemsize:
+            fail(CapacityError, f"{buffer} address {tuple(address)}: byte offset must be a "
+                                f"multiple of the {dtype.name} element size")
+        key = (buffer, p_off, b_off)
+        region = self.regions.get(key)
+        if region is not None and region.live and (region.partitions, region.nbytes) == (parts, nbytes):
+            storage = Storage(region.data.view(dtype), shape, buffer, name, address)
+            last = region.last()
+            if last is not None and last.dtype == dtype:
+                storage.mm_written = last.mm_written
+        else:
+            for other in self.regions.values():
+                if other.buffer == buffer and other.live and other.overlaps(parts, b_off, nbytes):
+                    fail(CapacityError,
+                         f"{name or 'tensor'} placed at {tuple(address)} ({nbytes} B x "
+                         f"partitions {parts[0]}..{parts[1] - 1}) partly overlaps a live tensor "
+                         f"placed at ({other.partitions[0]}, {other.start}) with {other.nbytes} "
+                         f"B/partition; place tensors that share memory at the same address with "
+                         f"the same extent")
+            storage = Storage.allocate(shape, dtype, buffer, name, address)
+            region = _Region(buffer, parts, b_off, nbytes, storage.data)
+            self._count(buffer, region, +1, fail, storage)
+            self.regions[key] = region
+        region.live += 1
+        region.last = weakref.ref(storage)
+        weakref.finalize(storage, self._leave_region, key, region)
+        return storage
+
+    def _leave_region(self, key, region):
+        region.live -= 1
+        if region.live == 0:
+            self._count(region.buffer, region, -1, None, None)
+            if self.regions.get(key) is region:
+                del self.regions[key]
+
+    def _count(self, buffer, region, sign, fail, storage):
+        if buffer == "sbuf":
+            if sign > 0:
+                self._check_sbuf(region.nbytes, storage, fail)
+            self.sbuf_live += sign * region.nbytes
+            self.sbuf_peak = max(self.sbuf_peak, self.sbuf_live)
+        else:
+            bank = self.target.psum_bank_bytes
+            banks = (region.start + region.nbytes - 1) // bank - region.start // bank + 1
+            if sign > 0:
+                self._check_psum(banks, storage, fail)
+            self.psum_banks_live += sign * banks
+            self.psum_banks_peak = max(self.psum_banks_peak, self.psum_banks_live)
+
+    def _check_sbuf(self, nbytes, storage, fail):
+        if self.sbuf_live + nbytes > self.target.sbuf_usable_bytes:
+            fail(CapacityError,
+                 f"SBUF over capacity: allocating {storage.name or 'a tensor'} of shape "
+                 f"{storage.shape} {storage.dtype.name} ({nbytes} B/partition) with "
+                 f"{self.sbuf_live} B/partition live exceeds {self.target.sbuf_usable_bytes} "
+                 f"B/partition usable on {self.target.name}")
+
+    def _check_psum(self, banks, storage, fail):
+        if self.psum_banks_live + banks > self.target.psum_num_banks:
+            fail(CapacityError,
+                 f"PSUM over capacity: allocating {storage.name or 'a tensor'} of shape "
+                 f"{storage.shape} {storage.dtype.name} ({banks} bank(s) of "
+                 f"{self.target.psum_bank_bytes} B) with {self.psum_banks_live} of "
+                 f"{self.target.psum_num_banks} banks live")
 
     def register(self, storage: Storage, fail) -> None:
         """Count ``storage`` until it is freed; ``fail(cls, message)`` raises when it does not fit."""
         if storage.buffer == "sbuf":
             nbytes = storage.partition_bytes
-            if self.sbuf_live + nbytes > self.target.sbuf_usable_bytes:
-                fail(CapacityError,
-                     f"SBUF over capacity: allocating {storage.name or 'a tensor'} of shape "
-                     f"{storage.shape} {storage.dtype.name} ({nbytes} B/partition) with "
-                     f"{self.sbuf_live} B/partition live exceeds {self.target.sbuf_usable_bytes} "
-                     f"B/partition usable on {self.target.name}")
+            self._check_sbuf(nbytes, storage, fail)
             self.sbuf_live += nbytes
             self.sbuf_peak = max(self.sbuf_peak, self.sbuf_live)
             weakref.finalize(storage, self._release_sbuf, nbytes)
         elif storage.buffer == "psum":
             bank = self.target.psum_bank_bytes
             banks = -(-storage.partition_bytes // bank)
-            if self.psum_banks_live + banks > self.target.psum_num_banks:
-                fail(CapacityError,
-                     f"PSUM over capacity: allocating {storage.name or 'a tensor'} of shape "
-                     f"{storage.shape} {storage.dtype.name} ({banks} bank(s) of {bank} B) with "
-                     f"{self.psum_banks_live} of {self.target.psum_num_banks} banks live")
+            self._check_psum(banks, storage, fail)
             self.psum_banks_live += banks
             self.psum_banks_peak = max(self.psum_banks_peak, self.psum_banks_live)
             weakref.finalize(storage, self._release_psum, banks)

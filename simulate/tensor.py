@@ -72,11 +72,14 @@ class ndarray:
     def __init__(self, shape, dtype, buffer=MemoryRegion.sbuf, name: str = "", address=None):
         buf = buffer_name(buffer)
         shape = tuple(int(n) for n in (shape if isinstance(shape, (tuple, list)) else (shape,)))
-        dtype = dtypes.as_dtype(dtype)
+        dtype = dtypes.allocated(dtypes.as_dtype(dtype))
         _check_allocation(shape, dtype, buf, name, address)
         launch = context.current()
         if buf == "shared_hbm" and launch.trace is not None:
             storage = _shared_hbm_storage(launch, shape, dtype, name)
+        elif address is not None and buf in ("sbuf", "psum"):
+            storage = launch.memory.place(shape, dtype, buf, name, address, lambda cls, msg: _fail(
+                cls, msg, op="nl.ndarray", operand=name or None))
         else:
             frame = launch.loop_frames[-1] if launch.loop_frames else None
             storage = frame.take(shape, dtype, buf) if frame is not None else None
