@@ -18,11 +18,13 @@ from .errors import (AccessError, CapacityError, NkiValidationError, OutOfBounds
 from .compile_cache import CompileKeyError, compile_keys, compile_stats, reset_compile_stats
 from .nki_module import build_modules, install, patched, uninstall
 from .launch import Kernel, jit, last_trace, simulate
+from .ranks import per_rank
 from .targets import TARGETS, Target, get_target, use_target
 from .trace import Event, Operand, Trace
 
 __all__ = [
-    "nl", "nisa", "jit", "simulate", "Kernel", "last_trace", "install", "uninstall", "patched",
+    "nl", "nisa", "jit", "simulate", "per_rank", "Kernel", "last_trace", "install", "uninstall",
+    "patched",
     "Target", "TARGETS", "get_target", "use_target", "Trace", "Event", "Operand", "SimulationError",
     "ValidationError", "NkiValidationError", "AccessError", "OutOfBoundsError", "CapacityError",
     "TargetError", "UnsupportedError", "to_numpy", "tracing", "compile_stats", "compile_keys",

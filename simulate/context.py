@@ -27,6 +27,7 @@ class Launch:
     program_id: Tuple[int, ...] = (0,)
     shared_hbm_cursor: int = 0
     rank: int = 0                 # rank of this program in a multi-rank (collectives) job
+    job: object = None            # simulate.lnc.Meeting of the job's ranks (None: one rank)
     loop_frames: list = field(default_factory=list)  # LoopFrame per enclosing device loop
     while_loops: list = field(default_factory=list)  # open ``while reg:`` loops: (site, iterations)
 

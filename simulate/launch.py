@@ -40,12 +40,13 @@ class Kernel:
     """A kernel function plus launch options. ``kernel(*args)`` runs one program instance;
     ``kernel[2](*args)`` runs two concurrently (LNC=2, ``nl.program_id(0)`` in {0, 1})."""
 
-    def __init__(self, fn, grid=(), target=None, shuffle=False, seed=0, **options):
+    def __init__(self, fn, grid=(), target=None, shuffle=False, seed=0, ranks=None, **options):
         if "platform_target" in options:
             raise ValueError("platform_target= is not accepted by nki.jit since NKI 0.3.0; set "
                              "NEURON_PLATFORM_TARGET_OVERRIDE or simulate(kernel, target=...)")
         self.fn, self.grid, self.target = fn, tuple(grid), target
         self.shuffle, self.seed, self.options = shuffle, seed, options
+        self.ranks = ranks
         functools.update_wrapper(self, fn)
 
     def __getitem__(self, grid) -> "Kernel":
@@ -56,9 +57,14 @@ class Kernel:
             raise ValueError(f"launch grid {grid!r}: NKI Beta 2 takes kernel[lnc] with lnc 1 or 2 "
                              f"(one integer, matching NEURON_LOGICAL_NC_CONFIG); Beta 1 SPMD grids "
                              f"such as kernel[4, 2] are not accepted")
-        return Kernel(self.fn, (int(lnc),), self.target, self.shuffle, self.seed, **self.options)
+        return Kernel(self.fn, (int(lnc),), self.target, self.shuffle, self.seed, self.ranks,
+                      **self.options)
 
     def __call__(self, *args, **kwargs):
+        if self.ranks is not None:
+            from .ranks import launch_ranks
+            return launch_ranks(self.fn, args, kwargs, self.ranks, grid=self.grid,
+                                target=self.target)
         return launch(self.fn, args, kwargs, grid=self.grid, target=self.target,
                       shuffle=self.shuffle, seed=self.seed)
 
@@ -70,16 +76,18 @@ def jit(fn=None, **options):
     return Kernel(fn, **options)
 
 
-def simulate(kernel, target=None, shuffle=False, seed=0):
+def simulate(kernel, target=None, shuffle=False, seed=0, ranks=None):
     """``simulate(kernel)(*args)``: run ``kernel`` (jit or plain, maybe ``kernel[lnc]``) on the CPU.
 
     Args:
         target: "trn1" | "trn2" | "trn3" (default: $NEURON_PLATFORM_TARGET_OVERRIDE or trn2).
         shuffle: run program instances in a seeded random order (catches order dependence).
+        ranks: run a multi-rank (``nki.collectives``) job of this many ranks, concurrently; the
+            call then returns a list of per-rank results (see ``simulate.ranks``).
     """
     fn = kernel.fn if isinstance(kernel, Kernel) else kernel
     grid = kernel.grid if isinstance(kernel, Kernel) else ()
-    return Kernel(fn, grid, target, shuffle, seed)
+    return Kernel(fn, grid, target, shuffle, seed, ranks)
 
 
 def simulate_kernel(func, args=(), kwargs=None, _lnc=1):
@@ -90,12 +98,14 @@ def simulate_kernel(func, args=(), kwargs=None, _lnc=1):
     return kernel(*args, **(kwargs or {}))
 
 
-def launch(fn, args, kwargs, grid=(), target=None, shuffle=False, seed=0):
+def launch(fn, args, kwargs, grid=(), target=None, shuffle=False, seed=0, rank=0, job=None):
+    """Run one launch; ``rank``/``job``: this launch's rank and the collectives rendezvous of a
+    multi-rank job (``simulate.ranks``)."""
     global _last_trace
     target = get_target(target)
     key = compile_cache.compile_key(args, kwargs, grid, target.name)
     trace = Trace(target)
-    run = context.Launch(target=target, grid=grid, trace=trace)
+    run = context.Launch(target=target, grid=grid, trace=trace, rank=rank, job=job)
     with context.running(run):
         converter = _Converter()
         names = _parameter_names(fn, len(args))

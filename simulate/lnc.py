@@ -24,7 +24,8 @@ class SynchronizationError(SimulationError):
 class Meeting:
     """Rendezvous state of one launch's program instances."""
 
-    def __init__(self, instances):
+    def __init__(self, instances, noun="program"):
+        self.noun = noun                     # "program" (LNC=2 instances) or "rank"
         self.cond = threading.Condition()
         self.posts = {}                      # key -> {instance: payload}
         self.done = {}                       # instance -> "finished" | "failed"
@@ -50,7 +51,7 @@ class Meeting:
                 if gone:
                     p = gone[0]
                     context.fail(SynchronizationError,
-                                 f"waits for program {p}, which {self.done[p]} without reaching "
+                                 f"waits for {self.noun} {p}, which {self.done[p]} without reaching "
                                  f"the matching {what}", op=what)
                 self.cond.wait(timeout=0.5)
 
@@ -135,10 +136,11 @@ def sendrecv(src, dst, send_to_rank, recv_from_rank, pipe_id, dma_engine=None, n
                   dma_bytes=int(values.size) * src.dtype.itemsize)
 
 
-def run_instances(run_one, instances):
-    """Run ``run_one(pid)`` for each instance concurrently; return results by instance, re-raising
-    the first failure that is not a consequence of another (a partner's SynchronizationError)."""
-    meeting = Meeting(instances)
+def run_instances(run_one, instances, noun="program"):
+    """Run ``run_one(pid, meeting)`` for each instance concurrently; return results by instance,
+    re-raising the first failure that is not a consequence of another (a partner's
+    SynchronizationError)."""
+    meeting = Meeting(instances, noun)
     results, errors = {}, {}
 
     def body(pid):
@@ -151,7 +153,7 @@ def run_instances(run_one, instances):
         finally:
             meeting.leave(pid, failed)
 
-    threads = [threading.Thread(target=body, args=(pid,), name=f"nki-program-{pid}")
+    threads = [threading.Thread(target=body, args=(pid,), name=f"nki-{noun}-{pid}")
                for pid in instances]
     for t in threads:
         t.start()
