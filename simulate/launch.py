@@ -19,7 +19,7 @@ from typing import Optional
 
 import numpy as np
 
-from . import compile_cache, context, dtypes
+from . import compile_cache, context, dtypes, subset
 from .lnc import run_instances
 from .memory import Memory
 from .targets import get_target
@@ -103,12 +103,17 @@ def launch(fn, args, kwargs, grid=(), target=None, shuffle=False, seed=0, rank=0
     multi-rank job (``simulate.ranks``)."""
     global _last_trace
     target = get_target(target)
+    subset.check_function(fn)
+    names = _parameter_names(fn, len(args))
+    for i, a in enumerate(args):
+        subset.check_argument(a, names[i])
+    for k, v in kwargs.items():
+        subset.check_argument(v, k)
     key = compile_cache.compile_key(args, kwargs, grid, target.name)
     trace = Trace(target)
     run = context.Launch(target=target, grid=grid, trace=trace, rank=rank, job=job)
     with context.running(run):
         converter = _Converter()
-        names = _parameter_names(fn, len(args))
         args = tuple(converter.to_device(a, names[i]) for i, a in enumerate(args))
         kwargs = {k: converter.to_device(v, k) for k, v in kwargs.items()}
     instances = [tuple(p) for p in itertools.product(*map(range, grid))] if grid else [(0,)]

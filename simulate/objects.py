@@ -22,6 +22,12 @@ class NKIObject:
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
+        others = [b.__name__ for b in cls.__bases__ if not issubclass(b, NKIObject)]
+        if others:
+            from .subset import SubsetError
+            raise SubsetError(f"class {cls.__name__} derives from {', '.join(others)}: NKI "
+                              f"classes derive from NKIObject and no other class",
+                              op="NKIObject", operand=cls.__name__)
         annotations = cls.__dict__.get("__annotations__", {})
         plain = {name: value for name, value in cls.__dict__.items()
                  if not name.startswith("__") and name not in annotations

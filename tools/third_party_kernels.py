@@ -27,6 +27,8 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from simulate.collectives import ReplicaGroup  # noqa: E402  (nki.collectives.ReplicaGroup)
+
 BF16 = ml_dtypes.bfloat16
 LIB = "nkilib_src.nkilib."
 
@@ -45,6 +47,8 @@ class Case:
     outputs: Optional[Callable] = None              # (result, inputs) -> arrays to compare
     reference: Optional[Callable] = None            # inputs -> arrays, when there is no torch ref
     lnc: int = 1
+    ranks: int = 0                                  # > 0: a multi-rank (collectives) job;
+    # then list-valued inputs hold one array per rank and the result is the list of the ranks'
     target: Optional[str] = None
     rtol: float = 1e-3
     atol: float = 1e-3
@@ -62,6 +66,16 @@ def _randn(rng, *shape, dtype=np.float32):
 def _sparse(rng, T, E, k):
     flat = rng.permutation(np.concatenate([np.ones(k * E), np.zeros((T - k) * E)]))
     return flat.reshape(E, T).T.astype(np.float32)
+
+
+def _per_rank_rows(rng, ranks, rows, cols, dtype=np.float32):
+    return {"inp": [_randn(rng, rows, cols, dtype=dtype) for _ in range(ranks)]}
+
+
+def _gathered(inputs):
+    """What every rank holds after an all-gather along the last dim."""
+    ranks = len(inputs["inp"])
+    return [np.concatenate(inputs["inp"], axis=1)] * ranks
 
 
 CASES = [
@@ -133,6 +147,15 @@ CASES = [
          "experimental.benchmark.find_nonzero_indices_with_count:find_nonzero_indices_with_count",
          None, lambda r: {"input_tensor": (r.random((1, 512)) < 0.2).astype(np.float32)},
          reference=lambda a: [_nonzero_with_count_ref(a["input_tensor"][0])], rtol=0, atol=0),
+    Case("allgather_sb2sb", "experimental.collectives.sb2sb_allgather:allgather_sb2sb", "",
+         lambda rng: _per_rank_rows(rng, 4, 64, 24, BF16),
+         static={"replica_groups": ReplicaGroup([[0, 1, 2, 3]]), "tp_degree": 4}, ranks=4,
+         reference=_gathered, rtol=0, atol=0),
+    Case("allgather_sb2sb_tiled",
+         "experimental.collectives.sb2sb_allgather:allgather_sb2sb_tiled", "",
+         lambda rng: _per_rank_rows(rng, 2, 256, 40),
+         static={"replica_groups": ReplicaGroup([[0, 1]]), "tp_degree": 2}, ranks=2,
+         reference=_gathered, rtol=0, atol=0),
 ]
 
 
@@ -183,9 +206,12 @@ def run_case(case: Case):
     rng = np.random.default_rng(0)
     inputs = case.inputs(rng)
     kernel = _fn(case.kernel)
-    launch = simulate.simulate(kernel, target=case.target)
+    launch = simulate.simulate(kernel, target=case.target, ranks=case.ranks or None)
     launch = launch[case.lnc] if case.lnc > 1 else launch
     kernel_inputs = {k: v.copy() if isinstance(v, np.ndarray) else v for k, v in inputs.items()}
+    if case.ranks:
+        kernel_inputs = {k: simulate.per_rank(v) if isinstance(v, list) else v
+                         for k, v in kernel_inputs.items()}
     result = launch(**kernel_inputs, **case.static)
     got = case.outputs(result, kernel_inputs) if case.outputs else _flatten(result)
     ref_inputs = case.ref_args(inputs) if case.ref_args else inputs
