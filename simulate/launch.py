@@ -166,23 +166,29 @@ class _Converter:
     def __init__(self):
         self.copies = []          # (host array, contiguous copy) to write back after the launch
         self.torch_like = None
+        self.hosts = {}           # id(storage) -> (storage, host object it wraps)
 
     def to_device(self, value, where: str):
         if isinstance(value, ndarray):
             return value
         if _is_torch(value):
             self.torch_like = value
-            return self.to_device(_torch_to_numpy(value), where)
+            tensor = self.to_device(_torch_to_numpy(value), where)
+            self.hosts[id(tensor._storage)] = (tensor._storage, value)
+            return tensor
         if isinstance(value, np.ndarray):
             if not dtypes.is_nki_dtype(value.dtype):
                 raise TypeError(f"{where}: dtype {value.dtype.name} is not an NKI dtype (no 64-bit "
                                 f"or complex types on NeuronCores); convert it on the host")
             if value.flags.c_contiguous and value.flags.writeable:
-                return ndarray._wrap(value, "shared_hbm", where)
-            copy = np.ascontiguousarray(value)
-            if value.flags.writeable:
-                self.copies.append((value, copy))
-            return ndarray._wrap(copy, "shared_hbm", where)
+                tensor = ndarray._wrap(value, "shared_hbm", where)
+            else:
+                copy = np.ascontiguousarray(value)
+                if value.flags.writeable:
+                    self.copies.append((value, copy))
+                tensor = ndarray._wrap(copy, "shared_hbm", where)
+            self.hosts[id(tensor._storage)] = (tensor._storage, value)
+            return tensor
         if isinstance(value, tuple):
             return tuple(self.to_device(v, f"{where}[{i}]") for i, v in enumerate(value))
         if isinstance(value, list):
@@ -196,6 +202,11 @@ class _Converter:
     def to_host(self, value):
         if isinstance(value, ndarray):
             s = value._storage
+            host = self.hosts.get(id(s))
+            if (host is not None and host[0] is s and value.shape == tuple(host[1].shape)
+                    and value.offset == 0 and value.strides == _contiguous(value.shape)
+                    and value.dtype == s.dtype):
+                return host[1]            # an input returned whole: the caller's own object
             array = s.data.reshape(s.shape).copy()
             if value.dtype != s.dtype or value.shape != s.shape:
                 from .access import resolve
@@ -208,6 +219,14 @@ class _Converter:
         if isinstance(value, dict):
             return {k: self.to_host(v) for k, v in value.items()}
         return value
+
+
+def _contiguous(shape):
+    strides, step = [], 1
+    for n in reversed(shape):
+        strides.append(step)
+        step *= int(n)
+    return tuple(reversed(strides))
 
 
 def _is_torch(value) -> bool:

@@ -20,6 +20,9 @@ padding costs no work beyond the last partly filled tile):
         are copied HBM to HBM by two ``scalar_offset`` DMAs.
 HBM traffic is the appended K/V bytes read plus written (and 4 bytes of slot per token).
 LNC=2 (``kernel[2]``, trn2): program 0 writes K and program 1 writes V, an exact half each.
+Returns the tensors written, ``k_rows`` or ``(k_rows, v_rows)``: outputs aliasing the inputs, so
+torch-xla keeps a call whose only effect is the write (the simulator hands back the caller's own
+arrays; ``nki_kernels.torch.device`` copies back only if a runtime returns other buffers).
 """
 
 from __future__ import annotations
@@ -52,6 +55,7 @@ def paged_kv_scatter_kernel(k_rows, v_rows, key, value, slots, counts, token_pat
     else:
         nl.fori_loop(0, tokens, lambda t: _scatter_token(t, slots, targets, token_pattern,
                                                          token_elems))
+    return k_rows if v_rows is None else (k_rows, v_rows)
 
 
 def _scatter_tile(i, slot_tiles, src_tiles, n, token_elems, token_pattern):

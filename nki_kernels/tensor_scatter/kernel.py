@@ -41,7 +41,9 @@ def _rows(outer, seq, rows, inner, rows_first=False):
 
 @nki.jit
 def tensor_scatter_kernel(cache, update, w, batch, circular):
-    """In place: cache[o, (w[b] + s) (mod M), :] = update[o, s, :] for o of batch b = o // (O/B)."""
+    """In place: cache[o, (w[b] + s) (mod M), :] = update[o, s, :] for o of batch b = o // (O/B).
+
+    Returns ``cache`` (an output aliasing the input, so a lazy torch-xla graph keeps the call)."""
     O, M, I = cache.shape
     S = update.shape[1]
     per_batch = O // batch
@@ -54,6 +56,7 @@ def tensor_scatter_kernel(cache, update, w, batch, circular):
         _circular_indirect(cache, update, w, batch, per_batch)
     else:
         _circular_rows(cache, update, w, batch, per_batch)
+    return cache
 
 
 def _linear(cache, update, w, batch, per_batch):

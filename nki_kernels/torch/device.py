@@ -54,9 +54,11 @@ def append_device(append_key, append_value, batch_indices, positions, kv_cache, 
     pages, entries = destination_slots(idx[0], idx[1], idx[2], idx[3], lens, geo)
     slots, counts = padded_slots(geo.rows(pages, entries), None, geo)
     Tb = slots.shape[0]
-    paged_kv_scatter_kernel(kv_cache.view(-1, geo.row_elems), None, pad_rows(append_key, Tb),
-                            pad_rows(append_value, Tb), _dev(slots, kv_cache),
-                            _dev(counts, kv_cache), geo.token_pattern, geo.v_offset)
+    rows = kv_cache.view(-1, geo.row_elems)
+    written = paged_kv_scatter_kernel(rows, None, pad_rows(append_key, Tb),
+                                      pad_rows(append_value, Tb), _dev(slots, kv_cache),
+                                      _dev(counts, kv_cache), geo.token_pattern, geo.v_offset)
+    _keep(written, rows)
 
 
 def decode_device(q, kv_cache, kv_indptr, kv_indices, kv_last_page_len, kv_layout, sm_scale,
@@ -82,9 +84,17 @@ def tensor_scatter_device(past_cache, update, write_indices, axis, mode):
     if update.numel() == 0:
         return present
     w32 = (w % M if mode == "circular" else w).astype(np.int32).reshape(-1, 1)
-    tensor_scatter_kernel(_words(present, axis, M), _words(update.contiguous(), axis, S),
-                          _dev(w32, present), past_cache.shape[0], mode == "circular")
+    words = _words(present, axis, M)
+    _keep(tensor_scatter_kernel(words, _words(update.contiguous(), axis, S), _dev(w32, present),
+                                past_cache.shape[0], mode == "circular"), words)
     return present
+
+
+def _keep(written, target):
+    """A mutating kernel returns what it wrote (an output aliasing ``target``, which keeps the
+    call in a lazy XLA graph); copy it back only when the runtime handed back another buffer."""
+    if written is not target and written.data_ptr() != target.data_ptr():
+        target.copy_(written)
 
 
 def _words(t, axis, seq):

@@ -152,3 +152,20 @@ def test_dma_rules():
         nisa.dma_copy(dst=t, src=x)
     with pytest.raises(simulate.ValidationError, match="element counts differ"):
         mismatch(np.zeros((2, 2), np.float32))
+
+
+def test_an_input_returned_whole_is_the_callers_own_array():
+    from simulate import jit, nisa, nl
+
+    @jit
+    def bump(x):
+        t = nl.ndarray(x.shape, x.dtype, buffer=nl.sbuf)
+        nisa.dma_copy(dst=t, src=x)
+        nisa.tensor_scalar(dst=t, data=t, op0=nl.add, operand0=1.0)
+        nisa.dma_copy(dst=x, src=t)
+        return x, x[0:1, :]
+
+    x = np.zeros((2, 3), np.float32)
+    whole, part = bump(x)
+    assert whole is x and (x == 1).all()
+    assert part is not x and part.shape == (1, 3)            # a part is a copy

@@ -45,3 +45,29 @@ def test_tensor_scatter_device_path(rng, target):
                               w.numpy(), 2, "circular")
     np.testing.assert_array_equal(got.view(torch.int16).numpy(), want)
     assert not torch.equal(got, cache)                       # functional: input untouched
+
+
+def test_mutating_kernels_return_the_tensor_they_wrote(rng, target, monkeypatch):
+    """An aliased output: the simulator hands back the caller's own tensor, so the device path
+    copies nothing; a runtime returning another buffer gets copied back."""
+    from nki_kernels.paged_kv_append import kernel as append_kernel
+    from nki_kernels.paged_kv_append import append_paged_kv_cache_ref
+    args = make_append_case(rng, [9, 3], [4, 2], 4, 2, 8)
+    want = append_paged_kv_cache_ref(*args)
+    seen = []
+    real = append_kernel.paged_kv_scatter_kernel
+
+    def spy(rows, *rest):
+        out = real(rows, *rest)
+        seen.append(out is rows)
+        return out
+    monkeypatch.setattr(append_kernel, "paged_kv_scatter_kernel", spy)
+    targs = [t(a) for a in args]
+    device.append_device(*targs)
+    assert seen == [True]
+    np.testing.assert_array_equal(targs[4].numpy().view(np.uint32), want.view(np.uint32))
+
+    other = torch.arange(6.0)
+    target_tensor = torch.zeros(6)
+    device._keep(other, target_tensor)                       # another buffer: copied back
+    assert torch.equal(target_tensor, other)
