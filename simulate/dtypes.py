@@ -69,29 +69,51 @@ def as_dtype(dtype) -> np.dtype:
     return np.dtype(dtype)
 
 
+class DType(str):
+    """An NKI dtype as kernels see it: its name (the real package's dtypes are strings, e.g.
+    ``nl.bfloat16``), so it compares equal to the other ``nl`` constants, to the name and to the
+    NumPy dtype. NumPy attributes (``itemsize``, ``kind``, ``name``, ...) do not exist on the
+    device side: reading one is an error naming the rule, as it would fail on the compiler."""
+
+    __slots__ = ()
+
+    def __getattr__(self, attr):
+        raise AttributeError(
+            f"nl dtype {str(self)!r} has no attribute {attr!r}: NKI Beta 2 dtypes are names, not "
+            f"NumPy dtypes; compare with the nl constants (dtype == nl.bfloat16) instead")
+
+
+_NAMES = {}
+
+
+def nki_name(dtype) -> DType:
+    """The kernel-side dtype (a ``DType`` name) of a NumPy dtype."""
+    return _NAMES[as_dtype(dtype)]
+
+
 def is_nki_dtype(dtype) -> bool:
-    return np.dtype(dtype) in _SUPPORTED
+    return as_dtype(dtype) in _SUPPORTED
 
 
 def is_packed(dtype) -> bool:
     """An MX packed x4 type (moved bit for bit; unpacked by the MX instructions only)."""
-    return np.dtype(dtype) in PACKED_X4
+    return as_dtype(dtype) in PACKED_X4
 
 
 def is_float(dtype) -> bool:
-    dtype = np.dtype(dtype)
+    dtype = as_dtype(dtype)
     return dtype.kind == "f" or dtype in (bfloat16, float8_e4m3, float8_e4m3fn, float8_e5m2,
                                           float8_e8m0fnu)
 
 
 def is_int(dtype) -> bool:
-    return np.dtype(dtype).kind in "iu"
+    return as_dtype(dtype).kind in "iu"
 
 
 def sentinel(dtype):
     """Fill value of fresh memory: NaN for floats, the most negative (signed) or largest
     (unsigned) integer, True for bool: values a kernel never produces by accident."""
-    dtype = np.dtype(dtype)
+    dtype = as_dtype(dtype)
     if is_packed(dtype):                # every code NaN (fp8: 0x7f); fp4 has no NaN: all ones
         return np.array(tuple([np.full(dtype[0].shape, 0x7F if dtype != float4_e2m1fn_x4 else 0xFF,
                                        np.uint8)]), dtype=dtype)
@@ -105,7 +127,7 @@ def sentinel(dtype):
 
 def cast(values: np.ndarray, dtype) -> np.ndarray:
     """Convert as the engines do: through fp32; to integers round half to even and saturate."""
-    dtype = np.dtype(dtype)
+    dtype = as_dtype(dtype)
     values = np.asarray(values)
     if values.dtype == dtype:
         return values
@@ -122,3 +144,8 @@ def cast(values: np.ndarray, dtype) -> np.ndarray:
     if is_int(values.dtype) and dtype != float32:
         return values.astype(np.float32).astype(dtype)
     return values.astype(np.float32).astype(dtype) if values.dtype != float32 else values.astype(dtype)
+
+
+for _name, _dt in NKI_DTYPES.items():              # float32 over tfloat32, "bool" for bool_
+    if _NAMES.get(_dt) is None:
+        _NAMES[_dt] = DType("bool" if _name == "bool_" else _name)

@@ -7,18 +7,19 @@ import builtins
 import numpy as np
 
 from . import context as _context
-from .dtypes import (bfloat16, bool_, float4_e2m1fn_x4, float8_e4m3, float8_e4m3fn,
-                     float8_e4m3fn_x4, float8_e5m2, float8_e5m2_x4, float8_e8m0fnu, float16,
-                     float32, int8, int16, int32, tfloat32, uint8, uint16, uint32)
+from . import dtypes as _dtypes
 from .language_constants import rand, random_seed, shared_constant, shared_identity_matrix
 from .objects import NKIObject
 from .ops import ALL_OPS as _ALL_OPS
 from .registers import dynamic_range, fori_loop, while_loop
 from .tensor import MemoryRegion, ds, ndarray
 
+# dtypes are names, as in the real package (``simulate.dtypes.DType``): nl.float32 == "float32"
+globals().update({_n: _dtypes.nki_name(_d) for _n, _d in _dtypes.NKI_DTYPES.items()})
+tfloat32 = _dtypes.DType("tfloat32")                  # stored as float32
 NkiTensor = tensor = ndarray
-bool = bool_               # noqa: A001 - NKI's name
-dtype = DType = np.dtype   # the type of nl.float32 & co. (annotations, isinstance checks)
+bool = bool_               # noqa: A001, F821 - NKI's name
+dtype = DType = _dtypes.DType   # the type of nl.float32 & co. (annotations, isinstance checks)
 range = builtins.range     # noqa: A001 - unrolled at trace time, like every Python loop
 sbuf, psum = MemoryRegion.sbuf, MemoryRegion.psum
 private_hbm, shared_hbm = MemoryRegion.private_hbm, MemoryRegion.shared_hbm

@@ -13,6 +13,8 @@ shape for the scale of a dynamic offset) and may not be applied again to its res
 from __future__ import annotations
 
 import enum
+import os
+import sys
 import threading
 from dataclasses import dataclass
 
@@ -23,6 +25,8 @@ import access_patterns as aps
 from . import context, dtypes
 from .errors import AccessError, OutOfBoundsError, ValidationError
 from .memory import Storage
+
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 
 
 class MemoryRegion(enum.Enum):
@@ -120,7 +124,13 @@ class ndarray:
     shape = property(lambda self: self._shape)
     strides = property(lambda self: self._strides)
     offset = property(lambda self: self._offset)
-    dtype = property(lambda self: self._dtype)
+    @property
+    def dtype(self):
+        """The element type: a NumPy dtype to the simulator, an ``nl`` dtype name to kernel code
+        (whose NumPy attributes are an error there, as on the compiler)."""
+        if sys._getframe(1).f_code.co_filename.startswith(_PACKAGE_DIR):
+            return self._dtype
+        return dtypes.nki_name(self._dtype)
     ndim = property(lambda self: len(self._shape))
     size = property(lambda self: int(np.prod(self._shape, dtype=np.int64)))
     name = property(lambda self: self._storage.name)
