@@ -11,6 +11,7 @@ The rules come from the NKI Beta 2 documentation of ``nl.ndarray.ap``:
 
 from __future__ import annotations
 
+import math
 from typing import Sequence
 
 import numpy as np
@@ -42,7 +43,7 @@ def reinterpret_count(count: int, from_dtype, to_dtype, what: str = "element cou
 
 def free_size(shape: Sequence[int]) -> int:
     """Elements per partition of an on-chip tensor of ``shape`` (partition dimension first)."""
-    return int(np.prod(shape[1:], dtype=np.int64))
+    return math.prod(shape[1:])
 
 
 def check_partition_rule(ap: AccessPattern, tensor_shape: Sequence[int], buffer: str,

@@ -63,6 +63,13 @@ class AccessPattern:
         """The AP of a strided view (NumPy-style shape and element strides)."""
         if len(shape) != len(strides):
             raise ValueError(f"shape={tuple(shape)} and strides={tuple(strides)} differ in rank")
+        if (dtype is None and shape and type(offset) is int and min(shape) >= 1
+                and all(type(v) is int for v in shape) and all(type(v) is int for v in strides)):
+            ap = object.__new__(cls)                  # already valid: skip the generic checks
+            object.__setattr__(ap, "pattern", tuple(zip(strides, shape)))
+            object.__setattr__(ap, "offset", offset)
+            object.__setattr__(ap, "dtype", None)
+            return ap
         return cls(tuple(zip(strides, shape)), offset, dtype)
 
     @property

@@ -36,7 +36,7 @@ class Resolved:
         self.skipped = skipped        # scalar offset out of bounds under oob_mode.skip
 
     shape = property(lambda self: self.tensor.shape)
-    dtype = property(lambda self: self.tensor.dtype)
+    dtype = property(lambda self: self.tensor._dtype)
     buffer = property(lambda self: self.tensor._storage.buffer)
 
     @property
@@ -45,14 +45,18 @@ class Resolved:
         return dyn.kind if dyn is not None else None
 
     def _flat(self) -> np.ndarray:
-        return self.tensor._storage.elements(self.tensor.dtype)
+        return self.tensor._storage.elements(self.tensor._dtype)
 
     def _strided(self, writeable=False) -> np.ndarray:
         flat, t = self._flat(), self.tensor
         itemsize = flat.itemsize
         bits = flat.view(np.dtype(f"u{itemsize}"))      # as_strided cannot take ml_dtypes fp8
-        base = bits[self.offset:] if self.offset < bits.size else bits[bits.size - 1:]
-        view = as_strided(base, t.shape, [s * itemsize for s in t.strides], writeable=writeable)
+        strides = [s * itemsize for s in t.strides]
+        try:                                            # the direct constructor is the fast path
+            view = np.ndarray(t.shape, bits.dtype, bits, self.offset * itemsize, strides)
+        except (TypeError, ValueError):
+            base = bits[self.offset:] if self.offset < bits.size else bits[bits.size - 1:]
+            view = as_strided(base, t.shape, strides, writeable=writeable)
         return view.view(flat.dtype)
 
     def read(self) -> np.ndarray:
@@ -114,7 +118,7 @@ def resolve(t, op: str, role: str, oob_mode: str = "error") -> Resolved:
                      op=op, operand=role)
     label = f"{role}={t.name}" if t.name else role
     dyn = t._dynamic
-    flat_size = t._storage.elements(t.dtype).size
+    flat_size = t._storage.elements(t._dtype).size
     ap = aps.AccessPattern.from_strides(t.shape, t.strides, t.offset)
     if dyn is None:
         _check_static(ap, flat_size, op, label)

@@ -17,6 +17,7 @@ not a capacity error. A placement that partly overlaps a live tensor placed else
 
 from __future__ import annotations
 
+import math
 import weakref
 
 import numpy as np
@@ -47,7 +48,7 @@ class Storage:
 
     @property
     def partition_bytes(self) -> int:
-        return int(np.prod(self.shape[1:], dtype=np.int64)) * self.dtype.itemsize
+        return math.prod(self.shape[1:]) * self.dtype.itemsize
 
     def elements(self, dtype) -> np.ndarray:
         """The same bytes as a flat array of ``dtype``."""
@@ -57,7 +58,7 @@ class Storage:
     @classmethod
     def allocate(cls, shape, dtype, buffer: str, name: str = "", address=None) -> "Storage":
         dtype = np.dtype(dtype)
-        size = int(np.prod(shape, dtype=np.int64))
+        size = math.prod(shape)
         data = np.full(size, dtypes.sentinel(dtype), dtype=dtype)
         return cls(data, shape, buffer, name, address)
 

@@ -13,6 +13,7 @@ shape for the scale of a dynamic offset) and may not be applied again to its res
 from __future__ import annotations
 
 import enum
+import math
 import os
 import sys
 import threading
@@ -132,7 +133,7 @@ class ndarray:
             return self._dtype
         return dtypes.nki_name(self._dtype)
     ndim = property(lambda self: len(self._shape))
-    size = property(lambda self: int(np.prod(self._shape, dtype=np.int64)))
+    size = property(lambda self: math.prod(self._shape))
     name = property(lambda self: self._storage.name)
 
     @property
@@ -251,9 +252,9 @@ class ndarray:
     def reshape(self, shape):
         shape = tuple(int(n) for n in shape)
         if -1 in shape:
-            known = int(np.prod([n for n in shape if n != -1], dtype=np.int64))
+            known = math.prod([n for n in shape if n != -1])
             shape = tuple(self.size // known if n == -1 else n for n in shape)
-        if int(np.prod(shape, dtype=np.int64)) != self.size:
+        if math.prod(shape) != self.size:
             _fail(ValueError, f"cannot reshape {self._shape} to {shape}", op="reshape")
         if self.on_chip and shape[0] != self._shape[0]:
             _fail(ValidationError, f"reshape {self._shape} -> {shape} changes the partition dim",
@@ -264,7 +265,7 @@ class ndarray:
         return self._derive(shape, _contiguous_strides(shape), self._offset)
 
     def flatten_dims(self, start, end):
-        shape = self._shape[:start] + (int(np.prod(self._shape[start:end + 1])),) + self._shape[end + 1:]
+        shape = self._shape[:start] + (math.prod(self._shape[start:end + 1]),) + self._shape[end + 1:]
         return self.reshape(shape)
 
     def reshape_dim(self, dim, shape):
@@ -312,7 +313,7 @@ class ndarray:
                 aps.reinterpret_count(self._shape[-1], self._dtype, dtype, "last dim"),)
             if not 0 <= indirect_dim < len(view_shape):
                 _fail(AccessError, f"indirect_dim={indirect_dim} is not a dim of {view_shape}")
-            row = int(np.prod(view_shape[indirect_dim + 1:], dtype=np.int64))
+            row = math.prod(view_shape[indirect_dim + 1:])
             if vector_offset is not None:
                 if indirect_dim != 0:
                     _fail(AccessError, f"vector_offset supports indirect_dim=0 only, "

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 import access_patterns as aps
@@ -75,12 +77,12 @@ def same_partitions(op: str, **operands: Resolved) -> int:
 
 
 def free_elems(r: Resolved) -> int:
-    return int(np.prod(r.shape[1:], dtype=np.int64))
+    return math.prod(r.shape[1:])
 
 
 def describe(role: str, r: Resolved) -> Operand:
     t = r.tensor
-    return Operand(role=role, tensor=t.name, buffer=r.buffer, dtype=t.dtype.name,
+    return Operand(role=role, tensor=t.name, buffer=r.buffer, dtype=t._dtype.name,
                    shape=t.shape, pattern=tuple(zip(t.strides, t.shape)), offset=r.offset,
                    indirect=r.indirect)
 

@@ -17,6 +17,8 @@ profiler label and the instruction is an ordinary matmul.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from .. import context, dtypes
@@ -55,7 +57,7 @@ def _check_bank(op, d, target):
     """NeuronCore-v2/v3: each partition's dst row must sit inside one 2 KiB PSUM bank."""
     t = d.tensor
     itemsize = t.dtype.itemsize
-    per_partition = int(np.prod(t._storage.shape[1:])) * t._storage.dtype.itemsize // itemsize
+    per_partition = math.prod(t._storage.shape[1:]) * t._storage.dtype.itemsize // itemsize
     start = (d.offset % per_partition) * itemsize
     end = start + free_elems(d) * itemsize - 1
     if start // target.psum_bank_bytes != end // target.psum_bank_bytes:
