@@ -9,7 +9,7 @@ from nki_kernels.buckets import bucket, pad_rows
 from nki_kernels.launch_options import check_lnc
 
 from .kernel import P_MAX, SKIP_SLOT, paged_kv_scatter_kernel
-from .layout import CacheGeometry, geometry, row_views
+from .layout import CacheGeometry, check_writable, geometry, row_views
 
 
 def padded_slots(rows, keep, geo: CacheGeometry, spare_page=None):
@@ -69,6 +69,7 @@ def append_paged_kv_cache(append_key, append_value, batch_indices, positions, pa
         append_key, append_value: [T, H, D], the cache's dtype
         batch_indices, positions: [T] int32: request and position (within the request's sequence,
             which already counts the appended tokens) of each row; see get_batch_indices_positions
+            (batch -1: a padding row, not written)
         paged_kv_cache: [N, 2, P, H, D] (NHD) / [N, 2, H, P, D] (HND), or a (k, v) pair of 4-D
             [N, P, H, D] / [N, H, P, D]; C-contiguous; written in place
         kv_indices: [>= kv_indptr[-1]] int32 pages; kv_indptr: [B + 1] int32;
@@ -87,9 +88,11 @@ def append_paged_kv_cache(append_key, append_value, batch_indices, positions, pa
     lens = check_page_table(kv_indices, kv_indptr, kv_last_page_len, geo)
     check_spare_page(spare_page, geo, kv_indices[:kv_indptr[-1]])
     check_lnc(lnc)
-    pages, entries = destination_slots(batch_indices, positions, kv_indices, kv_indptr, lens, geo)
+    append_key, append_value = check_writable(paged_kv_cache, (append_key, append_value))
+    pages, entries, keep = destination_slots(batch_indices, positions, kv_indices, kv_indptr, lens,
+                                             geo)
     scatter_tokens(append_key, append_value, paged_kv_cache, geo, geo.rows(pages, entries),
-                   spare_page=spare_page, lnc=lnc)
+                   keep=None if keep.all() else keep, spare_page=spare_page, lnc=lnc)
 
 
 def reshape_and_cache(key, value, key_cache, value_cache, slot_mapping, kv_layout="NHD",
@@ -127,4 +130,5 @@ def reshape_and_cache(key, value, key_cache, value_cache, slot_mapping, kv_layou
     pages, entries = np.divmod(np.where(keep, slots, 0), geo.page_size)
     check_spare_page(spare_page, geo, pages[keep])
     check_lnc(lnc)
+    key, value = check_writable(cache, (key, value), ("key_cache", "value_cache"))
     scatter_tokens(key, value, cache, geo, geo.rows(pages, entries), keep, spare_page, lnc)

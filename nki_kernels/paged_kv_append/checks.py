@@ -74,24 +74,31 @@ def check_page_table(kv_indices, kv_indptr, kv_last_page_len, geo: CacheGeometry
 
 
 def destination_slots(batch_indices, positions, kv_indices, kv_indptr, kv_lens, geo: CacheGeometry):
-    """(page, entry) of every appended token, refusing tokens outside what their request owns."""
+    """(page, entry, keep) of every appended token, refusing tokens outside what their request
+    owns. A batch index of -1 marks a padding row (as ``get_batch_indices_positions`` leaves past
+    ``append_indptr[-1]``): it is not written (``keep`` False; page and entry 0)."""
     batch = kv_indptr.shape[0] - 1
     b = batch_indices.astype(np.int64)
-    if ((b < 0) | (b >= batch)).any():
-        i = int(np.flatnonzero((b < 0) | (b >= batch))[0])
-        raise ValueError(f"batch_indices[{i}]={b[i]} is not a request index (0..{batch - 1})")
-    pos = positions.astype(np.int64)
-    bad = (pos < 0) | (pos >= kv_lens[b])
+    keep = b != -1
+    if ((b < -1) | (b >= batch)).any():
+        i = int(np.flatnonzero((b < -1) | (b >= batch))[0])
+        raise ValueError(f"batch_indices[{i}]={b[i]} is not a request index (0..{batch - 1}) "
+                         f"or -1 (padding)")
+    b = np.where(keep, b, 0)
+    if not keep.all() and batch == 0:
+        return np.zeros_like(b), np.zeros_like(b), keep
+    pos = np.where(keep, positions.astype(np.int64), 0)
+    bad = keep & ((pos < 0) | (pos >= kv_lens[b]))
     if bad.any():
         i = int(np.flatnonzero(bad)[0])
         raise ValueError(f"positions[{i}]={pos[i]} is outside request {b[i]}'s KV length "
                          f"{kv_lens[b[i]]} (its pages and kv_last_page_len must already cover "
                          f"the appended tokens)")
     flat = kv_indptr[b].astype(np.int64) * geo.page_size + pos
-    pages = kv_indices[flat // geo.page_size].astype(np.int64)
-    entries = flat % geo.page_size
-    slots = pages * geo.page_size + entries
+    pages = np.where(keep, kv_indices[np.where(keep, flat // geo.page_size, 0)], 0).astype(np.int64)
+    entries = np.where(keep, flat % geo.page_size, 0)
+    slots = (pages * geo.page_size + entries)[keep]
     if np.unique(slots).size != slots.size:
         raise ValueError("two appended tokens target the same cache slot (duplicate (batch, position) "
                          "pairs or pages shared between requests)")
-    return pages, entries
+    return pages, entries, keep

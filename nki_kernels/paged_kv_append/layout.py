@@ -70,7 +70,30 @@ def geometry(paged_kv_cache, kv_layout: str) -> CacheGeometry:
         raise ValueError(f"k_cache {k.shape} {k.dtype} and v_cache {v.shape} {v.dtype} must match")
     n, a, b, d = k.shape
     page_size, heads = (a, b) if kv_layout == "NHD" else (b, a)
+    for what, size in (("page size", page_size), ("kv heads", heads), ("head_dim", d)):
+        if size < 1:
+            raise ValueError(f"cache shape {k.shape} ({kv_layout}) has {what} {size}: must be >= 1")
     return CacheGeometry(n, page_size, heads, d, kv_layout, fused)
+
+
+def check_writable(paged_kv_cache, sources, names=("k_cache", "v_cache")):
+    """Refuse a cache that cannot be updated in place (read-only, not C-contiguous, K and V
+    overlapping) before anything is written; return ``sources`` (the rows to append) copied when
+    they overlap the cache, so every input is read before the first write."""
+    k, v, fused = split_cache(paged_kv_cache)
+    arrays = ((("paged_kv_cache", paged_kv_cache),) if fused
+              else ((names[0], k), (names[1], v)))
+    for name, a in arrays:
+        if not a.flags.writeable:
+            raise ValueError(f"{name} is read-only; the cache is updated in place")
+        if not a.flags.c_contiguous:
+            raise ValueError(f"{name} must be C-contiguous to be updated in place")
+    if not fused and np.may_share_memory(k, v) and np.shares_memory(k, v):
+        raise ValueError(f"{names[0]} and {names[1]} share memory: V would overwrite K; pass two "
+                         f"separate arrays (or one fused [N, 2, ...] cache)")
+    cache = (paged_kv_cache,) if fused else (k, v)
+    return tuple(src.copy() if any(np.may_share_memory(src, c) for c in cache) else src
+                 for src in sources)
 
 
 def row_views(paged_kv_cache, geo: CacheGeometry):

@@ -15,10 +15,12 @@ def append_paged_kv_cache_ref(append_key, append_value, batch_indices, positions
     geo = check_append_shapes(append_key, append_value, batch_indices, positions, paged_kv_cache,
                               kv_indices, kv_indptr, kv_last_page_len, kv_layout)
     lens = check_page_table(kv_indices, kv_indptr, kv_last_page_len, geo)
-    destination_slots(batch_indices, positions, kv_indices, kv_indptr, lens, geo)
+    keep = destination_slots(batch_indices, positions, kv_indices, kv_indptr, lens, geo)[2]
     out = paged_kv_cache.copy() if geo.fused else tuple(a.copy() for a in paged_kv_cache)
     k, v, _ = split_cache(out)
     for t, (b, pos) in enumerate(zip(batch_indices, positions)):
+        if not keep[t]:                                  # batch -1: a padding row
+            continue
         page = kv_indices[kv_indptr[b] + pos // geo.page_size]
         entry = pos % geo.page_size
         if kv_layout == "NHD":

@@ -51,8 +51,8 @@ def append_device(append_key, append_value, batch_indices, positions, kv_cache, 
     geo = check_append_shapes(_meta(append_key), _meta(append_value), idx[0], idx[1], _meta(kv_cache),
                               idx[2], idx[3], idx[4], kv_layout)
     lens = check_page_table(idx[2], idx[3], idx[4], geo)
-    pages, entries = destination_slots(idx[0], idx[1], idx[2], idx[3], lens, geo)
-    slots, counts = padded_slots(geo.rows(pages, entries), None, geo)
+    pages, entries, keep = destination_slots(idx[0], idx[1], idx[2], idx[3], lens, geo)
+    slots, counts = padded_slots(geo.rows(pages, entries), None if keep.all() else keep, geo)
     Tb = slots.shape[0]
     rows = kv_cache.view(-1, geo.row_elems)
     written = paged_kv_scatter_kernel(rows, None, pad_rows(append_key, Tb),
