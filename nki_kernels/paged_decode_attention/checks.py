@@ -23,6 +23,15 @@ class DecodeProblem:
     sm_scale: float
 
 
+MAX_GROUP = 128          # query heads per kv head: one tile's partitions
+MAX_HEAD_DIM = 512       # the matmul's largest moving free size
+
+
+def soft_cap(value):
+    """``logits_soft_cap`` with None meaning no cap (FlashInfer's default)."""
+    return 0.0 if value is None else value
+
+
 def check_batch_decode_inputs(q, paged_kv_cache, kv_indptr, kv_indices, kv_last_page_len, kv_layout,
                               sm_scale, logits_soft_cap, window_left, sinks, k_scale, v_scale):
     geo = geometry(paged_kv_cache, kv_layout)
@@ -38,12 +47,22 @@ def check_batch_decode_inputs(q, paged_kv_cache, kv_indptr, kv_indices, kv_last_
         raise ValueError(f"q head_dim {d} != cache head_dim {geo.head_dim}")
     if hq % geo.num_heads:
         raise ValueError(f"num_qo_heads={hq} must be a multiple of num_kv_heads={geo.num_heads}")
+    if hq // geo.num_heads > MAX_GROUP:
+        raise ValueError(f"num_qo_heads / num_kv_heads = {hq // geo.num_heads}: a kv head's query "
+                         f"group must fit the {MAX_GROUP} partitions of a tile")
+    if d > MAX_HEAD_DIM:
+        raise ValueError(f"head_dim={d} exceeds {MAX_HEAD_DIM} (the largest matmul free size)")
     require_int32_vector("kv_indptr", kv_indptr, batch + 1)
     require_int32_vector("kv_indices", kv_indices)
     require_int32_vector("kv_last_page_len", kv_last_page_len, batch)
     kv_lens = check_page_table(kv_indices, kv_indptr, kv_last_page_len, geo)
     if sm_scale is None:
         sm_scale = 1.0 / np.sqrt(d)
+    for name, value in (("sm_scale", sm_scale), ("logits_soft_cap", logits_soft_cap),
+                        ("k_scale", k_scale), ("v_scale", v_scale)):
+        if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer,
+                                                                          np.floating)):
+            raise TypeError(f"{name}={value!r} must be a real number, got {type(value).__name__}")
     if not np.isfinite(sm_scale) or sm_scale <= 0:
         raise ValueError(f"sm_scale={sm_scale} must be a positive finite number")
     if not np.isfinite(logits_soft_cap) or logits_soft_cap < 0:

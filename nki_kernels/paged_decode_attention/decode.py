@@ -11,7 +11,7 @@ from nki_kernels.launch_options import check_lnc
 
 from nki_kernels.paged_kv_append.layout import split_cache
 
-from .checks import check_batch_decode_inputs
+from .checks import check_batch_decode_inputs, soft_cap
 from .kernel import batch_decode_kernel
 from .plan import decode_work, make_layout
 
@@ -80,6 +80,7 @@ def prepare_decode(q, paged_kv_cache, kv_indptr, kv_indices, kv_last_page_len, k
     index arrays must be host NumPy arrays. Only shapes and model constants become static
     arguments; lengths and pages are device data.
     """
+    logits_soft_cap = soft_cap(logits_soft_cap)
     prob = check_batch_decode_inputs(q, paged_kv_cache, kv_indptr, kv_indices, kv_last_page_len,
                                      kv_layout, sm_scale, logits_soft_cap, window_left, sinks,
                                      k_scale, v_scale)

@@ -6,7 +6,7 @@ import numpy as np
 
 from nki_kernels.paged_kv_append.layout import split_cache
 
-from .checks import check_batch_decode_inputs
+from .checks import check_batch_decode_inputs, soft_cap
 
 LOG2E = 1.0 / np.log(2.0)
 
@@ -35,6 +35,7 @@ def batch_decode_ref(q, paged_kv_cache, kv_indptr, kv_indices, kv_last_page_len,
     float32 (log2 of the softmax denominator, sink included). An empty request gives zeros and
     LSE -inf (or sinks[h] * log2(e) with sinks).
     """
+    logits_soft_cap = soft_cap(logits_soft_cap)
     prob = check_batch_decode_inputs(q, paged_kv_cache, kv_indptr, kv_indices, kv_last_page_len,
                                      kv_layout, sm_scale, logits_soft_cap, window_left, sinks,
                                      k_scale, v_scale)

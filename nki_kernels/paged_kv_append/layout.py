@@ -43,6 +43,10 @@ class CacheGeometry(PagedKVLayout):
         return (self.start(pages.astype(np.int64), entries.astype(np.int64)) // self.row_elems)
 
 
+CACHE_DTYPES = ("float32", "float16", "bfloat16", "float8_e4m3fn", "float8_e5m2", "float8_e4m3",
+                "int8", "uint8", "int16", "uint16", "int32", "uint32")
+
+
 def split_cache(paged_kv_cache):
     """(k, v, fused): the K and V arrays (views of one 5-D array when fused)."""
     if isinstance(paged_kv_cache, (tuple, list)):
@@ -68,6 +72,9 @@ def geometry(paged_kv_cache, kv_layout: str) -> CacheGeometry:
                              f"{getattr(a, 'shape', type(a).__name__)}")
     if k.shape != v.shape or k.dtype != v.dtype:
         raise ValueError(f"k_cache {k.shape} {k.dtype} and v_cache {v.shape} {v.dtype} must match")
+    if k.dtype.name not in CACHE_DTYPES:
+        raise TypeError(f"cache dtype {k.dtype} is not a NeuronCore element type (one of "
+                        f"{', '.join(CACHE_DTYPES)}); convert the cache on the host")
     n, a, b, d = k.shape
     page_size, heads = (a, b) if kv_layout == "NHD" else (b, a)
     for what, size in (("page size", page_size), ("kv heads", heads), ("head_dim", d)):

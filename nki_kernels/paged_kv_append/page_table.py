@@ -46,6 +46,7 @@ class PagedKVCache:
 
     def free_request(self, rid):
         """Forget request ``rid`` and return its pages to the pool."""
+        self._known([rid])
         self._free.extend(reversed(self._pages.pop(rid)))
         del self._lens[rid]
 
@@ -54,14 +55,19 @@ class PagedKVCache:
         return len(self._free)
 
     def seq_len(self, rid) -> int:
+        self._known([rid])
         return self._lens[rid]
 
     def pages(self, rid):
+        self._known([rid])
         return list(self._pages[rid])
 
     def reserve(self, rids, num_new_tokens):
         """Grow each request by its count of tokens, allocating pages; all or nothing."""
+        self._known(rids, unique=True)
         counts = np.broadcast_to(np.asarray(num_new_tokens, np.int64), (len(rids),))
+        if (counts < 0).any():
+            raise ValueError(f"num_new_tokens {counts.tolist()} must be >= 0")
         need = [max(0, -(-(self._lens[r] + int(n)) // self.page_size) - len(self._pages[r]))
                 for r, n in zip(rids, counts)]
         if sum(need) > len(self._free):
@@ -73,6 +79,7 @@ class PagedKVCache:
     # -- FlashInfer page table ------------------------------------------------------------------
     def page_table(self, rids):
         """(kv_indptr [B+1], kv_indices [total pages], kv_last_page_len [B]) int32 for ``rids``."""
+        self._known(rids)
         counts = [len(self._pages[r]) for r in rids]
         kv_indptr = np.concatenate([[0], np.cumsum(counts)]).astype(np.int32)
         kv_indices = np.array([p for r in rids for p in self._pages[r]], np.int32)
@@ -98,6 +105,14 @@ class PagedKVCache:
         except BaseException:
             self._rollback(rids, append_lens)
             raise
+
+    def _known(self, rids, unique=False):
+        missing = [r for r in rids if r not in self._lens]
+        if missing:
+            raise KeyError(f"request {missing[0]!r} is not in the cache (add_request first; "
+                           f"{len(self._lens)} known)")
+        if unique and len(set(rids)) != len(rids):
+            raise ValueError(f"rids {list(rids)} name a request twice")
 
     def _rollback(self, rids, append_lens):
         for r, n in zip(rids, append_lens):

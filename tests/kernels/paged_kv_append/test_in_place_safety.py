@@ -85,3 +85,24 @@ def test_a_cache_with_page_size_zero_is_refused():
     i0 = np.zeros(0, np.int32)
     with pytest.raises(ValueError, match="page size 0"):
         append_paged_kv_cache(z, z, i0, i0, cache, i0, np.zeros(1, np.int32), i0)
+
+
+def test_page_table_helper_errors_name_the_request():
+    from nki_kernels.paged_kv_append import PagedKVCache
+    cache = PagedKVCache(8, 4, 2, 4)
+    cache.add_request("a")
+    with pytest.raises(KeyError, match="request 'b' is not in the cache"):
+        cache.free_request("b")
+    with pytest.raises(ValueError, match="name a request twice"):
+        cache.reserve(["a", "a"], 1)
+    with pytest.raises(ValueError, match="must be >= 0"):
+        cache.reserve(["a"], -3)
+    assert cache.seq_len("a") == 0 and cache.num_free_pages == 8
+
+
+def test_a_float64_cache_is_refused_as_the_cache():
+    cache = np.zeros((4, 2, 8, 2, 4))
+    rows = np.zeros((1, 2, 4))
+    i = np.zeros(1, np.int32)
+    with pytest.raises(TypeError, match="cache dtype float64 is not a NeuronCore element type"):
+        append_paged_kv_cache(rows, rows, i, i, cache, i, np.array([0, 1], np.int32), i + 1)
