@@ -36,6 +36,12 @@ def last_trace() -> Optional[Trace]:
     return _last_trace
 
 
+# nki.jit's documented keyword options (compile/specialization configs of the current reference,
+# and the mode= of earlier releases still used by real kernels) and mode values
+JIT_OPTIONS = ("compile_config", "specialization_config", "mode")
+JIT_MODES = ("auto", "jax", "torchxla", "simulation", "trace", "baremetal", "benchmark")
+
+
 class Kernel:
     """A kernel function plus launch options. ``kernel(*args)`` runs one program instance;
     ``kernel[2](*args)`` runs two concurrently (LNC=2, ``nl.program_id(0)`` in {0, 1})."""
@@ -44,6 +50,12 @@ class Kernel:
         if "platform_target" in options:
             raise ValueError("platform_target= is not accepted by nki.jit since NKI 0.3.0; set "
                              "NEURON_PLATFORM_TARGET_OVERRIDE or simulate(kernel, target=...)")
+        unknown = sorted(set(options) - set(JIT_OPTIONS))
+        if unknown:
+            raise TypeError(f"nki.jit got unknown option(s) {unknown}; it takes "
+                            f"{', '.join(JIT_OPTIONS)}")
+        if options.get("mode", "auto") not in JIT_MODES:
+            raise ValueError(f"nki.jit mode={options['mode']!r} must be one of {JIT_MODES}")
         self.fn, self.grid, self.target = fn, tuple(grid), target
         self.shuffle, self.seed, self.options = shuffle, seed, options
         self.ranks = ranks

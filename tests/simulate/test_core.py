@@ -169,3 +169,16 @@ def test_an_input_returned_whole_is_the_callers_own_array():
     whole, part = bump(x)
     assert whole is x and (x == 1).all()
     assert part is not x and part.shape == (1, 3)            # a part is a copy
+
+
+def test_unknown_jit_options_are_refused():
+    from simulate import jit
+    import pytest
+
+    def k(x):
+        return x
+    with pytest.raises(TypeError, match=r"unknown option\(s\) \['debug'\]"):
+        jit(k, debug=True)
+    with pytest.raises(ValueError, match="mode='fast'"):
+        jit(mode="fast")(k)
+    assert jit(mode="simulation")(k) is not None
