@@ -43,10 +43,27 @@ def _on_neuron(t: Tensor) -> bool:
     return t.device.type in ("xla", "neuron", "privateuseone")
 
 
+def _check_arguments(first: str, tensors: dict, written: tuple = ()) -> None:
+    """Every tensor argument on the device of ``tensors[first]``, and no tensor written in place
+    that autograd tracks (requires grad), checked before anything is written (in the op and in
+    its fake, which is what runs when any argument is on the meta device)."""
+    for name in written:
+        if tensors[name].requires_grad:
+            raise RuntimeError(f"{name} requires grad; the op writes it in place, which autograd "
+                               f"cannot track (detach it, or use torch.no_grad())")
+    ref = tensors[first].device
+    for name, t in tensors.items():
+        if t is not None and t.device != ref:
+            raise RuntimeError(f"{name} is on {t.device} but {first} is on {ref}; every tensor "
+                               f"argument must be on the same device")
+
+
 @torch.library.custom_op("nki_kernels::append_paged_kv_cache", mutates_args=("kv_cache",))
 def append_paged_kv_cache(append_key: Tensor, append_value: Tensor, batch_indices: Tensor,
                           positions: Tensor, kv_cache: Tensor, kv_indices: Tensor, kv_indptr: Tensor,
                           kv_last_page_len: Tensor, kv_layout: str = "NHD") -> None:
+    _append_checks(append_key, append_value, batch_indices, positions, kv_cache, kv_indices,
+                   kv_indptr, kv_last_page_len)
     if _on_neuron(kv_cache):
         from .device import append_on_neuron
         return append_on_neuron(append_key, append_value, batch_indices, positions, kv_cache,
@@ -60,9 +77,20 @@ def append_paged_kv_cache(append_key: Tensor, append_value: Tensor, batch_indice
         run(*args, kv_layout)                         # writes kv_cache's memory in place
 
 
+def _append_checks(append_key, append_value, batch_indices, positions, kv_cache, kv_indices,
+                   kv_indptr, kv_last_page_len):
+    _check_arguments("kv_cache", dict(kv_cache=kv_cache, append_key=append_key,
+                                      append_value=append_value, batch_indices=batch_indices,
+                                      positions=positions, kv_indices=kv_indices,
+                                      kv_indptr=kv_indptr, kv_last_page_len=kv_last_page_len),
+                     written=("kv_cache",))
+
+
 @append_paged_kv_cache.register_fake
 def _(append_key, append_value, batch_indices, positions, kv_cache, kv_indices, kv_indptr,
       kv_last_page_len, kv_layout="NHD"):
+    _append_checks(append_key, append_value, batch_indices, positions, kv_cache, kv_indices,
+                   kv_indptr, kv_last_page_len)
     return None
 
 
@@ -71,6 +99,8 @@ def batch_decode(q: Tensor, kv_cache: Tensor, kv_indptr: Tensor, kv_indices: Ten
                  kv_last_page_len: Tensor, kv_layout: str = "NHD", sm_scale: Optional[float] = None,
                  logits_soft_cap: float = 0.0, window_left: int = -1,
                  sinks: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
+    _check_arguments("q", dict(q=q, kv_cache=kv_cache, kv_indptr=kv_indptr, kv_indices=kv_indices,
+                               kv_last_page_len=kv_last_page_len, sinks=sinks))
     if _on_neuron(q):
         from .device import decode_on_neuron
         return decode_on_neuron(q, kv_cache, kv_indptr, kv_indices, kv_last_page_len, kv_layout,
@@ -87,12 +117,16 @@ def batch_decode(q: Tensor, kv_cache: Tensor, kv_indptr: Tensor, kv_indices: Ten
 @batch_decode.register_fake
 def _(q, kv_cache, kv_indptr, kv_indices, kv_last_page_len, kv_layout="NHD", sm_scale=None,
       logits_soft_cap=0.0, window_left=-1, sinks=None):
+    _check_arguments("q", dict(q=q, kv_cache=kv_cache, kv_indptr=kv_indptr, kv_indices=kv_indices,
+                               kv_last_page_len=kv_last_page_len, sinks=sinks))
     return torch.empty_like(q), q.new_empty(q.shape[:2], dtype=torch.float32)
 
 
 @torch.library.custom_op("nki_kernels::tensor_scatter", mutates_args=())
 def tensor_scatter(past_cache: Tensor, update: Tensor, write_indices: Optional[Tensor] = None,
                    axis: int = -2, mode: str = "linear") -> Tensor:
+    _check_arguments("past_cache", dict(past_cache=past_cache, update=update,
+                                        write_indices=write_indices))
     if _on_neuron(past_cache):
         from .device import tensor_scatter_on_neuron
         return tensor_scatter_on_neuron(past_cache, update, write_indices, axis, mode)
@@ -104,4 +138,6 @@ def tensor_scatter(past_cache: Tensor, update: Tensor, write_indices: Optional[T
 
 @tensor_scatter.register_fake
 def _(past_cache, update, write_indices=None, axis=-2, mode="linear"):
+    _check_arguments("past_cache", dict(past_cache=past_cache, update=update,
+                                        write_indices=write_indices))
     return torch.empty_like(past_cache)
