@@ -38,7 +38,8 @@ def tensor_scatter_(past_cache, update, write_indices=None, axis=-2, mode="linea
         update: same shape but seq_len (<= max_seq) on ``axis``; same dtype.
         write_indices: (B,) int64 or None (zeros); circular mode takes them modulo max_seq.
         axis: the sequence axis, never 0 (negative counts from the end); mode: "linear" | "circular".
-    Raises ValueError/TypeError before anything is written.
+    Raises ValueError/TypeError before anything is written. An ``update`` that views
+    ``past_cache`` is read whole before the first write (the result of the original values).
     """
     axis, w = check_tensor_scatter_inputs(past_cache, update, write_indices, axis, mode)
     if not past_cache.flags.c_contiguous or not past_cache.flags.writeable:
@@ -47,6 +48,8 @@ def tensor_scatter_(past_cache, update, write_indices=None, axis=-2, mode="linea
     if update.size == 0:
         return
     w32 = (w % max_seq if mode == "circular" else w).astype(np.int32).reshape(-1, 1)
+    if np.may_share_memory(update, past_cache):      # read every input before the first write
+        update = update.copy()
     cache_words = _as_words(past_cache, axis, max_seq)
     update_words = _as_words(np.ascontiguousarray(update), axis, seq_len)
     tensor_scatter_kernel(cache_words, update_words, w32, past_cache.shape[0], mode == "circular")

@@ -149,3 +149,16 @@ def test_decode_update_is_one_scatter_on_v3(rng, mode):
     assert trace.count_by_op()["dma_copy"] == 3 and len(trace) == 5
     assert trace.hbm_bytes == 2 * update.nbytes + 40 * 4
     np.testing.assert_array_equal(bits(cache), bits(want))
+
+
+@pytest.mark.parametrize("S, w", [(200, 150), (130, 0), (7, 250)])
+def test_in_place_update_that_views_the_cache_reads_before_writing(target, S, w):
+    """A circular update that is a view of the cache itself (wrapping, and longer than one tile
+    of 128 rows): the result is computed from the original values on both targets."""
+    from nki_kernels.tensor_scatter import tensor_scatter_, tensor_scatter_ref
+    rng = np.random.default_rng(S)
+    cache = rng.standard_normal((1, 256, 8)).astype(np.float32)
+    update = cache[:, 40:40 + S]                     # contiguous view of the cache
+    want = tensor_scatter_ref(cache.copy(), update.copy(), np.array([w]), 1, "circular")
+    tensor_scatter_(cache, update, np.array([w]), axis=1, mode="circular")
+    np.testing.assert_array_equal(cache, want)
