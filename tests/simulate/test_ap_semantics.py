@@ -111,3 +111,13 @@ def test_simulator_refuses_illegal_patterns(make, exc, match):
     t = nl.ndarray((16, 32), nl.float32, buffer=nl.sbuf)
     with pytest.raises(exc, match=match):
         make(t)
+
+
+def test_vector_offset_row_bounds_are_exact():
+    """The last row of the table is readable; one past it is out of bounds (not silently read)."""
+    t = np.arange(10 * 16, dtype=np.float32).reshape(10, 16)
+    got = gather_vector(t, np.array([[9], [0]], np.int32), ((1, 16),))
+    np.testing.assert_array_equal(got, t[[9, 0]])
+    for inner in (((1, 16),), ((1, 1),)):           # one element past the end, too
+        with pytest.raises(simulate.OutOfBoundsError, match="vector_offset row 0 = 10"):
+            gather_vector(t, np.array([[10], [0]], np.int32), inner)

@@ -6,7 +6,7 @@ pytest.importorskip("transformers")
 pytest.importorskip("onnxruntime")
 
 
-def test_paged_decode_matches_hf_eager_step_by_step():
+def test_paged_decode_matches_hf_eager_step_by_step(target):
     import examples.llama_paged_decode as example
     lines = []
     worst = example.run(steps=2, log=lines.append)

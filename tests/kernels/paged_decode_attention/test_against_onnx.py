@@ -38,7 +38,7 @@ def per_request_inputs(args, b, page_size):
 @pytest.mark.parametrize("runner", ["reference", "onnxruntime"])
 @pytest.mark.parametrize("softcap", [0.0, 3.0])
 @pytest.mark.parametrize("group", [1, 4])
-def test_matches_onnx_attention(rng, runner, softcap, group):
+def test_matches_onnx_attention(rng, target, runner, softcap, group):
     page_size, D, H = 8, 16, 2
     args = make_decode_case(rng, [1, 19, 40], page_size, H, group, D, layout="HND")
     scale = 0.25

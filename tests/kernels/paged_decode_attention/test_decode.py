@@ -109,3 +109,23 @@ def test_head_groups_beyond_128_rows(rng, target, H, G):
     out, lse = batch_decode(*args, return_lse=True, sinks=np.linspace(-1, 1, H * G).astype(np.float32))
     ref, ref_lse = batch_decode_ref(*args, return_lse=True, sinks=np.linspace(-1, 1, H * G).astype(np.float32))
     assert_close(out, ref, lse, ref_lse)
+
+
+@pytest.mark.parametrize("window_left", [42, 43, 44, 170, 171, 172, 299])
+def test_window_start_on_and_beside_a_chunk_boundary(rng, target, window_left):
+    """kv_len 300, page 16 (chunks of 128 tokens): the window's first key 300 - w - 1 falls on
+    key 256 or 128 (a chunk's first key), one before or one after it."""
+    args = make_decode_case(rng, [300, 300], 16, 2, 2, 16)
+    out, lse = batch_decode(*args, return_lse=True, window_left=window_left)
+    ref, ref_lse = batch_decode_ref(*args, return_lse=True, window_left=window_left)
+    assert_close(out, ref, lse, ref_lse)
+
+
+@pytest.mark.parametrize("window_left, c0, full_lo", [(43, 2, 2), (44, 1, 2), (42, 2, 3),
+                                                      (171, 1, 1), (-1, 0, 0)])
+def test_window_chunks_on_a_boundary_are_full_not_masked(window_left, c0, full_lo):
+    """Key 300 - w - 1 as the window start W: the chunk starting at W is a full chunk (no mask);
+    chunks before it are not visited."""
+    from nki_kernels.paged_decode_attention.plan import C0, C1, FULL_HI, FULL_LO, request_table
+    row = request_table(np.array([0, 19]), np.array([300]), window_left, 16, 1)[0]
+    assert (row[C0], row[FULL_LO], row[FULL_HI], row[C1]) == (c0, full_lo, max(full_lo, 2), 3)

@@ -55,3 +55,25 @@ def test_reshape_and_cache_refuses_out_of_range_and_duplicates():
     with pytest.raises(ValueError, match="same slot twice"):
         reshape_and_cache(kv, kv, kc, vc, np.array([3, 3]))
     assert not kc.any() and not vc.any()
+
+
+def test_page_id_bounds_are_exact(case):
+    """A page id equal to the page count is refused (it would be dropped by oob_mode.skip, not
+    written); the last page id is accepted."""
+    args = case([20, 9], [4, 9], 8, 2, 4)
+    n = args[4].shape[0]
+    used = int(args[6][-1])
+    for page, ok in ((n, False), (n - 1, True)):
+        indices = args[5].copy()
+        others = np.flatnonzero(indices[:used] == n - 1)
+        if others.size:                                  # keep page ids unique
+            indices[others[0]] = indices[used - 1]
+        indices[used - 1] = page
+        fresh = list(args)
+        fresh[4] = args[4].copy()
+        fresh[5] = indices
+        if ok:
+            append_paged_kv_cache(*fresh)
+        else:
+            with pytest.raises(ValueError, match=rf"kv_indices\[{used - 1}\]={n} is not a page"):
+                append_paged_kv_cache(*fresh)

@@ -46,14 +46,14 @@ def inputs(rng, shape, axis, seq_len, mode, dtype):
 @pytest.mark.parametrize("dtype", [np.float32, np.float16, np.int8, np.int64])
 @pytest.mark.parametrize("mode", ["linear", "circular"])
 @pytest.mark.parametrize("shape, axis, seq_len", GRID, ids=str)
-def test_matches_onnx_reference_evaluator(rng, shape, axis, seq_len, mode, dtype):
+def test_matches_onnx_reference_evaluator(rng, target, shape, axis, seq_len, mode, dtype):
     cache, update, w = inputs(rng, shape, axis, seq_len, mode, dtype)
     expected = ReferenceEvaluator(model(cache, update, axis, mode)).run(
         None, {"past_cache": cache, "update": update, "write_indices": w})[0]
     np.testing.assert_array_equal(tensor_scatter(cache, update, w, axis, mode), expected)
 
 
-def test_batch_beyond_max_seq_circular_case():
+def test_batch_beyond_max_seq_circular_case(target):
     # onnx < 1.23 wrapped the batch coordinate too; the fixed reference and we do not.
     cache, update = np.zeros((5, 4, 1), np.float32), np.arange(5, dtype=np.float32).reshape(5, 1, 1) + 1
     w = np.array([0, 1, 2, 3, 3], np.int64)
@@ -74,7 +74,7 @@ def test_omitted_write_indices(rng):
 @pytest.mark.parametrize("dtype", [np.float32, np.float16, np.int8, np.uint8, np.float64])
 @pytest.mark.parametrize("mode", ["linear", "circular"])
 @pytest.mark.parametrize("shape, axis, seq_len", GRID, ids=str)
-def test_matches_onnxruntime(rng, shape, axis, seq_len, mode, dtype):
+def test_matches_onnxruntime(rng, target, shape, axis, seq_len, mode, dtype):
     ort = pytest.importorskip("onnxruntime")
     cache, update, w = inputs(rng, shape, axis, seq_len, mode, dtype)
     sess = ort.InferenceSession(model(cache, update, axis, mode).SerializeToString(),
@@ -83,7 +83,7 @@ def test_matches_onnxruntime(rng, shape, axis, seq_len, mode, dtype):
     np.testing.assert_array_equal(tensor_scatter(cache, update, w, axis, mode), expected)
 
 
-def test_onnx_backend_node_cases():
+def test_onnx_backend_node_cases(target):
     from onnx.backend.test.case.node import collect_testcases
     cases = [c for c in collect_testcases("TensorScatter")]
     assert len(cases) >= 3
