@@ -23,7 +23,7 @@ from . import compile_cache, context, dtypes, subset
 from .lnc import run_instances
 from .memory import Memory
 from .targets import get_target
-from .tensor import ndarray
+from .tensor import _contiguous_strides, ndarray
 from .trace import Trace
 
 _last_trace: Optional[Trace] = None
@@ -216,7 +216,7 @@ class _Converter:
             s = value._storage
             host = self.hosts.get(id(s))
             if (host is not None and host[0] is s and value.shape == tuple(host[1].shape)
-                    and value.offset == 0 and value.strides == _contiguous(value.shape)
+                    and value.offset == 0 and value.strides == _contiguous_strides(value.shape)
                     and value.dtype == s.dtype):
                 return host[1]            # an input returned whole: the caller's own object
             array = s.data.reshape(s.shape).copy()
@@ -231,14 +231,6 @@ class _Converter:
         if isinstance(value, dict):
             return {k: self.to_host(v) for k, v in value.items()}
         return value
-
-
-def _contiguous(shape):
-    strides, step = [], 1
-    for n in reversed(shape):
-        strides.append(step)
-        step *= int(n)
-    return tuple(reversed(strides))
 
 
 def _is_torch(value) -> bool:
