@@ -80,9 +80,15 @@ def free_elems(r: Resolved) -> int:
     return math.prod(r.shape[1:])
 
 
+_DTYPE_NAMES = {}                      # np.dtype -> name (NumPy computes .name on every read)
+
+
 def describe(role: str, r: Resolved) -> Operand:
     t = r.tensor
-    return Operand(role=role, tensor=t.name, buffer=r.buffer, dtype=t._dtype.name,
+    name = _DTYPE_NAMES.get(t._dtype)
+    if name is None:
+        name = _DTYPE_NAMES[t._dtype] = t._dtype.name
+    return Operand(role=role, tensor=t.name, buffer=r.buffer, dtype=name,
                    shape=t.shape, pattern=tuple(zip(t.strides, t.shape)), offset=r.offset,
                    indirect=r.indirect)
 
