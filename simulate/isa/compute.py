@@ -9,6 +9,7 @@ from .elementwise import (reciprocal, scalar_tensor_tensor, tensor_copy_predicat
                           tensor_tensor)
 from .gpsimd import nonzero_with_count
 from .matmul import nc_matmul, nc_transpose
+from .mx import nc_matmul_mx, quantize_mx
 from .reduce import (bn_aggr, bn_stats, max8, tensor_partition_reduce, tensor_reduce,
                      tensor_scalar_reduce)
 from .scan import tensor_scalar_cumulative, tensor_tensor_scan
@@ -21,6 +22,7 @@ __all__ = [
     "set_rng_seed",
     "activation", "activation_reduce", "exponential", "reciprocal", "scalar_tensor_tensor",
     "tensor_copy_predicated", "tensor_scalar", "tensor_tensor", "nc_matmul", "nc_transpose",
+    "nc_matmul_mx", "quantize_mx",
     "bn_aggr", "bn_stats", "max8", "tensor_partition_reduce", "tensor_reduce",
     "tensor_scalar_reduce", "affine_select", "range_select", "select_reduce",
     "nc_find_index8", "nc_match_replace8", "tensor_scalar_cumulative", "tensor_tensor_scan", "nonzero_with_count", "nc_stream_shuffle",
