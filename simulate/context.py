@@ -28,6 +28,7 @@ class Launch:
     shared_hbm_cursor: int = 0
     rank: int = 0                 # rank of this program in a multi-rank (collectives) job
     job: object = None            # simulate.lnc.Meeting of the job's ranks (None: one rank)
+    precise_fp: bool = True       # False under NKI_PRECISE_FP=0 (read at launch)
     loop_frames: list = field(default_factory=list)  # LoopFrame per enclosing device loop
     while_loops: list = field(default_factory=list)  # open ``while reg:`` loops: (site, iterations)
 

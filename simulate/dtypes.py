@@ -52,14 +52,14 @@ PRECISE_FP_ENV = "NKI_PRECISE_FP"
 
 
 def precise_fp() -> bool:
-    """False when ``NKI_PRECISE_FP`` is 0 / false / off (read at every allocation)."""
+    """False when ``NKI_PRECISE_FP`` is 0 / false / off (read once per launch)."""
     return os.environ.get(PRECISE_FP_ENV, "1").strip().lower() not in ("0", "false", "off", "no")
 
 
-def allocated(dtype) -> np.dtype:
-    """The dtype a kernel allocation of ``dtype`` gets: float32 for low-precision floats when
-    ``NKI_PRECISE_FP=0``, else ``dtype``."""
-    return float32 if dtype in LOW_PRECISION and not precise_fp() else dtype
+def widened(dtype) -> np.dtype:
+    """The dtype an allocation of ``dtype`` gets under ``NKI_PRECISE_FP=0``: float32 for the
+    low-precision floats, else ``dtype``."""
+    return float32 if dtype in LOW_PRECISION else dtype
 
 
 def as_dtype(dtype) -> np.dtype:

@@ -123,7 +123,8 @@ def launch(fn, args, kwargs, grid=(), target=None, shuffle=False, seed=0, rank=0
         subset.check_argument(v, k)
     key = compile_cache.compile_key(args, kwargs, grid, target.name)
     trace = Trace(target)
-    run = context.Launch(target=target, grid=grid, trace=trace, rank=rank, job=job)
+    run = context.Launch(target=target, grid=grid, trace=trace, rank=rank, job=job,
+                         precise_fp=dtypes.precise_fp())
     with context.running(run):
         converter = _Converter()
         args = tuple(converter.to_device(a, names[i]) for i, a in enumerate(args))

@@ -77,9 +77,11 @@ class ndarray:
     def __init__(self, shape, dtype, buffer=MemoryRegion.sbuf, name: str = "", address=None):
         buf = buffer_name(buffer)
         shape = tuple(int(n) for n in (shape if isinstance(shape, (tuple, list)) else (shape,)))
-        dtype = dtypes.allocated(dtypes.as_dtype(dtype))
-        _check_allocation(shape, dtype, buf, name, address)
         launch = context.current()
+        dtype = dtypes.as_dtype(dtype)
+        if not launch.precise_fp:
+            dtype = dtypes.widened(dtype)
+        _check_allocation(shape, dtype, buf, name, address)
         if buf == "shared_hbm" and launch.trace is not None:
             storage = _shared_hbm_storage(launch, shape, dtype, name)
         elif address is not None and buf in ("sbuf", "psum"):

@@ -88,9 +88,11 @@ def describe(role: str, r: Resolved) -> Operand:
     name = _DTYPE_NAMES.get(t._dtype)
     if name is None:
         name = _DTYPE_NAMES[t._dtype] = t._dtype.name
-    return Operand(role=role, tensor=t.name, buffer=r.buffer, dtype=name,
-                   shape=t.shape, pattern=tuple(zip(t.strides, t.shape)), offset=r.offset,
-                   indirect=r.indirect)
+    operand = object.__new__(Operand)         # the frozen dataclass's fields, set directly (hot)
+    operand.__dict__.update(role=role, tensor=t.name, buffer=r.buffer, dtype=name,
+                            shape=t._shape, pattern=tuple(zip(t._strides, t._shape)),
+                            offset=r.offset, indirect=r.indirect)
+    return operand
 
 
 def record(op: str, engine: str, operands: dict, name=None, **fields) -> Instruction:
