@@ -36,9 +36,11 @@ def last_trace() -> Optional[Trace]:
     return _last_trace
 
 
-# nki.jit's documented keyword options (compile/specialization configs of the current reference,
-# and the mode= of earlier releases still used by real kernels) and mode values
-JIT_OPTIONS = ("compile_config", "specialization_config", "mode")
+# nki.jit's keyword options: the compile/specialization configs of the current reference, the
+# mode= of earlier releases, and the compiler flags AWS's nki-library kernels pass (the reference
+# signature ends in **kwargs); anything else is refused as a likely typo. And the mode values.
+JIT_OPTIONS = ("compile_config", "specialization_config", "mode", "debug_kernel",
+               "show_compiler_tb", "experimental_flags")
 JIT_MODES = ("auto", "jax", "torchxla", "simulation", "trace", "baremetal", "benchmark")
 
 
@@ -121,10 +123,11 @@ def launch(fn, args, kwargs, grid=(), target=None, shuffle=False, seed=0, rank=0
         subset.check_argument(a, names[i])
     for k, v in kwargs.items():
         subset.check_argument(v, k)
-    key = compile_cache.compile_key(args, kwargs, grid, target.name)
+    precise_fp = dtypes.precise_fp()
+    key = compile_cache.compile_key(args, kwargs, grid, target.name, precise_fp)
     trace = Trace(target)
     run = context.Launch(target=target, grid=grid, trace=trace, rank=rank, job=job,
-                         precise_fp=dtypes.precise_fp())
+                         precise_fp=precise_fp)
     with context.running(run):
         converter = _Converter()
         args = tuple(converter.to_device(a, names[i]) for i, a in enumerate(args))
@@ -216,7 +219,7 @@ class _Converter:
         if isinstance(value, ndarray):
             s = value._storage
             host = self.hosts.get(id(s))
-            if (host is not None and host[0] is s and value.shape == tuple(host[1].shape)
+            if (host is not None and host[0] is s and value.shape == s.shape
                     and value.offset == 0 and value.strides == _contiguous_strides(value.shape)
                     and value.dtype == s.dtype):
                 return host[1]            # an input returned whole: the caller's own object

@@ -182,3 +182,5 @@ def test_unknown_jit_options_are_refused():
     with pytest.raises(ValueError, match="mode='fast'"):
         jit(mode="fast")(k)
     assert jit(mode="simulation")(k) is not None
+    assert jit(mode="auto", debug_kernel=True, show_compiler_tb=True,      # as nki-library's qkv
+               experimental_flags="skip-non-top-level-shared-hbm-check")(k) is not None
