@@ -4,10 +4,10 @@ from .check import (AccessPatternError, check_bounds, check_not_nested, check_pa
                     free_size, reinterpret_count)
 from .algebra import coalesce, compose, contiguous_run, permute, reinterpret, split, tile
 from .layouts import PagedKVLayout, page_rows, scatter_write, sequence_rows
-from .pattern import AccessPattern
+from .pattern import AccessPattern, extent
 
 __all__ = [
     "AccessPattern", "AccessPatternError", "coalesce", "contiguous_run", "split", "tile",
     "compose", "permute", "reinterpret", "PagedKVLayout", "page_rows", "scatter_write", "sequence_rows", "check_bounds", "check_not_nested",
-    "check_partition_rule", "free_size", "reinterpret_count",
+    "check_partition_rule", "free_size", "reinterpret_count", "extent",
 ]

@@ -36,6 +36,19 @@ def _as_pairs(pattern: Iterable[Sequence[int]]) -> Tuple[Pair, ...]:
     return tuple(pairs)
 
 
+def extent(pairs, offset: int = 0) -> Tuple[int, int]:
+    """``(lo, hi)``: smallest and largest flat index ``offset + sum(i * step)`` reaches over the
+    ``(step, num)`` pairs (inclusive); for views, ``zip(strides, shape)``."""
+    lo = hi = offset
+    for step, num in pairs:
+        reach = step * (num - 1)
+        if reach < 0:
+            lo += reach
+        else:
+            hi += reach
+    return lo, hi
+
+
 @dataclass(frozen=True)
 class AccessPattern:
     """``offset + (num:step, ...)`` over a flattened tensor.
@@ -92,12 +105,7 @@ class AccessPattern:
     @property
     def extent(self) -> Tuple[int, int]:
         """``(lo, hi)``: the smallest and largest flat index visited (inclusive)."""
-        lo = hi = self.offset
-        for step, num in self.pattern:
-            reach = step * (num - 1)
-            lo += min(0, reach)
-            hi += max(0, reach)
-        return lo, hi
+        return extent(self.pattern, self.offset)
 
     def __call__(self, *idx: int) -> int:
         """Flat index of element ``idx`` of the access."""

@@ -11,8 +11,6 @@ drops the offending rows (vector) or the whole access (scalar), leaving the dest
 
 from __future__ import annotations
 
-import functools
-
 from typing import Optional
 
 import numpy as np
@@ -79,7 +77,7 @@ class Resolved:
         if self.indices is not None:
             return self.indices
         t = self.tensor
-        return _static_indices(t._shape, t._strides, self.offset)
+        return aps.AccessPattern.from_strides(t.shape, t.strides, self.offset).indices()
 
     def write(self, values: np.ndarray, row_mask: Optional[np.ndarray] = None) -> None:
         """Store ``values`` (already of the operand's dtype and shape) in the rows taking part."""
@@ -122,13 +120,7 @@ def resolve(t, op: str, role: str, oob_mode: str = "error") -> Resolved:
     dyn = t._dynamic
     flat_size = t._storage.elements(t._dtype).size
     if dyn is None:
-        lo = hi = t._offset                          # the extent, without building the pattern
-        for step, num in zip(t._strides, t._shape):
-            reach = step * (num - 1)
-            if reach < 0:
-                lo += reach
-            else:
-                hi += reach
+        lo, hi = aps.extent(zip(t._strides, t._shape), t._offset)   # no pattern object built
         if lo < 0 or hi >= flat_size:
             _check_static(aps.AccessPattern.from_strides(t.shape, t.strides, t.offset),
                           flat_size, op, label)
@@ -161,14 +153,6 @@ def resolve(t, op: str, role: str, oob_mode: str = "error") -> Resolved:
                          f"(out-of-bound indirect access)", op=op, operand=label)
         return Resolved(t, op, role, t.offset, indices=indices, row_mask=ok)
     return Resolved(t, op, role, t.offset, indices=indices)
-
-
-@functools.lru_cache(maxsize=4096)
-def _static_indices(shape, strides, offset) -> np.ndarray:
-    """Flat indices of a strided view (cached: loops reuse the same tiles; read-only)."""
-    out = aps.AccessPattern.from_strides(shape, strides, offset).indices()
-    out.flags.writeable = False
-    return out
 
 
 def _check_static(ap, flat_size, op, label):

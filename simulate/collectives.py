@@ -16,6 +16,7 @@ dtype.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import List
 
@@ -70,16 +71,15 @@ def _group(op, replica_group):
     except TypeError:
         _fail(op, f"replica_group={replica_group!r} must be a ReplicaGroup or a list of rank "
                   f"lists", "replica_group")
-    mine = [g for g in groups if launch.rank in g]
-    if len(mine) != 1:
-        _fail(op, f"rank {launch.rank} must be in exactly one sub-group of {groups}",
-              "replica_group")
     ranks = 1 if launch.job is None else len(launch.job.instances)
     bad = [r for g in groups for r in g if not 0 <= r < ranks]
     if bad:
         _fail(op, f"replica_group names rank {bad[0]}, but the job has {ranks} rank(s) (launch "
-                  f"with simulate(kernel, ranks=N))", "replica_group")
-    return mine[0]
+              f"with simulate(kernel, ranks=N))", "replica_group")
+    try:                                     # sub-groups must not overlap; the caller's group
+        return ReplicaGroup(groups).group_of(launch.rank)
+    except ValueError as err:
+        _fail(op, f"rank {launch.rank}: {err}", "replica_group")
 
 
 def _resolve_all(op, srcs, dsts, hbm_only=False, single=False):
@@ -132,6 +132,21 @@ def _exchange(op, group, payload):
     return {rank: values for rank, (_, values) in got.items()}
 
 
+def _values(rs):
+    """This rank's payload: a copy of every src."""
+    return [r.read().copy() for r in rs]
+
+
+def _split_part(op, rs, group):
+    """This rank's position in ``group``, after checking every src splits into group-size parts
+    along dim 0."""
+    for i, s in enumerate(rs):
+        if s.shape[0] % len(group):
+            _fail(op, f"srcs[{i}] dim 0 ({s.shape[0]}) must divide by the group size "
+                      f"{len(group)}", f"srcs[{i}]")
+    return group.index(context.current().rank)
+
+
 def _signature(group, rs, extra=()):
     return (tuple(group), tuple((r.shape, r.tensor.dtype.name) for r in rs)) + tuple(extra)
 
@@ -152,7 +167,7 @@ def _record(op, rs, rd, name):
     from .isa.core import record
     operands = {f"src{i}": r for i, r in enumerate(rs)}
     operands.update({f"dst{i}": r for i, r in enumerate(rd)})
-    moved = sum(int(np.prod(r.shape)) * r.tensor.dtype.itemsize for r in rd)
+    moved = sum(math.prod(r.shape) * r.tensor.dtype.itemsize for r in rd)
     return record(op, "dma", operands, name=name, dma_bytes=moved)
 
 
@@ -170,7 +185,7 @@ def all_reduce(srcs, dsts, replica_group, op, priority=None, name=None):
     how = _reduce_op(me, op)
     for i, (s, d) in enumerate(zip(rs, rd)):
         _check_shape(me, f"dsts[{i}]", d.shape, s.shape)
-    got = _exchange(me, group, (_signature(group, rs, (how,)), [r.read().copy() for r in rs]))
+    got = _exchange(me, group, (_signature(group, rs, (how,)), _values(rs)))
     for i, d in enumerate(rd):
         d.write(_combine([got[r][i] for r in group], how, d.tensor.dtype).reshape(d.shape))
     return _record(me, rs, rd, name)
@@ -197,7 +212,7 @@ def all_gather(srcs, dsts, replica_group, collective_dim, priority=None, name=No
         want = list(s.shape)
         want[dim] *= len(group)
         _check_shape(me, f"dsts[{i}]", d.shape, want)
-    got = _exchange(me, group, (_signature(group, rs, (dim,)), [r.read().copy() for r in rs]))
+    got = _exchange(me, group, (_signature(group, rs, (dim,)), _values(rs)))
     for i, (s, d) in enumerate(zip(rs, rd)):
         parts = [got[r][i].reshape(s.shape) for r in group]
         d.write(np.concatenate(parts, axis=dim).reshape(d.shape))
@@ -209,18 +224,14 @@ def reduce_scatter(srcs, dsts, replica_group, collective_dim, op, priority=None,
     k-th rank of the group gets part k."""
     me = "reduce_scatter"
     group = _group(me, replica_group)
-    rs, rd, place = _resolve_all(me, srcs, dsts)
-    dim = _dim(me, collective_dim, place, rs) if place == "hbm" else int(collective_dim)
-    if dim != 0:
+    rs, rd, _ = _resolve_all(me, srcs, dsts)
+    if int(collective_dim) != 0:
         _fail(me, f"collective_dim={collective_dim}: only 0 is supported", "collective_dim")
     how = _reduce_op(me, op)
+    k = _split_part(me, rs, group)
     for i, (s, d) in enumerate(zip(rs, rd)):
-        if s.shape[0] % len(group):
-            _fail(me, f"srcs[{i}] dim 0 ({s.shape[0]}) must divide by the group size "
-                      f"{len(group)}", f"srcs[{i}]")
         _check_shape(me, f"dsts[{i}]", d.shape, (s.shape[0] // len(group),) + tuple(s.shape[1:]))
-    got = _exchange(me, group, (_signature(group, rs, (how,)), [r.read().copy() for r in rs]))
-    k = group.index(context.current().rank)
+    got = _exchange(me, group, (_signature(group, rs, (how,)), _values(rs)))
     for i, (s, d) in enumerate(zip(rs, rd)):
         total = _combine([got[r][i].reshape(s.shape) for r in group], how, d.tensor.dtype)
         d.write(np.split(total, len(group), axis=0)[k].reshape(d.shape))
@@ -234,13 +245,10 @@ def all_to_all(srcs, dsts, replica_group, collective_dim, priority=None, name=No
     group = _group(me, replica_group)
     rs, rd, place = _resolve_all(me, srcs, dsts, hbm_only=True)
     _dim(me, collective_dim, place, rs)
+    k = _split_part(me, rs, group)
     for i, (s, d) in enumerate(zip(rs, rd)):
-        if s.shape[0] % len(group):
-            _fail(me, f"srcs[{i}] dim 0 ({s.shape[0]}) must divide by the group size "
-                      f"{len(group)}", f"srcs[{i}]")
         _check_shape(me, f"dsts[{i}]", d.shape, s.shape)
-    got = _exchange(me, group, (_signature(group, rs), [r.read().copy() for r in rs]))
-    k = group.index(context.current().rank)
+    got = _exchange(me, group, (_signature(group, rs), _values(rs)))
     for i, (s, d) in enumerate(zip(rs, rd)):
         parts = [np.split(got[r][i].reshape(s.shape), len(group), axis=0)[k] for r in group]
         d.write(np.concatenate(parts, axis=0).reshape(d.shape))
@@ -264,7 +272,7 @@ def collective_permute(srcs, dsts, source_target_pairs, priority=None, name=None
         return _record(me, rs, rd, name)
     _group(me, [ranks])
     got = _exchange(me, ranks, ((tuple(ranks), tuple(pairs), rs[0].shape,
-                                 rs[0].tensor.dtype.name), [rs[0].read().copy()]))
+                                 rs[0].tensor.dtype.name), _values(rs)))
     sources = [s for s, t in pairs if t == launch.rank]
     if sources:
         rd[0].write(got[sources[0]][0].reshape(rd[0].shape))

@@ -23,7 +23,6 @@ from typing import Dict, Tuple
 
 import numpy as np
 
-from . import dtypes
 from .errors import SimulationError
 
 
@@ -67,12 +66,12 @@ def _part(value):
         return (type(value).__name__, repr(value))
 
 
-def compile_key(args, kwargs, grid, target_name) -> tuple:
+def compile_key(args, kwargs, grid, target_name, precise_fp=True) -> tuple:
     """The key ``nki.jit`` compiles under for these host arguments (plus the simulator's
     ``NKI_PRECISE_FP=0`` setting, which changes the dtypes a kernel allocates)."""
     key = (tuple(_part(a) for a in args), tuple(sorted((k, _part(v)) for k, v in kwargs.items())),
            tuple(grid), target_name)
-    return key if dtypes.precise_fp() else key + ("NKI_PRECISE_FP=0",)
+    return key if precise_fp else key + ("NKI_PRECISE_FP=0",)
 
 
 def static_program(trace) -> tuple:

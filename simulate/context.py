@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import sys
 import threading
@@ -94,13 +95,19 @@ def running(launch: Launch):
         _local.launch = saved
 
 
+@functools.lru_cache(maxsize=None)
+def in_simulator(filename: str) -> bool:
+    """Whether code of ``filename`` belongs to this package (not to a kernel); cached (hot: read
+    on every tensor dtype access)."""
+    return os.path.abspath(filename).startswith(_PACKAGE_DIR + os.sep)
+
+
 def kernel_location() -> Optional[str]:
     """``file:line`` of the innermost frame outside this package (the kernel's line)."""
     frame = sys._getframe(1)
     while frame is not None:
-        filename = os.path.abspath(frame.f_code.co_filename)
-        if not filename.startswith(_PACKAGE_DIR + os.sep):
-            return f"{os.path.basename(filename)}:{frame.f_lineno}"
+        if not in_simulator(frame.f_code.co_filename):
+            return f"{os.path.basename(frame.f_code.co_filename)}:{frame.f_lineno}"
         frame = frame.f_back
     return None
 

@@ -66,10 +66,11 @@ class Storage:
 class _Region:
     """One placed region: its extent and the live storages placed there."""
 
-    __slots__ = ("buffer", "partitions", "start", "nbytes", "live", "data", "last")
+    __slots__ = ("buffer", "partitions", "start", "nbytes", "amount", "live", "data", "last")
 
-    def __init__(self, buffer, partitions, start, nbytes, data):
+    def __init__(self, buffer, partitions, start, nbytes, amount, data):
         self.buffer, self.partitions, self.start, self.nbytes = buffer, partitions, start, nbytes
+        self.amount = amount                # capacity charged: bytes (SBUF) or banks (PSUM)
         self.live = 0                       # storages placed here and not yet freed
         self.data = data                    # the region's bytes (shared by those storages)
         self.last = None                    # weakref to the newest of them
@@ -97,8 +98,7 @@ class Memory:
         at the same address with the same extent, fresh (and counted) otherwise."""
         dtype = np.dtype(dtype)
         p_off, b_off = (int(a) for a in address)
-        probe = Storage(np.empty(0, dtype), shape, buffer)
-        nbytes, parts = probe.partition_bytes, (p_off, p_off + int(shape[0]))
+        nbytes, parts = math.prod(shape[1:]) * dtype.itemsize, (p_off, p_off + int(shape[0]))
         limit = (self.target.psum_partition_bytes if buffer == "psum"
                  else self.target.sbuf_usable_bytes)
         if p_off < 0 or parts[1] > self.target.pmax or b_off < 0 or b_off + nbytes > limit:
@@ -110,7 +110,8 @@ class Memory:
                                 f"multiple of the {dtype.name} element size")
         key = (buffer, p_off, b_off)
         region = self.regions.get(key)
-        if region is not None and region.live and (region.partitions, region.nbytes) == (parts, nbytes):
+        same = region is not None and (region.partitions, region.nbytes) == (parts, nbytes)
+        if same and region.live:
             storage = Storage(region.data.view(dtype), shape, buffer, name, address)
             last = region.last()
             if last is not None and last.dtype == dtype:
@@ -125,8 +126,9 @@ class Memory:
                          f"B/partition; place tensors that share memory at the same address with "
                          f"the same extent")
             storage = Storage.allocate(shape, dtype, buffer, name, address)
-            region = _Region(buffer, parts, b_off, nbytes, storage.data)
-            self._count(buffer, region, +1, fail, storage)
+            region = _Region(buffer, parts, b_off, nbytes, self._amount(buffer, b_off, nbytes),
+                             storage.data)
+            self._charge(buffer, region.amount, storage, fail)
             self.regions[key] = region
         region.live += 1
         region.last = weakref.ref(storage)
@@ -136,58 +138,48 @@ class Memory:
     def _leave_region(self, key, region):
         region.live -= 1
         if region.live == 0:
-            self._count(region.buffer, region, -1, None, None)
+            self._refund(region.buffer, region.amount)
             if self.regions.get(key) is region:
                 del self.regions[key]
 
-    def _count(self, buffer, region, sign, fail, storage):
-        if buffer == "sbuf":
-            if sign > 0:
-                self._check_sbuf(region.nbytes, storage, fail)
-            self.sbuf_live += sign * region.nbytes
-            self.sbuf_peak = max(self.sbuf_peak, self.sbuf_live)
-        else:
-            bank = self.target.psum_bank_bytes
-            banks = (region.start + region.nbytes - 1) // bank - region.start // bank + 1
-            if sign > 0:
-                self._check_psum(banks, storage, fail)
-            self.psum_banks_live += sign * banks
-            self.psum_banks_peak = max(self.psum_banks_peak, self.psum_banks_live)
-
-    def _check_sbuf(self, nbytes, storage, fail):
-        if self.sbuf_live + nbytes > self.target.sbuf_usable_bytes:
-            fail(CapacityError,
-                 f"SBUF over capacity: allocating {storage.name or 'a tensor'} of shape "
-                 f"{storage.shape} {storage.dtype.name} ({nbytes} B/partition) with "
-                 f"{self.sbuf_live} B/partition live exceeds {self.target.sbuf_usable_bytes} "
-                 f"B/partition usable on {self.target.name}")
-
-    def _check_psum(self, banks, storage, fail):
-        if self.psum_banks_live + banks > self.target.psum_num_banks:
-            fail(CapacityError,
-                 f"PSUM over capacity: allocating {storage.name or 'a tensor'} of shape "
-                 f"{storage.shape} {storage.dtype.name} ({banks} bank(s) of "
-                 f"{self.target.psum_bank_bytes} B) with {self.psum_banks_live} of "
-                 f"{self.target.psum_num_banks} banks live")
-
+    # -- capacity: bytes per partition (SBUF) or banks (PSUM) -------------------------------
     def register(self, storage: Storage, fail) -> None:
         """Count ``storage`` until it is freed; ``fail(cls, message)`` raises when it does not fit."""
-        if storage.buffer == "sbuf":
-            nbytes = storage.partition_bytes
-            self._check_sbuf(nbytes, storage, fail)
-            self.sbuf_live += nbytes
+        if storage.buffer in ON_CHIP:
+            amount = self._amount(storage.buffer, 0, storage.partition_bytes)
+            self._charge(storage.buffer, amount, storage, fail)
+            weakref.finalize(storage, self._refund, storage.buffer, amount)
+
+    def _amount(self, buffer, start, nbytes) -> int:
+        """What ``nbytes`` per partition from byte ``start`` cost: bytes in SBUF, banks in PSUM."""
+        if buffer == "sbuf":
+            return nbytes
+        bank = self.target.psum_bank_bytes
+        return (start + nbytes - 1) // bank - start // bank + 1
+
+    def _charge(self, buffer, amount, storage, fail):
+        t = self.target
+        if buffer == "sbuf":
+            if self.sbuf_live + amount > t.sbuf_usable_bytes:
+                fail(CapacityError,
+                     f"SBUF over capacity: allocating {storage.name or 'a tensor'} of shape "
+                     f"{storage.shape} {storage.dtype.name} ({amount} B/partition) with "
+                     f"{self.sbuf_live} B/partition live exceeds {t.sbuf_usable_bytes} "
+                     f"B/partition usable on {t.name}")
+            self.sbuf_live += amount
             self.sbuf_peak = max(self.sbuf_peak, self.sbuf_live)
-            weakref.finalize(storage, self._release_sbuf, nbytes)
-        elif storage.buffer == "psum":
-            bank = self.target.psum_bank_bytes
-            banks = -(-storage.partition_bytes // bank)
-            self._check_psum(banks, storage, fail)
-            self.psum_banks_live += banks
+        else:
+            if self.psum_banks_live + amount > t.psum_num_banks:
+                fail(CapacityError,
+                     f"PSUM over capacity: allocating {storage.name or 'a tensor'} of shape "
+                     f"{storage.shape} {storage.dtype.name} ({amount} bank(s) of "
+                     f"{t.psum_bank_bytes} B) with {self.psum_banks_live} of "
+                     f"{t.psum_num_banks} banks live")
+            self.psum_banks_live += amount
             self.psum_banks_peak = max(self.psum_banks_peak, self.psum_banks_live)
-            weakref.finalize(storage, self._release_psum, banks)
 
-    def _release_sbuf(self, nbytes):
-        self.sbuf_live -= nbytes
-
-    def _release_psum(self, banks):
-        self.psum_banks_live -= banks
+    def _refund(self, buffer, amount):
+        if buffer == "sbuf":
+            self.sbuf_live -= amount
+        else:
+            self.psum_banks_live -= amount

@@ -16,6 +16,7 @@ from typing import Any, List
 
 import numpy as np
 
+from .launch import _is_torch, launch
 from .lnc import run_instances
 
 
@@ -36,14 +37,15 @@ def _for_rank(value, rank, ranks, where):
         if len(value.values) != ranks:
             raise ValueError(f"{where}: per_rank has {len(value.values)} values for {ranks} ranks")
         return value.values[rank]
-    if isinstance(value, np.ndarray) or type(value).__module__.startswith("torch"):
-        return value.copy() if isinstance(value, np.ndarray) else value.clone()
+    if isinstance(value, np.ndarray):
+        return value.copy()
+    if _is_torch(value):
+        return value.clone()
     return value
 
 
 def launch_ranks(fn, args, kwargs, ranks, grid=(), target=None) -> list:
     """Run ``fn`` on ``ranks`` ranks concurrently; the per-rank results, by rank."""
-    from .launch import launch
     if not isinstance(ranks, (int, np.integer)) or ranks < 1:
         raise ValueError(f"ranks={ranks!r}: a multi-rank launch needs a positive rank count")
     if grid and grid[0] > 1:

@@ -21,7 +21,6 @@ import ast
 import enum
 import inspect
 import textwrap
-import types
 
 import numpy as np
 
@@ -96,8 +95,7 @@ def check_argument(value, where: str) -> None:
     from .ops import Op
     from .objects import NKIObject
     if value is None or isinstance(value, (bool, str, float, np.floating, np.bool_, np.dtype,
-                                           Op, NKIObject, enum.Enum, types.FunctionType,
-                                           types.BuiltinFunctionType, type)):
+                                           Op, NKIObject, enum.Enum)):
         return
     if isinstance(value, (int, np.integer)):
         if not INT32[0] <= int(value) <= INT32[1]:
@@ -115,7 +113,7 @@ def check_argument(value, where: str) -> None:
                                   f"string keys only)", op="nki.jit", operand=where)
             check_argument(v, f"{where}[{k!r}]")
         return
-    if _is_tensor(value) or callable(value):
+    if _is_tensor(value) or callable(value):          # functions (inlined), classes, kernels
         return
     raise SubsetError(f"{where}: a {type(value).__name__} is not a value NKI kernels take "
                       f"(tensors, numbers, strings, None, dtypes, tuples, dicts with string "

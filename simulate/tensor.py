@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import enum
 import math
-import os
 import sys
 import threading
 from dataclasses import dataclass
@@ -26,8 +25,6 @@ import access_patterns as aps
 from . import context, dtypes
 from .errors import AccessError, OutOfBoundsError, ValidationError
 from .memory import Storage
-
-_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 
 
 class MemoryRegion(enum.Enum):
@@ -131,7 +128,7 @@ class ndarray:
     def dtype(self):
         """The element type: a NumPy dtype to the simulator, an ``nl`` dtype name to kernel code
         (whose NumPy attributes are an error there, as on the compiler)."""
-        if sys._getframe(1).f_code.co_filename.startswith(_PACKAGE_DIR):
+        if context.in_simulator(sys._getframe(1).f_code.co_filename):
             return self._dtype
         return dtypes.nki_name(self._dtype)
     ndim = property(lambda self: len(self._shape))

@@ -60,11 +60,12 @@ def batch_decode_kernel(q, k_rows, v_rows, meta, spans, kv_indices, tok_tab, sin
     per_group = max(1, min(H, 128 // G))                   # kv heads per tile: rows = heads x G <= 128
     groups = [(h0, min(per_group, H - h0)) for h0 in range(0, H, per_group)]
     R = per_group * G
-    sizes = []                                              # distinct heads per tile (1 or 2)
+    sizes, by_size = [], []                        # distinct heads per tile (1 or 2), their masks
     for _, n in groups:
         if n not in sizes:
             sizes.append(n)
-    masks = (sizes, [column_masks(T, n, G, mm_dtype) for n in sizes])
+            by_size.append(column_masks(T, n, G, mm_dtype))
+    masks = [by_size[sizes.index(n)] for _, n in groups]      # each group's (shared) masks
     iota_rt = nl.ndarray((R, T), nl.int32, buffer=nl.sbuf, name="iota_rt")
     nisa.iota(dst=iota_rt, pattern=[[1, T]], offset=0, channel_multiplier=0)
     # OCP fp8 (e4m3fn) is a matmul input from NeuronCore-v4 only: V is converted per chunk before.
@@ -124,8 +125,8 @@ def _chunk(consts, kv_indices, cursor, bounds, q_pads, states, masked, scale, so
         nisa.tensor_copy(dst=v_mm, src=tiles[1])
         tiles[1] = v_mm
     bias = mask_bias(cursor, bounds, iota_rt) if masked else None
-    for (h0, n), state, pads in zip(groups, states, q_pads):
-        online_update(state, pads, masks[1][masks[0].index(n)], tiles[0], tiles[1], h0, D,
+    for (h0, n), state, pads, group_masks in zip(groups, states, q_pads, masks):
+        online_update(state, pads, group_masks, tiles[0], tiles[1], h0, D,
                       None if bias is None else bias[0:n * G, :], scale, soft_cap, mm_dtype)
     advance(cursor, geo.page_size)
 

@@ -84,20 +84,19 @@ def destination_slots(batch_indices, positions, kv_indices, kv_indptr, kv_lens, 
         i = int(np.flatnonzero((b < -1) | (b >= batch))[0])
         raise ValueError(f"batch_indices[{i}]={b[i]} is not a request index (0..{batch - 1}) "
                          f"or -1 (padding)")
-    b = np.where(keep, b, 0)
-    if not keep.all() and batch == 0:
-        return np.zeros_like(b), np.zeros_like(b), keep
-    pos = np.where(keep, positions.astype(np.int64), 0)
-    bad = keep & ((pos < 0) | (pos >= kv_lens[b]))
+    rows = np.flatnonzero(keep)                              # the rows that are written
+    b, pos = b[rows], positions[rows].astype(np.int64)
+    bad = (pos < 0) | (pos >= kv_lens[b])
     if bad.any():
-        i = int(np.flatnonzero(bad)[0])
-        raise ValueError(f"positions[{i}]={pos[i]} is outside request {b[i]}'s KV length "
-                         f"{kv_lens[b[i]]} (its pages and kv_last_page_len must already cover "
+        j = int(np.flatnonzero(bad)[0])
+        raise ValueError(f"positions[{rows[j]}]={pos[j]} is outside request {b[j]}'s KV length "
+                         f"{kv_lens[b[j]]} (its pages and kv_last_page_len must already cover "
                          f"the appended tokens)")
     flat = kv_indptr[b].astype(np.int64) * geo.page_size + pos
-    pages = np.where(keep, kv_indices[np.where(keep, flat // geo.page_size, 0)], 0).astype(np.int64)
-    entries = np.where(keep, flat % geo.page_size, 0)
-    slots = (pages * geo.page_size + entries)[keep]
+    pages, entries = np.zeros(keep.size, np.int64), np.zeros(keep.size, np.int64)
+    pages[rows] = kv_indices[flat // geo.page_size]
+    entries[rows] = flat % geo.page_size
+    slots = pages[rows] * geo.page_size + entries[rows]
     if np.unique(slots).size != slots.size:
         raise ValueError("two appended tokens target the same cache slot (duplicate (batch, position) "
                          "pairs or pages shared between requests)")

@@ -95,7 +95,7 @@ def check_writable(paged_kv_cache, sources, names=("k_cache", "v_cache")):
             raise ValueError(f"{name} is read-only; the cache is updated in place")
         if not a.flags.c_contiguous:
             raise ValueError(f"{name} must be C-contiguous to be updated in place")
-    if not fused and np.may_share_memory(k, v) and np.shares_memory(k, v):
+    if not fused and np.shares_memory(k, v):
         raise ValueError(f"{names[0]} and {names[1]} share memory: V would overwrite K; pass two "
                          f"separate arrays (or one fused [N, 2, ...] cache)")
     cache = (paged_kv_cache,) if fused else (k, v)
@@ -105,14 +105,9 @@ def check_writable(paged_kv_cache, sources, names=("k_cache", "v_cache")):
 
 def row_views(paged_kv_cache, geo: CacheGeometry):
     """(k_rows, v_rows) 2-D views [rows, row_elems] sharing the cache memory (v_rows is None when
-    fused: V is k_rows shifted by ``geo.v_offset`` elements)."""
+    fused: V is k_rows shifted by ``geo.v_offset`` elements); ``check_writable`` has made sure
+    the cache is C-contiguous, so these are views, not copies."""
     if geo.fused:
-        cache = paged_kv_cache
-        if not cache.flags.c_contiguous:
-            raise ValueError("paged_kv_cache must be C-contiguous to be updated in place")
-        return cache.reshape(-1, geo.row_elems), None
+        return paged_kv_cache.reshape(-1, geo.row_elems), None
     k, v = paged_kv_cache
-    for name, a in (("k_cache", k), ("v_cache", v)):
-        if not a.flags.c_contiguous:
-            raise ValueError(f"{name} must be C-contiguous to be updated in place")
     return k.reshape(-1, geo.row_elems), v.reshape(-1, geo.row_elems)

@@ -93,7 +93,7 @@ def tensor_scatter_device(past_cache, update, write_indices, axis, mode):
 def _keep(written, target):
     """A mutating kernel returns what it wrote (an output aliasing ``target``, which keeps the
     call in a lazy XLA graph); copy it back only when the runtime handed back another buffer."""
-    if written is not target and written.data_ptr() != target.data_ptr():
+    if written.data_ptr() != target.data_ptr():
         target.copy_(written)
 
 

@@ -86,6 +86,16 @@ def _append_checks(append_key, append_value, batch_indices, positions, kv_cache,
                      written=("kv_cache",))
 
 
+def _decode_checks(q, kv_cache, kv_indptr, kv_indices, kv_last_page_len, sinks):
+    _check_arguments("q", dict(q=q, kv_cache=kv_cache, kv_indptr=kv_indptr, kv_indices=kv_indices,
+                               kv_last_page_len=kv_last_page_len, sinks=sinks))
+
+
+def _scatter_checks(past_cache, update, write_indices):
+    _check_arguments("past_cache", dict(past_cache=past_cache, update=update,
+                                        write_indices=write_indices))
+
+
 @append_paged_kv_cache.register_fake
 def _(append_key, append_value, batch_indices, positions, kv_cache, kv_indices, kv_indptr,
       kv_last_page_len, kv_layout="NHD"):
@@ -99,8 +109,7 @@ def batch_decode(q: Tensor, kv_cache: Tensor, kv_indptr: Tensor, kv_indices: Ten
                  kv_last_page_len: Tensor, kv_layout: str = "NHD", sm_scale: Optional[float] = None,
                  logits_soft_cap: float = 0.0, window_left: int = -1,
                  sinks: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
-    _check_arguments("q", dict(q=q, kv_cache=kv_cache, kv_indptr=kv_indptr, kv_indices=kv_indices,
-                               kv_last_page_len=kv_last_page_len, sinks=sinks))
+    _decode_checks(q, kv_cache, kv_indptr, kv_indices, kv_last_page_len, sinks)
     if _on_neuron(q):
         from .device import decode_on_neuron
         return decode_on_neuron(q, kv_cache, kv_indptr, kv_indices, kv_last_page_len, kv_layout,
@@ -117,16 +126,14 @@ def batch_decode(q: Tensor, kv_cache: Tensor, kv_indptr: Tensor, kv_indices: Ten
 @batch_decode.register_fake
 def _(q, kv_cache, kv_indptr, kv_indices, kv_last_page_len, kv_layout="NHD", sm_scale=None,
       logits_soft_cap=0.0, window_left=-1, sinks=None):
-    _check_arguments("q", dict(q=q, kv_cache=kv_cache, kv_indptr=kv_indptr, kv_indices=kv_indices,
-                               kv_last_page_len=kv_last_page_len, sinks=sinks))
+    _decode_checks(q, kv_cache, kv_indptr, kv_indices, kv_last_page_len, sinks)
     return torch.empty_like(q), q.new_empty(q.shape[:2], dtype=torch.float32)
 
 
 @torch.library.custom_op("nki_kernels::tensor_scatter", mutates_args=())
 def tensor_scatter(past_cache: Tensor, update: Tensor, write_indices: Optional[Tensor] = None,
                    axis: int = -2, mode: str = "linear") -> Tensor:
-    _check_arguments("past_cache", dict(past_cache=past_cache, update=update,
-                                        write_indices=write_indices))
+    _scatter_checks(past_cache, update, write_indices)
     if _on_neuron(past_cache):
         from .device import tensor_scatter_on_neuron
         return tensor_scatter_on_neuron(past_cache, update, write_indices, axis, mode)
@@ -138,6 +145,5 @@ def tensor_scatter(past_cache: Tensor, update: Tensor, write_indices: Optional[T
 
 @tensor_scatter.register_fake
 def _(past_cache, update, write_indices=None, axis=-2, mode="linear"):
-    _check_arguments("past_cache", dict(past_cache=past_cache, update=update,
-                                        write_indices=write_indices))
+    _scatter_checks(past_cache, update, write_indices)
     return torch.empty_like(past_cache)

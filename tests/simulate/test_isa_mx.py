@@ -93,24 +93,18 @@ def test_quantize_then_matmul_mx_equals_the_dequantised_product(rng, kinds):
     assert np.abs(got - full).max() < 0.1 * np.abs(full).max()  # MX error is quantisation-sized
 
 
-def test_mx_is_v4_only_and_checks_layout(rng):
+@pytest.mark.parametrize("platform, scale_rows, match", [
+    ("trn2", 4, "needs NeuronCore-v4"), ("trn3", 3, ">= 4 partitions")])
+def test_mx_is_v4_only_and_checks_layout(rng, platform, scale_rows, match):
     x = rng.standard_normal((32, 8)).astype(ml_dtypes.bfloat16)
 
     def body(src):
         q = sb((32, 2), nl.float8_e4m3fn_x4, "q")
-        s = sb((4, 2), nl.float8_e8m0fnu, "s")
+        s = sb((scale_rows, 2), nl.float8_e8m0fnu, "s")
         nisa.quantize_mx(dst=q, src=src, dst_scale=s)
         return q
-    with pytest.raises(simulate.ValidationError, match="needs NeuronCore-v4"):
-        run(body, x, target="trn2")
-
-    def small_scale(src):
-        q = sb((32, 2), nl.float8_e4m3fn_x4, "q")
-        s = sb((3, 2), nl.float8_e8m0fnu, "s")
-        nisa.quantize_mx(dst=q, src=src, dst_scale=s)
-        return q
-    with pytest.raises(simulate.ValidationError, match=">= 4 partitions"):
-        run(small_scale, x, target="trn3")
+    with pytest.raises(simulate.ValidationError, match=match):
+        run(body, x, target=platform)
 
 
 def test_matmul_mx_reads_fp4_nibbles_low_first_and_applies_scales(rng):
