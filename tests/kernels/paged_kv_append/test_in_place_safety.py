@@ -106,3 +106,14 @@ def test_a_float64_cache_is_refused_as_the_cache():
     i = np.zeros(1, np.int32)
     with pytest.raises(TypeError, match="cache dtype float64 is not a NeuronCore element type"):
         append_paged_kv_cache(rows, rows, i, i, cache, i, np.array([0, 1], np.int32), i + 1)
+
+
+def test_padding_rows_alone_with_an_empty_page_table_write_nothing(target):
+    """Only padding rows (batch -1) and a request with no pages: nothing to index, nothing written
+    (this read kv_indices[0] of an empty table before)."""
+    cache = np.zeros((2, 2, 4, 1, 4), np.float32)
+    rows = np.ones((2, 1, 4), np.float32)
+    append_paged_kv_cache(rows, rows, np.array([-1, -1], np.int32), np.zeros(2, np.int32), cache,
+                          np.zeros(0, np.int32), np.array([0, 0], np.int32),
+                          np.array([0], np.int32))
+    assert not cache.any()
