@@ -14,7 +14,8 @@ Patterns come from ``access_patterns.sequence_rows`` ([outer, rows, inner] of a 
   circular, NeuronCore-v3+ (trn2): rows land at (w[b] + s) mod M, which is not affine in s, so the
       update is staged in SBUF with s on partitions (<= 128 per tile) and scattered with one
       indirect DMA (``vector_offset``) per tile; the row index is computed on device
-      (iota + w[b] - M * (iota + w[b] >= M)).
+      (iota + w[b] - M * (iota + w[b] >= M)); rows wider than the 64 KiB staging budget go in
+      column pieces, so no row width overflows SBUF.
   circular, NeuronCore-v2 (trn1, no indirect DMA): one HBM->HBM DMA per (batch, s) whose
       ``scalar_offset`` row (w[b] + s) mod M is computed on device.
 A write that wraps would be two static patterns if w were known at trace time; it is runtime data
@@ -108,7 +109,9 @@ def _circular_indirect(cache, update, w, batch, per_batch):
     O, M, I = cache.shape
     S = update.shape[1]
     rows_view = cache.reshape((O * M, I))
-    chunk = max(1, min(per_batch, SBUF_TILE_BYTES // (I * dtype_bytes(cache.dtype))))
+    word = dtype_bytes(cache.dtype)
+    cols = min(I, SBUF_TILE_BYTES // word)           # a row wider than the budget goes in pieces
+    chunk = max(1, min(per_batch, SBUF_TILE_BYTES // (cols * word)))
     for b in range(batch):
         for s0 in range(0, S, P_MAX):
             rows = min(P_MAX, S - s0)
@@ -117,12 +120,19 @@ def _circular_indirect(cache, update, w, batch, per_batch):
             for o0 in range(0, per_batch, chunk):
                 n = min(chunk, per_batch - o0)
                 o = b * per_batch + o0
-                upd_sb = nl.ndarray((rows, n, I), cache.dtype, buffer=nl.sbuf, name="upd_sb")
-                nisa.dma_copy(dst=upd_sb, src=update.ap(_rows(n, S, rows, I, rows_first=True),
-                                                        offset=(o * S + s0) * I))
-                dst = rows_view.ap(_rows(n, M, rows, I, rows_first=True), offset=o * M * I,
-                                   vector_offset=idx, indirect_dim=0)
-                nisa.dma_copy(dst=dst, src=upd_sb)
+                for i0 in range(0, I, cols):
+                    c = min(cols, I - i0)
+                    upd_sb = nl.ndarray((rows, n, c), cache.dtype, buffer=nl.sbuf, name="upd_sb")
+                    nisa.dma_copy(dst=upd_sb, src=update.ap(_columns(_rows(n, S, rows, I, True), c),
+                                                            offset=(o * S + s0) * I + i0))
+                    dst = rows_view.ap(_columns(_rows(n, M, rows, I, True), c),
+                                       offset=o * M * I + i0, vector_offset=idx, indirect_dim=0)
+                    nisa.dma_copy(dst=dst, src=upd_sb)
+
+
+def _columns(pairs, count):
+    """``pairs`` with the innermost (unit-step) dimension cut to its first ``count`` elements."""
+    return pairs[:-1] + [[pairs[-1][0], count]]
 
 
 def _circular_rows(cache, update, w, batch, per_batch):

@@ -162,3 +162,15 @@ def test_in_place_update_that_views_the_cache_reads_before_writing(target, S, w)
     want = tensor_scatter_ref(cache.copy(), update.copy(), np.array([w]), 1, "circular")
     tensor_scatter_(cache, update, np.array([w]), axis=1, mode="circular")
     np.testing.assert_array_equal(cache, want)
+
+
+@pytest.mark.parametrize("row_bytes", [64 * 1024 + 4, 240_000])
+def test_circular_rows_wider_than_the_staging_budget(rng, target, row_bytes):
+    """A circular write whose rows exceed the per-partition staging budget (one row of 240 KB
+    does not fit SBUF at all) is staged in column pieces instead of overflowing SBUF."""
+    width = row_bytes // 4
+    cache = rng.standard_normal((2, 8, width)).astype(np.float32)
+    update = rng.standard_normal((2, 3, width)).astype(np.float32)
+    w = np.array([6, 2], np.int64)
+    expected = tensor_scatter_ref(cache, update, w, mode="circular")
+    np.testing.assert_array_equal(tensor_scatter(cache, update, w, mode="circular"), expected)
