@@ -24,7 +24,7 @@ A write that wraps would be two static patterns if w were known at trace time; i
 
 from __future__ import annotations
 
-from access_patterns import permute, sequence_rows
+from access_patterns import permute, sequence_rows, tile
 from nki_kernels.backend import nki, nisa, nl
 from nki_kernels.kernel_dtypes import dtype_bytes
 
@@ -37,7 +37,12 @@ def _rows(outer, seq, rows, inner, rows_first=False):
     """``access_patterns.sequence_rows`` as ``.ap`` pairs; ``rows_first`` puts the row dimension
     outermost (the partition / indirect dimension)."""
     ap = sequence_rows(outer, seq, rows, inner)
-    return [list(p) for p in (permute(ap, (1, 0, 2)) if rows_first else ap).pattern]
+    return _pairs(permute(ap, (1, 0, 2)) if rows_first else ap)
+
+
+def _pairs(ap):
+    """An ``AccessPattern``'s [step, num] pairs as the lists ``.ap`` takes."""
+    return [list(p) for p in ap.pattern]
 
 
 @nki.jit
@@ -120,19 +125,15 @@ def _circular_indirect(cache, update, w, batch, per_batch):
             for o0 in range(0, per_batch, chunk):
                 n = min(chunk, per_batch - o0)
                 o = b * per_batch + o0
-                for i0 in range(0, I, cols):
-                    c = min(cols, I - i0)
-                    upd_sb = nl.ndarray((rows, n, c), cache.dtype, buffer=nl.sbuf, name="upd_sb")
-                    nisa.dma_copy(dst=upd_sb, src=update.ap(_columns(_rows(n, S, rows, I, True), c),
-                                                            offset=(o * S + s0) * I + i0))
-                    dst = rows_view.ap(_columns(_rows(n, M, rows, I, True), c),
-                                       offset=o * M * I + i0, vector_offset=idx, indirect_dim=0)
+                src_pieces = tile(permute(sequence_rows(n, S, rows, I), (1, 0, 2)), 2, cols)
+                dst_pieces = tile(permute(sequence_rows(n, M, rows, I), (1, 0, 2)), 2, cols)
+                for src_ap, dst_ap in zip(src_pieces, dst_pieces):
+                    upd_sb = nl.ndarray(src_ap.shape, cache.dtype, buffer=nl.sbuf, name="upd_sb")
+                    nisa.dma_copy(dst=upd_sb, src=update.ap(_pairs(src_ap),
+                                                            offset=(o * S + s0) * I + src_ap.offset))
+                    dst = rows_view.ap(_pairs(dst_ap), offset=o * M * I + dst_ap.offset,
+                                       vector_offset=idx, indirect_dim=0)
                     nisa.dma_copy(dst=dst, src=upd_sb)
-
-
-def _columns(pairs, count):
-    """``pairs`` with the innermost (unit-step) dimension cut to its first ``count`` elements."""
-    return pairs[:-1] + [[pairs[-1][0], count]]
 
 
 def _circular_rows(cache, update, w, batch, per_batch):
