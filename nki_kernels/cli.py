@@ -89,19 +89,41 @@ def cost_row(row, overrides=None):
                 instructions=sum(est.instructions.values()), dma=est.dma_count,
                 hbm_bytes=est.hbm_bytes, min_bytes=min_bytes,
                 bytes_ratio=est.hbm_bytes / max(1, min_bytes),
-                est_us=est.seconds * 1e6, floor_us=floor * 1e6,
+                est_us=est.seconds * 1e6, lower_us=est.lower_seconds * 1e6,
+                serial_us=est.serial_seconds * 1e6, floor_us=floor * 1e6,
                 vs_floor=est.seconds / floor if floor else float("nan"),
+                lower_vs_floor=est.lower_seconds / floor if floor else float("nan"),
                 sim_vs_ref=row["sim_s"] / max(row["ref_s"], 1e-9)), est
 
 
 def markdown(rows):
-    head = ("| kernel | target | ok | instr | DMAs | HBM bytes | min bytes | bytes/min | est. us "
-            "| floor us | est/floor | sim/ref time |")
-    lines = [head, "|" + "---|" * 12]
+    head = ("| kernel | target | ok | instr | DMAs | HBM bytes | min bytes | bytes/min "
+            "| scheduled us | lower us | serial us | floor us | scheduled/floor | lower/floor "
+            "| sim/ref time |")
+    lines = [head, "|" + "---|" * 15]
     for r in rows:
         lines.append(f"| {r['kernel']} | {r['target']} | {'yes' if r['ok'] else 'NO'} | {r['instructions']} "
                      f"| {r['dma']} | {r['hbm_bytes']} | {r['min_bytes']} | {r['bytes_ratio']:.2f} "
-                     f"| {r['est_us']:.1f} | {r['floor_us']:.1f} | {r['vs_floor']:.1f} | {r['sim_vs_ref']:.1f} |")
+                     f"| {r['est_us']:.1f} | {r['lower_us']:.1f} | {r['serial_us']:.1f} "
+                     f"| {r['floor_us']:.1f} | {r['vs_floor']:.1f} | {r['lower_vs_floor']:.1f} "
+                     f"| {r['sim_vs_ref']:.1f} |")
+    return "\n".join(lines)
+
+
+def explain(est) -> str:
+    """What the schedule says: engine work and utilisation, loop barriers, the critical path."""
+    util = est.schedule.utilisation()
+    lines = ["per resource: " + ", ".join(
+        f"{k} {v * 1e6:.1f} us work ({est.instructions.get(k, 0)} instr"
+        + (f", {100 * max(u for (c, lane), u in util.items() if lane == k):.0f}% busy"
+           if any(lane == k for _, lane in util) else "") + ")"
+        for k, v in sorted(est.engine_seconds.items()))]
+    if est.schedule.barriers:
+        lines.append(f"loop-iteration barriers: {max(est.schedule.barriers.values())} x "
+                     f"{est.hw.loop_iteration_s * 1e6:.1f} us = {est.barrier_seconds * 1e6:.1f} us")
+    crit = est.schedule.critical_summary()
+    lines.append(f"critical path ({len(est.schedule.critical)} instructions): " + ", ".join(
+        f"{k} {v * 1e6:.1f} us" for k, v in sorted(crit.items(), key=lambda kv: -kv[1])))
     return "\n".join(lines)
 
 
@@ -118,8 +140,7 @@ def cmd_profile(args):
         return 0 if row["ok"] else 1
     table, est = cost_row(row, _parse_overrides(args.set))
     print(markdown([table]))
-    print("\nper engine (modelled busy time): " + ", ".join(
-        f"{k} {v * 1e6:.1f} us ({est.instructions[k]} instr)" for k, v in sorted(est.engine_seconds.items())))
+    print("\n" + explain(est))
     from .profile import chrome_trace, png_timeline
     if args.trace_json:
         chrome_trace(est, args.trace_json, args.kernel)

@@ -48,6 +48,7 @@ class LoopFrame:
 
     def __init__(self):
         self.storages, self.ordinal, self.iteration = [], 0, 0
+        self.idents = []            # per ordinal: (ident, shape, dtype, buffer) of its buffer
 
     def next_iteration(self, iteration: int):
         self.iteration, self.ordinal = iteration, 0
@@ -62,6 +63,17 @@ class LoopFrame:
         return None
 
     def keep(self, storage):
+        """Remember ``storage`` as this ordinal's buffer; a fresh allocation where an earlier
+        iteration's (since freed) buffer of the same kind stood takes that buffer's identity."""
+        kind = (storage.shape, storage.dtype, storage.buffer)
+        if self.ordinal < len(self.idents):
+            ident, *was = self.idents[self.ordinal]
+            if tuple(was) == kind:
+                storage.ident = ident
+            else:
+                self.idents[self.ordinal] = (storage.ident, *kind)
+        else:
+            self.idents.append((storage.ident, *kind))
         ref = weakref.ref(storage)
         if self.ordinal < len(self.storages):
             self.storages[self.ordinal] = ref

@@ -17,6 +17,7 @@ not a capacity error. A placement that partly overlaps a live tensor placed else
 
 from __future__ import annotations
 
+import itertools
 import math
 import weakref
 
@@ -29,18 +30,30 @@ ON_CHIP = ("sbuf", "psum")
 HBM = ("private_hbm", "shared_hbm")
 
 
+_IDENTS = itertools.count(1)       # storage identities, unique over the process
+
+
 class Storage:
-    """Flat memory of one allocation (or one wrapped host array)."""
+    """Flat memory of one allocation (or one wrapped host array).
 
-    __slots__ = ("data", "shape", "buffer", "name", "address", "mm_written", "__weakref__")
+    ``ident`` names the physical buffer for the cost model's dependency tracking: unique per
+    allocation, shared by the n-th allocation of every iteration of a device loop body (compiled
+    once, so one buffer) and by everything placed in one buffer by address (``address`` then
+    gives the position there)."""
 
-    def __init__(self, data: np.ndarray, shape, buffer: str, name: str = "", address=None):
+    __slots__ = ("data", "shape", "buffer", "name", "address", "mm_written", "ident",
+                 "row_bytes", "__weakref__")
+
+    def __init__(self, data: np.ndarray, shape, buffer: str, name: str = "", address=None,
+                 ident=None):
         self.data = data            # 1-D, contiguous, of the allocation dtype
         self.shape = tuple(int(n) for n in shape)
         self.buffer = buffer        # "sbuf" | "psum" | "private_hbm" | "shared_hbm"
         self.name = name
         self.address = address
         self.mm_written = None      # PSUM: bool per element, True where nc_matmul wrote last
+        self.ident = next(_IDENTS) if ident is None else ident
+        self.row_bytes = math.prod(self.shape[1:]) * data.itemsize   # bytes per partition
 
     @property
     def dtype(self) -> np.dtype:
@@ -48,7 +61,7 @@ class Storage:
 
     @property
     def partition_bytes(self) -> int:
-        return math.prod(self.shape[1:]) * self.dtype.itemsize
+        return self.row_bytes
 
     def elements(self, dtype) -> np.ndarray:
         """The same bytes as a flat array of ``dtype``."""
@@ -91,6 +104,7 @@ class Memory:
         self.sbuf_peak = 0
         self.psum_banks_peak = 0
         self.regions = {}                   # (buffer, partition offset, byte offset) -> _Region
+        self.placed_idents = {}             # buffer -> ident of the whole buffer (placed tensors)
 
     # -- tensors placed by address ------------------------------------------------------------
     def place(self, shape, dtype, buffer, name, address, fail) -> Storage:
@@ -108,11 +122,12 @@ class Memory:
         if b_off % dtype.itemsize:
             fail(CapacityError, f"{buffer} address {tuple(address)}: byte offset must be a "
                                 f"multiple of the {dtype.name} element size")
+        ident = self.placed_idents.setdefault(buffer, next(_IDENTS))
         key = (buffer, p_off, b_off)
         region = self.regions.get(key)
         same = region is not None and (region.partitions, region.nbytes) == (parts, nbytes)
         if same and region.live:
-            storage = Storage(region.data.view(dtype), shape, buffer, name, address)
+            storage = Storage(region.data.view(dtype), shape, buffer, name, address, ident)
             last = region.last()
             if last is not None and last.dtype == dtype:
                 storage.mm_written = last.mm_written
@@ -126,6 +141,7 @@ class Memory:
                          f"B/partition; place tensors that share memory at the same address with "
                          f"the same extent")
             storage = Storage.allocate(shape, dtype, buffer, name, address)
+            storage.ident = ident
             region = _Region(buffer, parts, b_off, nbytes, self._amount(buffer, b_off, nbytes),
                              storage.data)
             self._charge(buffer, region.amount, storage, fail)

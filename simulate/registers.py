@@ -256,6 +256,9 @@ class _Iterations:
     def next(self):
         self.frames[-1].next_iteration(self.count)
         self.count += 1
+        launch = context.current()
+        if launch.trace is not None:
+            launch.trace.mark_iteration(launch.program_id)
 
     def __exit__(self, *exc):
         self.frames.pop()

@@ -24,6 +24,9 @@ class Operand:
     pattern: Optional[Tuple[Tuple[int, int], ...]] = None   # ((step, num), ...) in elements
     offset: int = 0
     indirect: Optional[str] = None                         # None | "scalar" | "vector"
+    storage: int = 0              # identity of the physical buffer (``Storage.ident``)
+    row_bytes: int = 0            # bytes per partition of that buffer (on chip)
+    address: Optional[Tuple[int, int]] = None              # (partition, byte) of a placed tensor
 
     @property
     def itemsize(self) -> int:
@@ -69,6 +72,8 @@ class Trace:
         self.events = []
         self.memory_peaks = {}     # {"sbuf_bytes_per_partition": int, "psum_banks": int}
         self.loops = []            # device loops run: {"kind", "iterations", "location"}
+        self.iteration_starts = []  # (index of the next event, program id) per device-loop
+                                   # iteration begun: where the cost model puts its barrier
         self._lock = threading.Lock()    # LNC=2 instances record concurrently
         self.compiled = None       # after a launch: True if its compile key was new
 
@@ -77,6 +82,10 @@ class Trace:
             event = Event(index=len(self.events), **fields)
             self.events.append(event)
         return event
+
+    def mark_iteration(self, program_id) -> None:
+        with self._lock:
+            self.iteration_starts.append((len(self.events), program_id))
 
     def __len__(self):
         return len(self.events)

@@ -118,10 +118,11 @@ def _whole_requests(req: _Requests, rows: int, page_size: int) -> np.ndarray:
 
 # Modelled work, in chunk-equivalents, of what a core does besides a mask-free chunk: a work
 # item's fixed cost (request table, q load, state, finalize) and a masked chunk's extra (mask
-# bias, validity). Fitted to the cost model on trn2 (benchmarks/decode_two_cores.py): an item
-# costs 0.4-1.4 chunks and a masked chunk 0.3-1.0 extra (fp32 and bf16, H 2-8, G 1-4, D 64-128).
-ITEM_COST_CHUNKS = 1.0
-MASKED_EXTRA_CHUNKS = 1.0
+# bias, validity). Fitted to the dependency-aware schedule on trn2, where every device-loop
+# iteration (an item, a chunk) pays the same loop barrier (benchmarks/decode_two_cores.py: an
+# item 0.84 chunks, a masked chunk 0.07 extra; bf16, 8 kv heads, G 4, D 128, pages of 16).
+ITEM_COST_CHUNKS = 0.85
+MASKED_EXTRA_CHUNKS = 0.1
 
 
 @dataclass(frozen=True)

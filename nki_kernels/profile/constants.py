@@ -2,14 +2,22 @@
 
 Sources (see ../shared/reference/nki-api.md): [ARCH] NKI architecture guides (trn1/trn2), [NC]
 neuron-core-v2/v3 pages, [ISA] Beta 1 ISA "estimated instruction cost", [DMA] NKI DMA overview and
-bandwidth guide, [CHIP] Trainium/Trainium2 chip pages. "(derived)" = our arithmetic; "(assumed)" =
-our modelling choice where no source gives a number. Override any field:
+bandwidth guide, [CHIP] Trainium/Trainium2 chip pages, [DGE] the NKI DGE reference
+(``nki/deep-dives/nki-dge.rst``), [LIB] nki-library's dynamic flash-attention design notes
+(``dynamic_fa_design_spec.md``: "~9 us/iter" of scheduling barrier, ~4 us double-buffered).
+"(derived)" = our arithmetic; "(assumed)" = our modelling choice where no source gives a number
+(listed in ``ASSUMED``). Override any field:
 ``hardware("trn2", hbm_bytes_per_s=3.0e11)`` or ``nki-kernels profile ... --set hbm_bytes_per_s=3e11``.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
+from typing import Dict
+
+# constants with no public figure: the benchmark reports how the headline moves when each is
+# halved and doubled (benchmarks/sensitivity.py)
+ASSUMED = ("dma_queues_in_flight", "dma_descriptor_bytes", "swdge_cycles_per_descriptor")
 
 
 @dataclass(frozen=True)
@@ -35,6 +43,16 @@ class Hardware:
     matmul_init_cycles: int = 64  # MM_INIT_LATENCY [ISA]
     fp32_matmul_factor: int = 4   # fp32 matmul is 4x slower than bf16 [ISA]
     reciprocal_factor: int = 8    # VectorE reciprocal ~8 N cycles [ISA]
+    hwdge_units: int = 2          # hardware DGE instances per NeuronCore-v3 [DGE]; none on v2
+    hwdge_instruction_s: float = 600e-9   # per hardware-DGE DMA instruction [DGE]
+    swdge_fixed_cycles: int = 150         # GpSimd start-up per software-DGE DMA [ISA]
+    swdge_cycles_per_descriptor: int = 8  # GpSimd cycles per descriptor (assumed: [DGE] says
+                                          # software DGE "consumes GpSimd cycles", no figure)
+    loop_iteration_s: float = 9e-6        # barrier per device-loop iteration [LIB]
+
+    def assumed(self) -> Dict[str, float]:
+        """The constants no public source gives a figure for, with their values."""
+        return {name: getattr(self, name) for name in ASSUMED}
 
     def override(self, **changes) -> "Hardware":
         known = {f.name for f in fields(self)}
@@ -45,7 +63,7 @@ class Hardware:
 
 
 TRN1 = Hardware("trn1", tensor_hz=2.8e9, vector_hz=1.12e9, scalar_hz=1.4e9, gpsimd_hz=1.4e9,
-                tensor_peak_bf16=92e12, tensor_peak_fp32=23e12,
+                tensor_peak_bf16=92e12, tensor_peak_fp32=23e12, hwdge_units=0,
                 hbm_bytes_per_s=820e9 / 2,          # 820 GB/s per chip, 2 NeuronCores
                 dma_bytes_per_s=17e9 * 16)          # 17 B/ns per engine x 16 = 272 GB/s
 TRN2 = Hardware("trn2", tensor_hz=2.4e9, vector_hz=0.96e9, scalar_hz=1.2e9, gpsimd_hz=1.2e9,

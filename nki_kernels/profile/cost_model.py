@@ -3,45 +3,34 @@
 Per instruction (``instruction_seconds``):
 - DMA: bytes / (engines used x per-engine bandwidth x run efficiency) where engines used =
   ceil(rows / 8) capped at 16 and a contiguous run of b bytes moves at efficiency
-  b / (b + dma_descriptor_bytes), and never faster than its HBM reads plus writes at HBM bandwidth
-  (an HBM-to-HBM copy moves its bytes twice); plus the fixed overhead, of which ``dma_queues_in_flight`` DMAs
-  overlap (counted as dma_fixed_s / dma_queues_in_flight per DMA).
+  b / (b + dma_descriptor_bytes), and never faster than its HBM reads plus writes at HBM
+  bandwidth (an HBM-to-HBM copy moves its bytes twice); plus a fixed semaphore-to-start latency
+  and, for dynamic or indirect DMAs, descriptor generation (``schedule``).
 - TensorE matmul: matmul_init + max(min(64, M), N) cycles (x4 with fp32 inputs); transpose
   max(P, min(64, F)).
 - VectorE: static overhead + max(MIN_II, N) for one-input ops, 2N for tensor_tensor, 8N reciprocal.
 - ScalarE: static overhead + max(MIN_II, N) (+ MIN_II when it also reduces).
 - GpSimd: start-up + N.
-Engines run concurrently and each runs its instructions in program order; dependencies between
-engines are not modelled, so the estimate (busiest engine) is a lower bound on a well-pipelined
-kernel, and the sum over engines an upper bound on a fully serialised one.
+
+Three figures per trace, all reported:
+- ``seconds``: the makespan of the dependency-aware schedule (``schedule.py``): the estimate.
+- ``lower_seconds``: the busiest resource's total work (each engine; the 16 DMA engines and the
+  DMA queues as pools), plus the loop barriers: no schedule can beat it.
+- ``serial_seconds``: every instruction and every DMA latency one after another.
 
 Two cores: the program instances of an LNC=2 launch (NeuronCore-v3+) run on two physical cores,
-each with its own engines and its share of HBM bandwidth; the estimate is the busier core and the
-HBM floor divides the bytes over the cores used. Instances on an older target share one core.
+each with its own engines and its share of HBM bandwidth; the HBM floor divides the bytes over
+the cores used. Instances on an older target share one core.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Dict, List, Tuple
 
 from .constants import Hardware, hardware
-
-HBM = ("private_hbm", "shared_hbm")
-
-
-def _dma_seconds(e, hw: Hardware) -> float:
-    if e.dma_bytes == 0:
-        return hw.dma_fixed_s / hw.dma_queues_in_flight
-    rows = max(1, e.operands[0].shape[0] if e.operands[0].buffer not in HBM else e.operands[1].shape[0])
-    engines = min(hw.dma_engines, math.ceil(rows / hw.partitions_per_dma_engine))
-    run = e.dma_bytes / max(1, e.dma_runs)
-    efficiency = run / (run + hw.dma_descriptor_bytes)
-    rate = engines * hw.dma_bytes_per_s / hw.dma_engines * efficiency
-    # an HBM-to-HBM copy reads and writes HBM: never faster than that traffic at HBM bandwidth
-    hbm_s = (e.hbm_read_bytes + e.hbm_write_bytes) / hw.hbm_bytes_per_s
-    return max(e.dma_bytes / rate, hbm_s) + hw.dma_fixed_s / hw.dma_queues_in_flight
+from .schedule import (Schedule, descriptor_seconds, dge_mode, dma_engines_used,
+                       dma_transfer_seconds, schedule)
 
 
 def _cycles(e, hw: Hardware) -> Tuple[float, float]:
@@ -62,11 +51,17 @@ def _cycles(e, hw: Hardware) -> Tuple[float, float]:
     return hw.static_overhead_cycles + max(hw.min_ii_cycles, work), hw.vector_hz
 
 
-def instruction_seconds(e, hw: Hardware) -> float:
-    if e.engine == "dma":
-        return _dma_seconds(e, hw)
+def compute_seconds(e, hw: Hardware) -> float:
     cycles, clock = _cycles(e, hw)
     return cycles / clock
+
+
+def instruction_seconds(e, hw: Hardware) -> float:
+    """Time of one instruction on its engine; a DMA's fixed latency counted as the share of it
+    that ``dma_queues_in_flight`` overlapping DMAs leave (the throughput view)."""
+    if e.engine == "dma":
+        return dma_transfer_seconds(e, hw) + hw.dma_fixed_s / hw.dma_queues_in_flight
+    return compute_seconds(e, hw)
 
 
 @dataclass
@@ -74,35 +69,54 @@ class Estimate:
     """Modelled cost of one trace."""
 
     hw: Hardware
-    engine_seconds: Dict[str, float]
+    engine_seconds: Dict[str, float]          # busiest core's total per engine (throughput view)
     instructions: Dict[str, int]
     hbm_bytes: int
     dma_count: int
     dma_runs: int
     flops: int
-    timeline: List[Tuple[str, str, float, float]] = field(default_factory=list)  # engine, op, start, dur
+    schedule: Schedule
     core_engine_seconds: Dict[Tuple[int, str], float] = field(default_factory=dict)
+    core_serial_seconds: Dict[int, float] = field(default_factory=dict)
 
     @property
     def cores(self) -> int:
-        return max(1, len({c for c, _ in self.core_engine_seconds}))
-
-    def core_seconds(self, core: int) -> float:
-        """One core's busiest engine."""
-        return max((t for (c, _), t in self.core_engine_seconds.items() if c == core), default=0.0)
+        return self.schedule.cores
 
     @property
     def seconds(self) -> float:
-        """Engines overlapped: the busiest engine of the busier core."""
-        return max((self.core_seconds(c) for c in range(self.cores)), default=0.0)
+        """The scheduled estimate: the makespan."""
+        return self.schedule.makespan
+
+    def core_seconds(self, core: int) -> float:
+        """When ``core``'s last instruction ends in the schedule."""
+        return max((s.end for s in self.schedule.slots if s.core == core), default=0.0)
+
+    @property
+    def barrier_seconds(self) -> float:
+        """Loop-iteration barriers of the core with most of them."""
+        return max(self.schedule.barriers.values(), default=0) * self.hw.loop_iteration_s
+
+    @property
+    def lower_seconds(self) -> float:
+        """Busiest resource of the busier core plus its loop barriers (perfect overlap)."""
+        per_core: Dict[int, float] = {}
+        for (c, _), t in self.core_engine_seconds.items():
+            per_core[c] = max(per_core.get(c, 0.0), t)
+        return max((t + self.schedule.barriers.get(c, 0) * self.hw.loop_iteration_s
+                    for c, t in per_core.items()), default=0.0)
 
     @property
     def serial_seconds(self) -> float:
-        """Every engine of a core one after another; the slower core."""
-        per = {}
-        for (c, _), t in self.core_engine_seconds.items():
-            per[c] = per.get(c, 0.0) + t
-        return max(per.values(), default=0.0)
+        """Everything of a core one after another (every DMA latency in full); the slower core."""
+        return max(self.core_serial_seconds.values(), default=0.0)
+
+    @property
+    def timeline(self) -> List[Tuple[str, str, float, float]]:
+        """(lane, op, start, duration) per scheduled slot; lanes prefixed by core when two."""
+        two = self.cores > 1
+        return [((f"core{s.core} {s.lane}" if two else s.lane), s.op, s.start, s.end - s.start)
+                for s in self.schedule.slots]
 
     @property
     def hbm_floor_seconds(self) -> float:
@@ -116,24 +130,45 @@ class Estimate:
 def estimate(trace, target: str = None, hw: Hardware = None, **overrides) -> Estimate:
     """Cost of ``trace`` (a simulate.Trace) on ``target`` (default: the trace's own)."""
     hw = hw or hardware(target or trace.target.name, **overrides)
-    two_cores = trace.target is None or trace.target.nc_version >= 3
-    pids = sorted({e.program_id for e in trace})
+    nc_version = trace.target.nc_version if trace.target is not None else 3
+    if target is not None:
+        from simulate.targets import get_target
+        nc_version = get_target(target).nc_version
+    two_cores = nc_version >= 3
+    pids = sorted({e.program_id for e in trace} | {p for _, p in trace.iteration_starts})
     core_of = {p: (i if two_cores else 0) for i, p in enumerate(pids)}
-    one_core = len(set(core_of.values())) <= 1
-    busy: Dict[Tuple[int, str], float] = {}
+    plan = schedule(trace, hw, core_of, lambda e: compute_seconds(e, hw), nc_version)
+    work: Dict[Tuple[int, str], float] = {}
+    serial: Dict[int, float] = {}
     counts: Dict[str, int] = {}
-    timeline = []
+
+    def charge(core, lane, t):
+        work[(core, lane)] = work.get((core, lane), 0.0) + t
+
     for e in trace:
-        dur = instruction_seconds(e, hw)
-        key = (core_of[e.program_id], e.engine)
-        start = busy.get(key, 0.0)
-        busy[key] = start + dur
+        core = core_of[e.program_id]
         counts[e.engine] = counts.get(e.engine, 0) + 1
-        lane = e.engine if one_core else f"core{key[0]} {e.engine}"
-        timeline.append((lane, e.name or e.op, start, dur))
+        if e.engine == "dma":
+            move = dma_transfer_seconds(e, hw)
+            mode = dge_mode(e, hw, nc_version)
+            gen = descriptor_seconds(e, hw, mode)
+            charge(core, "dma", move * dma_engines_used(e, hw) / hw.dma_engines)
+            charge(core, "dma queues", (move + hw.dma_fixed_s) / hw.dma_queues_in_flight)
+            if mode == "swdge":
+                charge(core, "gpsimd", gen)
+            elif mode == "hwdge":
+                charge(core, "dge", gen / max(1, hw.hwdge_units))
+            serial[core] = serial.get(core, 0.0) + move + hw.dma_fixed_s + gen
+        else:
+            t = compute_seconds(e, hw)
+            charge(core, e.engine, t)
+            serial[core] = serial.get(core, 0.0) + t
+    for c, n in plan.barriers.items():
+        serial[c] = serial.get(c, 0.0) + n * hw.loop_iteration_s
     per_engine: Dict[str, float] = {}
-    for (_, engine), t in busy.items():
-        per_engine[engine] = max(per_engine.get(engine, 0.0), t)
+    for (_, lane), t in work.items():
+        per_engine[lane] = max(per_engine.get(lane, 0.0), t)
     dmas = [e for e in trace if e.engine == "dma"]
     return Estimate(hw, per_engine, counts, trace.hbm_bytes, len(dmas),
-                    sum(e.dma_runs for e in dmas), sum(e.flops for e in trace), timeline, busy)
+                    sum(e.dma_runs for e in dmas), sum(e.flops for e in trace), plan, work,
+                    serial)

@@ -91,7 +91,8 @@ def describe(role: str, r: Resolved) -> Operand:
     operand = object.__new__(Operand)         # the frozen dataclass's fields, set directly (hot)
     operand.__dict__.update(role=role, tensor=t.name, buffer=r.buffer, dtype=name,
                             shape=t._shape, pattern=tuple(zip(t._strides, t._shape)),
-                            offset=r.offset, indirect=r.indirect)
+                            offset=r.offset, indirect=r.indirect, storage=t._storage.ident,
+                            row_bytes=t._storage.row_bytes, address=t._storage.address)
     return operand
 
 

@@ -1,0 +1,279 @@
+"""Replay a trace as the hardware runs it: engines in order, dependencies through memory.
+
+Rules (per physical core; the cores of an LNC=2 launch share nothing but HBM):
+- Each compute engine (tensor, vector, scalar, gpsimd) runs its instructions in program order,
+  one at a time.
+- An instruction starts when its engine is free and every earlier instruction it depends on has
+  ended: it reads memory an earlier one wrote (read after write), or writes memory an earlier
+  one read or wrote (write after read / write). Memory is tracked as boxes of partitions x
+  bytes per physical buffer (``footprint``); a device-loop body's n-th tile is one buffer in
+  every iteration, as on the device.
+- A DMA first needs descriptors: none for a static pattern (built before the launch), GpSimd
+  time for software DGE (indirect, or dynamic on NeuronCore-v2), one of the hardware DGE units
+  for ``hwdge`` (dynamic on v3+; also occupying ScalarE when ``engine=scalar`` triggers it).
+  It then takes one of ``dma_queues_in_flight`` queue slots, waits the fixed semaphore-to-start
+  latency, and moves its bytes on ``ceil(rows / 8)`` of the 16 DMA engines (the ones free
+  first). DMAs are ordered only by their data and by these resources.
+- Each iteration of a device loop (``fori_loop``, ``while_loop``, ``dynamic_range``) starts
+  with a barrier: every engine of the core drains, then ``loop_iteration_s`` passes.
+
+The result is the makespan, the instructions' start and end times, each engine's utilisation
+and the critical path: from the last instruction to end, back through whatever each one waited
+for (its engine, the data it needed, a DMA resource, a loop barrier).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Tuple
+
+from .constants import Hardware
+from .footprint import WRITTEN, covers, footprint, overlaps
+
+COMPUTE = ("tensor", "vector", "scalar", "gpsimd")
+HISTORY = 48          # boxes remembered per buffer and kind before merging them (conservative)
+
+
+@dataclass
+class Slot:
+    """One scheduled piece of work: an instruction, or the descriptor generation of a DMA."""
+
+    index: int                  # the trace event
+    core: int
+    lane: str                   # "tensor" ... "gpsimd", "dma", "dge"
+    op: str
+    start: float
+    end: float
+    waited_for: Optional[int]   # slot (position in Schedule.slots) whose end set the start
+    reason: str                 # "start" | "engine" | "data" | "dma queue" | "dma engines" |
+                                # "descriptors" | "loop barrier"
+    fixed: float = 0.0          # DMA: the semaphore-to-start latency inside [start, end)
+    engines: int = 0            # DMA: engines used
+
+
+@dataclass
+class Schedule:
+    slots: List[Slot]
+    makespan: float
+    barriers: Dict[int, int]                       # core -> loop-iteration barriers
+    cores: int
+    critical: List[int] = field(default_factory=list)  # slot positions, first to last
+
+    def busy(self, core: int, lane: str) -> float:
+        """Seconds ``lane`` of ``core`` is occupied (DMA: the queues' union, engines ignored)."""
+        spans = sorted((s.start, s.end) for s in self.slots if s.core == core and s.lane == lane)
+        total, reach = 0.0, -math.inf
+        for a, b in spans:
+            if b > reach:
+                total += b - max(a, reach)
+                reach = b
+        return total
+
+    def utilisation(self) -> Dict[Tuple[int, str], float]:
+        """Fraction of the makespan each (core, lane) is busy."""
+        lanes = {(s.core, s.lane) for s in self.slots}
+        if not self.makespan:
+            return {k: 0.0 for k in lanes}
+        return {k: self.busy(*k) / self.makespan for k in sorted(lanes)}
+
+    def critical_summary(self) -> Dict[str, float]:
+        """Seconds of the critical path spent per lane, plus waiting ("barrier", "dma latency")."""
+        out: Dict[str, float] = {}
+        for k in self.critical:
+            s = self.slots[k]
+            busy = s.end - s.start - s.fixed
+            out[s.lane] = out.get(s.lane, 0.0) + busy
+            if s.fixed:
+                out["dma latency"] = out.get("dma latency", 0.0) + s.fixed
+        gaps = self.makespan - sum(out.values())
+        if gaps > 1e-15:
+            out["barrier / idle"] = gaps
+        return out
+
+
+class _Memory:
+    """Per physical buffer: the boxes last written and read since, with when they end."""
+
+    def __init__(self):
+        self.writes: Dict[int, list] = {}
+        self.reads: Dict[int, list] = {}
+
+    def ready(self, box, write: bool, best):
+        for entry in self.writes.get(box[0], ()):
+            if entry[2] > best[0] and overlaps(entry[0], box):
+                best = (entry[2], entry[1], "data")
+        if write:
+            for entry in self.reads.get(box[0], ()):
+                if entry[2] > best[0] and overlaps(entry[0], box):
+                    best = (entry[2], entry[1], "data")
+        return best
+
+    def record(self, box, write: bool, slot: int, end: float):
+        key = box[0]
+        if write:
+            for table in (self.writes, self.reads):
+                kept = [e for e in table.get(key, ()) if not covers(box, e[0])]
+                table[key] = kept
+        table = self.writes if write else self.reads
+        entries = table.setdefault(key, [])
+        entries.append((box, slot, end))
+        if len(entries) > HISTORY:                 # merge into one box that ends last
+            last = max(entries, key=lambda e: e[2])
+            merged = (key, min(e[0][1] for e in entries), max(e[0][2] for e in entries),
+                      min(e[0][3] for e in entries), max(e[0][4] for e in entries))
+            table[key] = [(merged, last[1], last[2])]
+
+
+def dge_mode(e, hw: Hardware, nc_version: int) -> str:
+    """How a DMA's descriptors are made: "none", "swdge" or "hwdge"."""
+    mode = (e.details or {}).get("dge_mode", "unknown")
+    if mode in ("none", "swdge", "hwdge"):
+        return mode
+    kinds = {o.indirect for o in e.operands}
+    if "vector" in kinds:
+        return "swdge"
+    if "scalar" in kinds:
+        return "hwdge" if nc_version >= 3 and hw.hwdge_units else "swdge"
+    return "none"
+
+
+def dma_engines_used(e, hw: Hardware) -> int:
+    on_chip = [o for o in e.operands[:2] if o.buffer in ("sbuf", "psum")]
+    rows = (on_chip[0] if on_chip else e.operands[0]).shape[0] if e.operands else 1
+    return max(1, min(hw.dma_engines, math.ceil(max(1, rows) / hw.partitions_per_dma_engine)))
+
+
+def dma_transfer_seconds(e, hw: Hardware) -> float:
+    """Moving a DMA's bytes once it has started: its engines at the efficiency of its run
+    length, never faster than its HBM reads plus writes at HBM bandwidth."""
+    if e.dma_bytes == 0:
+        return 0.0
+    run = e.dma_bytes / max(1, e.dma_runs)
+    efficiency = run / (run + hw.dma_descriptor_bytes)
+    rate = dma_engines_used(e, hw) * hw.dma_bytes_per_s / hw.dma_engines * efficiency
+    hbm_s = (e.hbm_read_bytes + e.hbm_write_bytes) / hw.hbm_bytes_per_s
+    return max(e.dma_bytes / rate, hbm_s)
+
+
+def descriptor_seconds(e, hw: Hardware, mode: str) -> float:
+    if mode == "swdge":
+        return (hw.swdge_fixed_cycles + hw.swdge_cycles_per_descriptor * max(1, e.dma_runs)) \
+            / hw.gpsimd_hz
+    if mode == "hwdge":
+        return hw.hwdge_instruction_s
+    return 0.0
+
+
+def schedule(trace, hw: Hardware, core_of: Dict[tuple, int], compute_seconds,
+             nc_version: int) -> Schedule:
+    """Schedule ``trace``; ``compute_seconds(event)`` prices a compute instruction."""
+    slots: List[Slot] = []
+    free: Dict[Tuple[int, str], Tuple[float, Optional[int]]] = {}
+    queues: Dict[int, list] = {}
+    engines: Dict[int, list] = {}
+    dge: Dict[int, list] = {}
+    last_end: Dict[int, Tuple[float, Optional[int]]] = {}
+    floor: Dict[int, Tuple[float, Optional[int], str]] = {}
+    barriers: Dict[int, int] = {}
+    memory = _Memory()
+    marks = sorted(trace.iteration_starts, key=lambda m: m[0])
+    next_mark = 0
+
+    def barrier(core):
+        end, slot = last_end.get(core, (0.0, None))
+        floor[core] = (end + hw.loop_iteration_s, slot, "loop barrier")
+        barriers[core] = barriers.get(core, 0) + 1
+
+    def later(a, b):
+        return b if b[0] > a[0] else a
+
+    def add(slot: Slot) -> int:
+        slots.append(slot)
+        k = len(slots) - 1
+        if slot.end >= last_end.get(slot.core, (-1.0, None))[0]:
+            last_end[slot.core] = (slot.end, k)
+        return k
+
+    for e in trace:
+        while next_mark < len(marks) and marks[next_mark][0] <= e.index:
+            barrier(core_of[marks[next_mark][1]])
+            next_mark += 1
+        core = core_of[e.program_id]
+        ready = floor.get(core, (0.0, None, "start"))
+        boxes = [(footprint(o), o.role in WRITTEN) for o in e.operands]
+        for box, write in boxes:
+            ready = memory.ready(box, write, ready)
+        if e.engine == "dma":
+            mode = dge_mode(e, hw, nc_version)
+            if mode != "none":
+                cost = descriptor_seconds(e, hw, mode)
+                if mode == "swdge":
+                    lanes = [(core, "gpsimd")]
+                    unit = None
+                else:
+                    units = dge.setdefault(core, [(0.0, None)] * max(1, hw.hwdge_units))
+                    unit = min(range(len(units)), key=lambda i: units[i][0])
+                    trigger = str((e.details or {}).get("queue_engine") or "")
+                    lanes = [(core, "scalar")] if "scalar" in trigger else []
+                start = ready
+                for lane in lanes:
+                    start = later(start, (*free.get(lane, (0.0, None)), "engine"))
+                if unit is not None:
+                    start = later(start, (*dge[core][unit], "descriptors"))
+                k = add(Slot(e.index, core, "gpsimd" if mode == "swdge" else "dge",
+                             f"{e.op} descriptors", start[0], start[0] + cost, start[1],
+                             start[2]))
+                for lane in lanes:
+                    free[lane] = (start[0] + cost, k)
+                if unit is not None:
+                    dge[core][unit] = (start[0] + cost, k)
+                ready = (start[0] + cost, k, "descriptors")
+            q = queues.setdefault(core, [(0.0, None)] * hw.dma_queues_in_flight)
+            qi = min(range(len(q)), key=lambda i: q[i][0])
+            start = later(ready, (*q[qi], "dma queue"))
+            used = dma_engines_used(e, hw)
+            pool = engines.setdefault(core, [(0.0, None)] * hw.dma_engines)
+            order = sorted(range(len(pool)), key=lambda i: pool[i][0])[:used]
+            gate = max((pool[i] for i in order), key=lambda x: x[0])
+            move = start[0] + hw.dma_fixed_s
+            waited = start
+            if gate[0] > move:
+                move, waited = gate[0], (gate[0], gate[1], "dma engines")
+            end = move + dma_transfer_seconds(e, hw)
+            k = add(Slot(e.index, core, "dma", e.name or e.op, start[0], end, waited[1], waited[2],
+                         fixed=hw.dma_fixed_s, engines=used))
+            q[qi] = (end, k)
+            for i in order:
+                pool[i] = (end, k)
+        else:
+            lane = (core, e.engine)
+            start = later(ready, (*free.get(lane, (0.0, None)), "engine"))
+            end = start[0] + compute_seconds(e)
+            k = add(Slot(e.index, core, e.engine, e.name or e.op, start[0], end, start[1],
+                         start[2]))
+            free[lane] = (end, k)
+        for box, write in boxes:
+            memory.record(box, write, k, slots[k].end)
+    while next_mark < len(marks):
+        barrier(core_of[marks[next_mark][1]])
+        next_mark += 1
+    makespan = max([s.end for s in slots] + [f[0] for f in floor.values()], default=0.0)
+    result = Schedule(slots, makespan, barriers, max(1, len(set(core_of.values()))))
+    result.critical = _critical_path(slots, floor, makespan)
+    return result
+
+
+def _critical_path(slots: List[Slot], floor, makespan: float) -> List[int]:
+    ends = [(s.end, k) for k, s in enumerate(slots)]
+    if not ends:
+        return []
+    end, k = max(ends)
+    for t, slot, _ in floor.values():           # a trailing barrier sets the makespan
+        if t >= makespan and slot is not None and t > end:
+            k = slot
+    path = []
+    while k is not None:
+        path.append(k)
+        k = slots[k].waited_for
+    return path[::-1]
