@@ -78,7 +78,8 @@ def test_cli_check_profile_and_device_error(tmp_path, capsys):
     assert main(["profile", "paged_kv_append", "--size", "batch=2", "--trace-json",
                  str(tmp_path / "p.json")]) == 0
     out = capsys.readouterr().out
-    assert "est/floor" in out and (tmp_path / "p.json").exists()
+    assert "scheduled/floor" in out and "lower us" in out and "serial us" in out
+    assert "critical path" in out and (tmp_path / "p.json").exists()
     with pytest.raises(SystemExit, match="needs the Neuron SDK"):
         main(["check", "tensor_scatter", "--device", "trn"])
 
