@@ -151,21 +151,42 @@ def cmd_profile(args):
     return 0 if row["ok"] else 1
 
 
+def cmd_calibrate():
+    from .profile.calibration.published import markdown as calibration_markdown, run_all
+    results = run_all()
+    print(calibration_markdown(results))
+    missed = [f.name for f, _, _, ok in results if not ok]
+    print(f"\n{len(results) - len(missed)} of {len(results)} published figures reproduced"
+          + (f"; not: {', '.join(missed)}" if missed else ""))
+    return 0 if all(ok == f.reproduced for f, _, _, ok in results) else 1
+
+
 def cmd_suite(args, which):
-    rows, ok = [], True
+    rows, moved, ok = [], [], True
     for name, spec in KERNELS.items():
         for target in args.targets:
             for variant in (spec.variants if which == "bench" else ({},)):
                 row = check(name, dict(getattr(spec, which), **variant), target)
                 ok &= row["ok"]
                 if row["trace"] is not None:
-                    rows.append(dict(cost_row(row)[0], kernel=name + "".join(f" {v}" for v in variant.values())))
+                    label = name + "".join(f" {v}" for v in variant.values())
+                    table_row = dict(cost_row(row)[0], kernel=label)
+                    rows.append(table_row)
+                    if which == "bench":
+                        from .profile.sensitivity import sensitivity
+                        moved.append((label, target, sensitivity(
+                            row["trace"], target, table_row["floor_us"] * 1e-6)))
     table = markdown(rows)
     print("\n" + table)
     if which == "bench":
+        from .profile.sensitivity import markdown as sensitivity_markdown
+        moves = sensitivity_markdown(moved)
+        print("\nscheduled/floor with each uncertain constant halved / doubled:\n" + moves)
         os.makedirs(args.out, exist_ok=True)
         with open(os.path.join(args.out, "bench.md"), "w") as f:
             f.write(table + "\n")
+        with open(os.path.join(args.out, "sensitivity.md"), "w") as f:
+            f.write(moves + "\n")
         with open(os.path.join(args.out, "bench.json"), "w") as f:
             json.dump(rows, f, indent=1, default=float)
         print(f"\nwrote {args.out}/bench.md and bench.json")
@@ -222,6 +243,7 @@ def main(argv=None):
         s.add_argument("--targets", nargs="+", default=["trn1", "trn2"] if cmd == "demo" else ["trn2"])
         s.add_argument("--device", default="sim", choices=("sim", "trn"))
         s.add_argument("--out", default=os.path.join("benchmarks", "results"))
+    sub.add_parser("calibrate", help="the cost model against figures AWS publishes")
     s = sub.add_parser("serve", help="replay a continuous-batching trace: compiles, time per step")
     s.add_argument("--preset", default="small", choices=("small", "llama8b"),
                    help="model shape and trace (serve.PRESETS); the flags below override it")
@@ -247,6 +269,8 @@ def main(argv=None):
         return 0 if check(args.kernel, _sizes(spec, args.size, spec.demo), args.target)["ok"] else 1
     if args.cmd == "profile":
         return cmd_profile(args)
+    if args.cmd == "calibrate":
+        return cmd_calibrate()
     if args.cmd == "serve":
         return cmd_serve(args)
     return cmd_suite(args, args.cmd)

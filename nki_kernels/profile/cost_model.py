@@ -47,7 +47,9 @@ def _cycles(e, hw: Hardware) -> Tuple[float, float]:
     if e.engine == "scalar":
         extra = hw.min_ii_cycles if e.details.get("reduce") else 0
         return hw.static_overhead_cycles + max(hw.min_ii_cycles, n) + extra, hw.scalar_hz
-    work = {"tensor_tensor": 2 * n, "reciprocal": hw.reciprocal_factor * n}.get(e.op, n)
+    # two tensor inputs stream twice the elements [ISA]; the scan reads two tensors too
+    work = {"tensor_tensor": 2 * n, "tensor_tensor_scan": 2 * n,
+            "reciprocal": hw.reciprocal_factor * n}.get(e.op, n)
     return hw.static_overhead_cycles + max(hw.min_ii_cycles, work), hw.vector_hz
 
 

@@ -1,0 +1,40 @@
+"""How the scheduled estimate moves when an uncertain constant is halved and doubled.
+
+Uncertain: every constant no public source gives (``constants.ASSUMED``) and the loop-iteration
+barrier, which comes from one kernel's design notes. The trace is re-scheduled, not re-simulated.
+"""
+
+from __future__ import annotations
+
+from typing import Dict, Tuple
+
+from .constants import ASSUMED
+from .cost_model import estimate
+
+UNCERTAIN = ASSUMED + ("loop_iteration_s",)
+
+
+def sensitivity(trace, target: str, floor_seconds: float) -> Dict[str, Tuple[float, float]]:
+    """{constant: (scheduled/floor with it halved, with it doubled)}; "base" holds the
+    unchanged ratio twice."""
+    def ratio(**change):
+        return estimate(trace, target=target, **change).seconds / floor_seconds
+
+    base = ratio()
+    out = {"base": (base, base)}
+    for name in UNCERTAIN:
+        value = getattr(estimate(trace, target=target).hw, name)
+        half = max(1, value // 2) if isinstance(value, int) else value / 2
+        out[name] = (ratio(**{name: half}), ratio(**{name: value * 2}))
+    return out
+
+
+def markdown(rows) -> str:
+    """rows: [(kernel, target, {constant: (half, double)})]."""
+    head = "| kernel | target | scheduled/floor | " + " | ".join(
+        f"{c} x0.5 / x2" for c in UNCERTAIN) + " |"
+    lines = [head, "|" + "---|" * (3 + len(UNCERTAIN))]
+    for kernel, target, s in rows:
+        lines.append(f"| {kernel} | {target} | {s['base'][0]:.2f} | " + " | ".join(
+            f"{s[c][0]:.2f} / {s[c][1]:.2f}" for c in UNCERTAIN) + " |")
+    return "\n".join(lines)
