@@ -11,13 +11,18 @@ Args:
     counts: [1, 2] int32 @ HBM: real tokens, tiles of n holding them (runtime data)
     token_pattern: one token's K (or V) elements from its first, ``(step, num)`` pairs built by
         ``access_patterns.PagedKVLayout.token`` (NHD: one run of H*D; HND: H runs of D, P*D apart)
-Paths (a device loop each, trip count from ``counts``: the program does not grow with T, and
-padding costs no work beyond the last partly filled tile):
+Paths (units of work: 128-token tiles on trn2, tokens on trn1):
     NeuronCore-v3+ (trn2): per tile of n tokens, the slots are loaded to SBUF and K and V are
         copied HBM to HBM by one indirect DMA each (``vector_offset`` = the tile's slots on the
         destination); NHD moves one contiguous H*D run per token, HND H runs of D.
-    NeuronCore-v2 (trn1, no indirect DMA): per real token, its slot is loaded and its K and V rows
-        are copied HBM to HBM by two ``scalar_offset`` DMAs.
+    NeuronCore-v2 (trn1, no indirect DMA): per token, its slot is loaded and its K and V rows are
+        copied HBM to HBM by two ``scalar_offset`` DMAs.
+    Every iteration of a device loop costs a scheduling barrier (~9 us, nki-library's dynamic
+    flash-attention notes; ``nki_kernels/profile``), far more than one unit's DMAs, so units are
+    issued in blocks: a bucket of at most ``UNITS_PER_ITERATION`` units is one static pass (no
+    loop; padding units cost their DMA issue, their rows skipped), a larger one loops over blocks
+    of that many units with the trip count from ``counts`` (the program does not grow with T; the
+    padding past the last block holding real tokens costs nothing).
 HBM traffic is the appended K/V bytes read plus written (and 4 bytes of slot per token).
 LNC=2 (``kernel[2]``, trn2): program 0 writes K and program 1 writes V, an exact half each.
 Returns the tensors written, ``k_rows`` or ``(k_rows, v_rows)``: outputs aliasing the inputs, so
@@ -43,19 +48,45 @@ def paged_kv_scatter_kernel(k_rows, v_rows, key, value, slots, counts, token_pat
                                   v_offset if v_rows is None else 0))
     if program_cores() == 2:                # LNC=2: core 0 writes K, core 1 writes V
         targets = targets[nl.program_id(0):nl.program_id(0) + 1]
-    count_sb = nl.ndarray((1, 2), nl.int32, buffer=nl.sbuf, name="counts")
-    nisa.dma_copy(dst=count_sb, src=counts)
-    tokens, tiles = nisa.scalar_load(count_sb[0:1, 0:1]), nisa.scalar_load(count_sb[0:1, 1:2])
     if nisa.get_nc_version() >= 3:
         slot_tiles = slots.reshape((T // n, n))
         src_tiles = [(src.reshape((T // n, n * token_elems)), rows, offset)
                      for src, rows, offset in targets]
-        nl.fori_loop(0, tiles, lambda i: _scatter_tile(i, slot_tiles, src_tiles, n, token_elems,
-                                                       token_pattern))
+        _in_blocks(T // n, counts, 1, lambda i: _scatter_tile(i, slot_tiles, src_tiles, n,
+                                                              token_elems, token_pattern))
     else:
-        nl.fori_loop(0, tokens, lambda t: _scatter_token(t, slots, targets, token_pattern,
-                                                         token_elems))
+        _in_blocks(T, counts, 0, lambda t: _scatter_token(t, slots, targets, token_pattern,
+                                                          token_elems))
     return k_rows if v_rows is None else (k_rows, v_rows)
+
+
+UNITS_PER_ITERATION = {3: 8, 2: 64}     # by NeuronCore version: tiles (v3+) or tokens (v2)
+
+
+def units_per_iteration(units: int, nc_version: int) -> int:
+    """Units issued per loop iteration: the largest divisor of the bucket's ``units`` that is at
+    most the target's block size (so the last block never leaves the bucket)."""
+    limit = UNITS_PER_ITERATION[min(3, nc_version)]
+    return max(d for d in range(1, min(units, limit) + 1) if units % d == 0)
+
+
+def _in_blocks(units, counts, column, unit):
+    """Run ``unit(i)`` for the bucket's units: all of them statically when they fit one block,
+    else a device loop over blocks whose trip count covers the real units (``counts[column]``)."""
+    per = units_per_iteration(units, nisa.get_nc_version())
+    if per == units:
+        for i in range(units):
+            unit(i)
+        return
+    count_sb = nl.ndarray((1, 2), nl.int32, buffer=nl.sbuf, name="counts")
+    nisa.dma_copy(dst=count_sb, src=counts)
+    real = nisa.scalar_load(count_sb[0:1, column:column + 1])
+    blocks = (real + (per - 1)) // per
+
+    def block(j):
+        for k in range(per):
+            unit(j * per + k)
+    nl.fori_loop(0, blocks, block)
 
 
 def _scatter_tile(i, slot_tiles, src_tiles, n, token_elems, token_pattern):

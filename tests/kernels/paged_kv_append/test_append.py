@@ -87,16 +87,18 @@ def test_traffic_is_appended_bytes(case, target, layout):
     append_paged_kv_cache(*args)
     trace = simulate.last_trace()
     kv_bytes = args[0].nbytes + args[1].nbytes
-    # + the [1, 2] counts table and an int32 slot per token: per token of the 128-token tiles on
-    # trn2 (200 real, 56 padding in the last tile), per real token on trn1
-    slot_bytes = 4 * 256 if target == "trn2" else 4 * 200
-    assert trace.hbm_bytes == 2 * kv_bytes + slot_bytes + 8
+    # + an int32 slot per token of the 256-token bucket (200 real, 56 padding). trn2: two
+    # 128-token tiles, one static pass (a loop iteration costs more than a tile); trn1: tokens in
+    # blocks of 64 per loop iteration (+ the [1, 2] counts table), 4 blocks hold the 200 tokens
     if target == "trn2":
-        # counts + 2 tiles x (slot load + K scatter + V scatter), HBM to HBM
-        assert len(trace) == 7
+        assert trace.hbm_bytes == 2 * kv_bytes + 4 * 256
+        assert len(trace) == trace.program_instructions == 2 * 3   # slots + K + V per tile
+        assert not trace.loops
     else:
-        assert len(trace) == 1 + 200 * 3
-    assert trace.program_instructions == 4           # counts + one copy of the loop body
+        assert trace.hbm_bytes == 2 * kv_bytes + 4 * 256 + 8
+        assert len(trace) == 1 + 256 * 3
+        assert trace.program_instructions == 1 + 64 * 3              # one copy of the block
+        assert [l["iterations"] for l in trace.loops] == [4]
 
 
 @pytest.mark.slow

@@ -8,7 +8,9 @@ import simulate
 from nki_kernels.paged_kv_append import append_paged_kv_cache, paged_kv_scatter_kernel
 from nki_kernels.paged_kv_append.append import reshape_and_cache
 
-from .conftest import make_append_case
+from nki_kernels.paged_kv_append import append_paged_kv_cache_ref
+
+from .conftest import assert_bits_equal, make_append_case
 
 pytestmark = pytest.mark.sim_only
 
@@ -99,3 +101,32 @@ def test_lnc2_is_refused_on_trn1_and_lnc3_everywhere(rng):
     with pytest.raises(ValueError, match="lnc=3 must be 1 or 2"):
         append_paged_kv_cache(*args, lnc=3)
     np.testing.assert_array_equal(args[4], before)
+
+
+def test_units_per_iteration_divide_the_bucket():
+    from nki_kernels.paged_kv_append.kernel import units_per_iteration
+    assert [units_per_iteration(u, 3) for u in (1, 2, 8, 9, 11, 16, 12)] == [1, 2, 8, 3, 1, 8, 6]
+    assert units_per_iteration(256, 2) == 64 and units_per_iteration(48, 2) == 48
+
+
+@pytest.mark.parametrize("tokens", [1000, 1100])
+def test_blocks_of_tiles_cover_every_real_token(rng, target, tokens):
+    """Buckets of 9 (exact policy: blocks of 3 tiles) and 16 tiles (blocks of 8) on trn2, blocks
+    of 64 tokens on trn1: every real token lands, nothing else is written, and the loop runs only
+    the blocks holding real tokens."""
+    from nki_kernels.buckets import BucketPolicy, set_bucket_policy
+    for policy in (BucketPolicy(exact=True), None):
+        old = set_bucket_policy(policy) if policy else None
+        try:
+            lens = [tokens - 7, 7]
+            args = make_append_case(rng, lens, lens, 16, 2, 8)
+            ref = append_paged_kv_cache_ref(*args)
+            append_paged_kv_cache(*args)
+        finally:
+            if old is not None:
+                set_bucket_policy(old)
+        assert_bits_equal(args[4], ref)
+        trace = simulate.last_trace()
+        per = {"trn1": 64}.get(target)
+        if per:
+            assert [l["iterations"] for l in trace.loops] == [-(-tokens // per)]
