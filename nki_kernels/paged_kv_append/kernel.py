@@ -48,15 +48,15 @@ def paged_kv_scatter_kernel(k_rows, v_rows, key, value, slots, counts, token_pat
                                   v_offset if v_rows is None else 0))
     if program_cores() == 2:                # LNC=2: core 0 writes K, core 1 writes V
         targets = targets[nl.program_id(0):nl.program_id(0) + 1]
-    if nisa.get_nc_version() >= 3:
-        slot_tiles = slots.reshape((T // n, n))
+    if nisa.get_nc_version() >= 3:        # units: tiles of n tokens, one slot per partition
         src_tiles = [(src.reshape((T // n, n * token_elems)), rows, offset)
                      for src, rows, offset in targets]
-        _in_blocks(T // n, counts, 1, lambda i: _scatter_tile(i, slot_tiles, src_tiles, n,
-                                                              token_elems, token_pattern))
-    else:
-        _in_blocks(T, counts, 0, lambda t: _scatter_token(t, slots, targets, token_pattern,
-                                                          token_elems))
+        _in_blocks(T // n, counts, 1, lambda first, per: _load_slots(slots, first, per, n),
+                   lambda i, slot: _scatter_tile(i, slot, src_tiles, n, token_elems,
+                                                 token_pattern))
+    else:                                  # units: tokens, slots in one partition
+        _in_blocks(T, counts, 0, lambda first, per: _load_slots(slots, first, per, 1),
+                   lambda t, slot: _scatter_token(t, slot, targets, token_pattern, token_elems))
     return k_rows if v_rows is None else (k_rows, v_rows)
 
 
@@ -70,42 +70,50 @@ def units_per_iteration(units: int, nc_version: int) -> int:
     return max(d for d in range(1, min(units, limit) + 1) if units % d == 0)
 
 
-def _in_blocks(units, counts, column, unit):
-    """Run ``unit(i)`` for the bucket's units: all of them statically when they fit one block,
-    else a device loop over blocks whose trip count covers the real units (``counts[column]``)."""
+def _in_blocks(units, counts, column, load_slots, unit):
+    """Run ``unit(i, slot)`` for the bucket's units, the slots of a block loaded by one DMA
+    (``load_slots(block, per)`` -> [n, per], column k for the block's k-th unit): all units
+    statically when they fit one block, else a device loop over the blocks holding real units
+    (``counts[column]`` of them)."""
     per = units_per_iteration(units, nisa.get_nc_version())
+
+    def block(j):
+        slot = load_slots(j, per)
+        for k in range(per):
+            unit(j * per + k, slot[:, k:k + 1])
+
     if per == units:
-        for i in range(units):
-            unit(i)
+        block(0)
         return
     count_sb = nl.ndarray((1, 2), nl.int32, buffer=nl.sbuf, name="counts")
     nisa.dma_copy(dst=count_sb, src=counts)
     real = nisa.scalar_load(count_sb[0:1, column:column + 1])
-    blocks = (real + (per - 1)) // per
-
-    def block(j):
-        for k in range(per):
-            unit(j * per + k)
-    nl.fori_loop(0, blocks, block)
+    nl.fori_loop(0, (real + (per - 1)) // per, block)
 
 
-def _scatter_tile(i, slot_tiles, src_tiles, n, token_elems, token_pattern):
-    """Tile i: its n slots into SBUF, then one indirect HBM-to-HBM write per K / V (rows of
+def _load_slots(slots, block, per, n):
+    """Slots of units [block * per, (block + 1) * per) of n tokens each as an [n, per] tile:
+    element (p, k) is token p of the block's unit k."""
+    blocks = slots.reshape((slots.shape[0] // (per * n), per * n))
+    tile = nl.ndarray((n, per), nl.int32, buffer=nl.sbuf, name="slot_sb")
+    nisa.dma_copy(dst=tile, src=blocks.ap([[1, n], [n, per]], scalar_offset=block,
+                                          indirect_dim=0))
+    return tile
+
+
+def _scatter_tile(i, slot, src_tiles, n, token_elems, token_pattern):
+    """Tile i (its slots in ``slot`` [n, 1]): one indirect HBM-to-HBM write per K / V (rows of
     padded or skipped tokens are neither read nor written)."""
-    slot_sb = nl.ndarray((n, 1), nl.int32, buffer=nl.sbuf, name="slot_sb")
-    nisa.dma_copy(dst=slot_sb, src=slot_tiles.ap([[1, n], [1, 1]], scalar_offset=i, indirect_dim=0))
     for src, rows, offset in src_tiles:
         row_elems = rows.shape[1]
-        dst = rows.ap([[row_elems, n], *token_pattern], offset=offset, vector_offset=slot_sb,
+        dst = rows.ap([[row_elems, n], *token_pattern], offset=offset, vector_offset=slot,
                       indirect_dim=0)
         nisa.dma_copy(dst=dst, src=src.ap([[token_elems, n], [1, token_elems]], scalar_offset=i,
                                           indirect_dim=0), oob_mode=nisa.oob_mode.skip)
 
 
-def _scatter_token(t, slots, targets, token_pattern, token_elems):
-    """Token t: its slot into SBUF, then its K and V rows HBM to HBM at that slot."""
-    slot = nl.ndarray((1, 1), nl.int32, buffer=nl.sbuf, name="slot")
-    nisa.dma_copy(dst=slot, src=slots.ap([[1, 1], [1, 1]], scalar_offset=t, indirect_dim=0))
+def _scatter_token(t, slot, targets, token_pattern, token_elems):
+    """Token t (its slot in ``slot`` [1, 1]): its K and V rows HBM to HBM at that slot."""
     for src, rows, offset in targets:
         dst = rows.ap([[0, 1], *token_pattern], offset=offset, scalar_offset=slot, indirect_dim=0)
         nisa.dma_copy(dst=dst, src=src.ap([[token_elems, 1], [1, token_elems]], scalar_offset=t,

@@ -89,15 +89,16 @@ def test_traffic_is_appended_bytes(case, target, layout):
     kv_bytes = args[0].nbytes + args[1].nbytes
     # + an int32 slot per token of the 256-token bucket (200 real, 56 padding). trn2: two
     # 128-token tiles, one static pass (a loop iteration costs more than a tile); trn1: tokens in
-    # blocks of 64 per loop iteration (+ the [1, 2] counts table), 4 blocks hold the 200 tokens
+    # blocks of 64 per loop iteration (+ the [1, 2] counts table), 4 blocks hold the 200 tokens;
+    # a block's slots come in one DMA
     if target == "trn2":
         assert trace.hbm_bytes == 2 * kv_bytes + 4 * 256
-        assert len(trace) == trace.program_instructions == 2 * 3   # slots + K + V per tile
+        assert len(trace) == trace.program_instructions == 1 + 2 * 2   # slots, K + V per tile
         assert not trace.loops
     else:
         assert trace.hbm_bytes == 2 * kv_bytes + 4 * 256 + 8
-        assert len(trace) == 1 + 256 * 3
-        assert trace.program_instructions == 1 + 64 * 3              # one copy of the block
+        assert len(trace) == 1 + 4 * (1 + 64 * 2)       # per block: its slots, K + V per token
+        assert trace.program_instructions == 1 + 1 + 64 * 2          # one copy of the block
         assert [l["iterations"] for l in trace.loops] == [4]
 
 
