@@ -3,7 +3,7 @@
     python3 benchmarks/decode_two_cores.py [--quick]
 
 Cases: one long request (split-KV), a uniform batch, a skewed batch (one long request among short
-ones), and the fit behind plan.ITEM_COST_CHUNKS / MASKED_EXTRA_CHUNKS. Shape: one Llama-3-8B
+ones), and the fit behind plan.ITEM_COST_CHUNKS / ITERATION_COST_CHUNKS. Shape: one Llama-3-8B
 attention layer (8 kv heads, 32 query heads, head_dim 128, bf16, 16-token pages). Prints a
 Markdown table: modelled time per core, the speed-up, and the HBM floor of the cores used.
 """
@@ -51,11 +51,19 @@ def compare(name, lens, rng):
 
 
 def fit(rng):
-    """Per-item and per-masked-chunk cost in chunk-equivalents (LNC=1)."""
-    t = {k: _run(_case(rng, lens), 1).seconds for k, lens in
-         (("full", [128] * 16), ("masked", [100] * 16), ("long", [128 * 16]))}
-    chunk = t["long"] / 16
-    return (t["full"] - t["long"]) / 16 / chunk, (t["masked"] - t["full"]) / 16 / chunk
+    """Per-item and per-loop-iteration cost in chunk-equivalents (LNC=1): least squares of the
+    modelled time over batches mixing request lengths, so blocks and single chunks all occur."""
+    from nki_kernels.paged_decode_attention.plan import loop_iterations
+    cases = [[128 * 64], [128 * 16] * 4, [128] * 32, [128 * 12] * 4, [128 * 3] * 8,
+             [128 * 20] * 2, [128 * 7] * 6]
+    rows, times = [], []
+    for lens in cases:
+        full = np.array([n // 128 for n in lens])
+        rows.append([len(lens), loop_iterations(full, 0 * full).sum(), full.sum()])
+        times.append(_run(_case(rng, lens), 1).seconds)
+    (item, iteration, chunk), *_ = np.linalg.lstsq(np.array(rows, float), np.array(times),
+                                                   rcond=None)
+    return item / chunk, iteration / chunk
 
 
 def main(argv=None):
@@ -74,9 +82,9 @@ def main(argv=None):
     print("|---|---|---|---|---|---|")
     for name, lens in cases:
         print(compare(name, lens, rng), flush=True)
-    item, masked = fit(rng)
-    print(f"\nfit (LNC=1): a work item costs {item:.2f} chunks, a masked chunk {masked:.2f} extra "
-          f"(plan.ITEM_COST_CHUNKS, plan.MASKED_EXTRA_CHUNKS)")
+    item, iteration = fit(rng)
+    print(f"\nfit (LNC=1): a work item costs {item:.2f} chunks, a loop iteration {iteration:.2f} "
+          f"(plan.ITEM_COST_CHUNKS, plan.ITERATION_COST_CHUNKS)")
 
 
 if __name__ == "__main__":

@@ -40,7 +40,14 @@ from .kernel_cursor import Geometry, advance, request_bounds, start_cursor, toke
 from .kernel_load import ROW_LIMIT, load_chunk_indirect, load_chunk_pages
 from .kernel_softmax import (column_masks, finalize, init_state, mask_bias, merge_with_partner,
                              online_update, padded_queries)
-from .plan import BOUNDARY, C0, C1, END, FIRST, FULL_HI, FULL_LO, META_COLS, OUT, SPAN_COLS
+from .plan import (BOUNDARY, C0, C1, CHUNK_BLOCKS, END, FIRST, FULL_HI, FULL_LO, META_COLS, OUT,
+                   SPAN_COLS)
+
+
+# Mask-free chunks handled per device-loop iteration, largest block first (plan.CHUNK_BLOCKS):
+# a loop iteration costs a scheduling barrier (~9 us, nki_kernels/profile) plus the pipeline's
+# fill, several times one chunk's work, so long requests take 16 chunks (2048 tokens) per
+# iteration and the remainder at most 3 + 3 iterations.
 
 
 @nki.jit
@@ -84,10 +91,27 @@ def batch_decode_kernel(q, k_rows, v_rows, meta, spans, kv_indices, tok_tab, sin
         states = [init_state(n * G, D) for _, n in groups]
         bounds = request_bounds(meta, i, T, R)
         cursor = start_cursor(meta, i, tok_sb, R)
-        for lo, hi, masked in ((c0, full_lo, True), (full_lo, full_hi, False), (full_hi, c1, True)):
-            nl.fori_loop(lo, hi, lambda c, masked=masked: _chunk(
-                consts, kv_indices, cursor, bounds, q_pads, states, masked, scale, soft_cap,
-                mm_dtype))
+        def chunks(count, masked):
+            """Loop body: ``count`` chunks, software-pipelined: chunk i+1's gather is issued
+            before chunk i's compute, so engines in program order overlap them."""
+            def body(c):
+                ahead = _load_chunk(consts, kv_indices, cursor, bounds, masked)
+                for i in range(count):
+                    current = ahead
+                    if i + 1 < count:
+                        ahead = _load_chunk(consts, kv_indices, cursor, bounds, masked)
+                    _fold_chunk(consts, current, q_pads, states, scale, soft_cap, mm_dtype)
+            return body
+
+        # mask-free chunks in blocks of CHUNK_BLOCKS[0] per loop iteration (each iteration pays
+        # the loop barrier), the rest in the smaller blocks that fit, down to single chunks
+        nl.fori_loop(c0, full_lo, chunks(1, True))
+        lo = full_lo
+        for size in CHUNK_BLOCKS:
+            hi = lo + ((full_hi - lo) // size) * size if size > 1 else full_hi
+            nl.fori_loop(lo, hi, chunks(size, False), step=size)
+            lo = hi
+        nl.fori_loop(full_hi, c1, chunks(1, True))
         return b, states
 
     def whole(i):
@@ -109,8 +133,9 @@ def batch_decode_kernel(q, k_rows, v_rows, meta, spans, kv_indices, tok_tab, sin
     return out, lse
 
 
-def _chunk(consts, kv_indices, cursor, bounds, q_pads, states, masked, scale, soft_cap, mm_dtype):
-    """Fold the cursor's chunk into every head group's state, then advance the cursor."""
+def _load_chunk(consts, kv_indices, cursor, bounds, masked):
+    """Gather the cursor's chunk (K and V tiles [T, H*D], the mask bias when masked), then
+    advance the cursor."""
     geo, G, sources, groups, masks, iota_rt, indirect, convert_v = consts
     T, H, D = geo.T, geo.H, geo.D
     valid_t = token_validity(cursor, bounds) if masked else None
@@ -120,15 +145,22 @@ def _chunk(consts, kv_indices, cursor, bounds, q_pads, states, masked, scale, so
         load_chunk_indirect(tiles, sources, kv_indices, cursor, valid_t, geo)
     else:
         load_chunk_pages(tiles, sources, kv_indices, cursor, bounds, valid_t, geo)
-    if convert_v:
-        v_mm = nl.ndarray((T, H * D), mm_dtype, buffer=nl.sbuf, name="v_mm")
-        nisa.tensor_copy(dst=v_mm, src=tiles[1])
-        tiles[1] = v_mm
     bias = mask_bias(cursor, bounds, iota_rt) if masked else None
-    for (h0, n), state, pads, group_masks in zip(groups, states, q_pads, masks):
-        online_update(state, pads, group_masks, tiles[0], tiles[1], h0, D,
-                      None if bias is None else bias[0:n * G, :], scale, soft_cap, mm_dtype)
     advance(cursor, geo.page_size)
+    return tiles, bias
+
+
+def _fold_chunk(consts, loaded, q_pads, states, scale, soft_cap, mm_dtype):
+    """Fold a loaded chunk into every head group's softmax state."""
+    geo, G, sources, groups, masks, iota_rt, indirect, convert_v = consts
+    tiles, bias = loaded
+    if convert_v:
+        v_mm = nl.ndarray((geo.T, geo.H * geo.D), mm_dtype, buffer=nl.sbuf, name="v_mm")
+        nisa.tensor_copy(dst=v_mm, src=tiles[1])
+        tiles = [tiles[0], v_mm]
+    for (h0, n), state, pads, group_masks in zip(groups, states, q_pads, masks):
+        online_update(state, pads, group_masks, tiles[0], tiles[1], h0, geo.D,
+                      None if bias is None else bias[0:n * G, :], scale, soft_cap, mm_dtype)
 
 
 def _load_q(q, b, mm_dtype):

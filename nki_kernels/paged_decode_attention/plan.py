@@ -116,13 +116,26 @@ def _whole_requests(req: _Requests, rows: int, page_size: int) -> np.ndarray:
     return table.astype(np.int32)
 
 
-# Modelled work, in chunk-equivalents, of what a core does besides a mask-free chunk: a work
-# item's fixed cost (request table, q load, state, finalize) and a masked chunk's extra (mask
-# bias, validity). Fitted to the dependency-aware schedule on trn2, where every device-loop
-# iteration (an item, a chunk) pays the same loop barrier (benchmarks/decode_two_cores.py: an
-# item 0.84 chunks, a masked chunk 0.07 extra; bf16, 8 kv heads, G 4, D 128, pages of 16).
-ITEM_COST_CHUNKS = 0.85
-MASKED_EXTRA_CHUNKS = 0.1
+# Modelled work, in chunk-equivalents (one mask-free chunk inside a block), of the rest of what
+# a core does: a work item's fixed cost (request table, q load, state, finalize, its own loop
+# iteration) and each further device-loop iteration (the barrier and the pipeline's fill; chunks
+# run in blocks of kernel.CHUNK_BLOCKS). Least-squares fit to the dependency-aware schedule on
+# trn2 over seven batches (benchmarks/decode_two_cores.py fit; residuals < 0.3%): an item 4.07
+# chunks, an iteration 3.22 (bf16, 8 kv heads, G 4, D 128, pages of 16).
+ITEM_COST_CHUNKS = 4.07
+ITERATION_COST_CHUNKS = 3.22
+CHUNK_BLOCKS = (16, 4, 1)          # kernel.CHUNK_BLOCKS (the kernel imports it from here)
+
+
+def loop_iterations(full, masked):
+    """Device-loop iterations of a request's chunks: masked ones singly, mask-free ones in blocks
+    of CHUNK_BLOCKS, largest first."""
+    iterations = np.asarray(masked, np.int64).copy()
+    rest = np.asarray(full, np.int64).copy()
+    for size in CHUNK_BLOCKS:
+        iterations += rest // size
+        rest = rest % size
+    return iterations
 
 
 @dataclass(frozen=True)
@@ -161,7 +174,7 @@ def decode_work(kv_indptr, kv_lens, window_left: int, page_size: int, batch_rows
     B = req.L.size
     chunks = (req.c1 - req.c0).astype(np.float64)
     masked = (req.full_lo - req.c0) + (req.c1 - req.full_hi)
-    work = chunks + MASKED_EXTRA_CHUNKS * masked                 # per request, without the item
+    work = chunks + ITERATION_COST_CHUNKS * loop_iterations(req.full_hi - req.full_lo, masked)
     if cores == 1:
         return DecodeWork(_whole_requests(req, batch_rows, page_size),
                           np.array([[0, B, 0]], np.int32),

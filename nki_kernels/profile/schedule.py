@@ -11,9 +11,10 @@ Rules (per physical core; the cores of an LNC=2 launch share nothing but HBM):
 - A DMA first needs descriptors: none for a static pattern (built before the launch), GpSimd
   time for software DGE (indirect, or dynamic on NeuronCore-v2), one of the hardware DGE units
   for ``hwdge`` (dynamic on v3+; also occupying ScalarE when ``engine=scalar`` triggers it).
-  It then takes one of ``dma_queues_in_flight`` queue slots, waits the fixed semaphore-to-start
-  latency, and moves its bytes on ``ceil(rows / 8)`` of the 16 DMA engines (the ones free
-  first). DMAs are ordered only by their data and by these resources.
+  Descriptor generation reads the DMA's offset tables (``<role>_offsets`` operands), so they
+  may be overwritten once it is done. The DMA then takes one of ``dma_queues_in_flight``
+  slots, waits the fixed semaphore-to-start latency, and moves its bytes on ``ceil(rows / 8)``
+  of the 16 DMA engines (the ones free first). DMAs are ordered only by their data and by these resources.
 - Each iteration of a device loop (``fori_loop``, ``while_loop``, ``dynamic_range``) starts
   with a barrier: every engine of the core drains, then ``loop_iteration_s`` passes.
 
@@ -204,6 +205,7 @@ def schedule(trace, hw: Hardware, core_of: Dict[tuple, int], compute_seconds,
         boxes = [(footprint(o), o.role in WRITTEN) for o in e.operands]
         for box, write in boxes:
             ready = memory.ready(box, write, ready)
+        made = None                       # when a DMA's descriptors (and offsets) are done
         if e.engine == "dma":
             mode = dge_mode(e, hw, nc_version)
             if mode != "none":
@@ -229,6 +231,7 @@ def schedule(trace, hw: Hardware, core_of: Dict[tuple, int], compute_seconds,
                 if unit is not None:
                     dge[core][unit] = (start[0] + cost, k)
                 ready = (start[0] + cost, k, "descriptors")
+                made = ready
             q = queues.setdefault(core, [(0.0, None)] * hw.dma_queues_in_flight)
             qi = min(range(len(q)), key=lambda i: q[i][0])
             start = later(ready, (*q[qi], "dma queue"))
@@ -253,8 +256,11 @@ def schedule(trace, hw: Hardware, core_of: Dict[tuple, int], compute_seconds,
             k = add(Slot(e.index, core, e.engine, e.name or e.op, start[0], end, start[1],
                          start[2]))
             free[lane] = (end, k)
-        for box, write in boxes:
-            memory.record(box, write, k, slots[k].end)
+        for (box, write), o in zip(boxes, e.operands):
+            if made is not None and o.role.endswith("_offsets"):
+                memory.record(box, write, made[1], made[0])     # read by descriptor generation
+            else:
+                memory.record(box, write, k, slots[k].end)
     while next_mark < len(marks):
         barrier(core_of[marks[next_mark][1]])
         next_mark += 1

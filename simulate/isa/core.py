@@ -96,13 +96,24 @@ def describe(role: str, r: Resolved) -> Operand:
     return operand
 
 
+def _offset_tables(operands: dict):
+    """The on-chip tensors holding the dynamic offsets of ``operands`` (read by the instruction,
+    or by its DMA descriptor generation), as ``<role>_offsets`` operands after the others."""
+    for role, r in operands.items():
+        dyn = r.tensor._dynamic
+        if dyn is not None and hasattr(dyn.source, "_storage"):
+            yield describe(f"{role}_offsets", Resolved(dyn.source, r.op, role, dyn.source.offset))
+
+
 def record(op: str, engine: str, operands: dict, name=None, **fields) -> Instruction:
     """Append an event to the current trace (if any) and return the instruction handle."""
     launch = context.current()
     event = None
     if launch.trace is not None:
         depth, first_pass = launch.loop_position()
+        described = tuple(describe(k, v) for k, v in operands.items())
+        described += tuple(_offset_tables(operands))
         event = launch.trace.add(op=op, engine=engine, program_id=launch.program_id,
-                                 operands=tuple(describe(k, v) for k, v in operands.items()),
-                                 name=name, loop_depth=depth, first_pass=first_pass, **fields)
+                                 operands=described, name=name, loop_depth=depth,
+                                 first_pass=first_pass, **fields)
     return Instruction(event)

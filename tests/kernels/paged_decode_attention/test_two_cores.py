@@ -10,7 +10,7 @@ import simulate
 from nki_kernels.paged_decode_attention import batch_decode, batch_decode_ref
 from nki_kernels.profile import estimate
 from nki_kernels.paged_decode_attention.plan import (BOUNDARY, C0, C1, END, FIRST, ITEM_COST_CHUNKS,
-                                                     MASKED_EXTRA_CHUNKS,                                                     LEN, OUT, chunk_tokens, decode_work)
+                                                     ITERATION_COST_CHUNKS,                                                     LEN, OUT, chunk_tokens, decode_work)
 
 from .conftest import assert_close, make_decode_case
 
@@ -44,8 +44,8 @@ def test_work_covers_every_chunk_once_and_balances(lens):
         flat = [c for lo, hi in ranges for c in range(lo, hi)]
         assert flat == list(range(0, -(-lens[b] // T))), (b, ranges)
     assert set(_chunks_by_request(work)) == {b for b, n in enumerate(lens) if n}
-    # the two halves differ by at most one (masked) chunk plus one item's fixed cost
-    assert abs(work.loads[0] - work.loads[1]) <= 1 + MASKED_EXTRA_CHUNKS + ITEM_COST_CHUNKS
+    # the two halves differ by at most one chunk in its own iteration plus one item's fixed cost
+    assert abs(work.loads[0] - work.loads[1]) <= 1 + ITERATION_COST_CHUNKS + ITEM_COST_CHUNKS
 
 
 def test_a_single_long_request_is_split_in_halves():
