@@ -47,7 +47,7 @@ from .plan import (BOUNDARY, C0, C1, CHUNK_BLOCKS, END, FIRST, FULL_HI, FULL_LO,
 # Mask-free chunks handled per device-loop iteration, largest block first (plan.CHUNK_BLOCKS):
 # a loop iteration costs a scheduling barrier (~9 us, nki_kernels/profile) plus the pipeline's
 # fill, several times one chunk's work, so long requests take 16 chunks (2048 tokens) per
-# iteration and the remainder at most 3 + 3 iterations.
+# iteration and the remainder at most 3 + 1 + 1 (benchmarks/loop_blocks.py has the sweep).
 
 
 @nki.jit

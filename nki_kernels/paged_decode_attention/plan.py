@@ -124,7 +124,8 @@ def _whole_requests(req: _Requests, rows: int, page_size: int) -> np.ndarray:
 # chunks, an iteration 3.22 (bf16, 8 kv heads, G 4, D 128, pages of 16).
 ITEM_COST_CHUNKS = 4.07
 ITERATION_COST_CHUNKS = 3.22
-CHUNK_BLOCKS = (16, 4, 1)          # kernel.CHUNK_BLOCKS (the kernel imports it from here)
+CHUNK_BLOCKS = (16, 4, 2, 1)       # kernel.CHUNK_BLOCKS (the kernel imports it from here);
+                                   # chosen with benchmarks/loop_blocks.py
 
 
 def loop_iterations(full, masked):
