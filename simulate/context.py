@@ -32,6 +32,7 @@ class Launch:
     precise_fp: bool = True       # False under NKI_PRECISE_FP=0 (read at launch)
     loop_frames: list = field(default_factory=list)  # LoopFrame per enclosing device loop
     while_loops: list = field(default_factory=list)  # open ``while reg:`` loops: (site, iterations)
+    issued: int = 0               # instructions issued by this instance (depends_on order)
 
     def loop_position(self) -> Tuple[int, bool]:
         """(device loops around the current point, whether every one is in its first iteration:

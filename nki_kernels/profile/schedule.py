@@ -15,6 +15,8 @@ Rules (per physical core; the cores of an LNC=2 launch share nothing but HBM):
   may be overwritten once it is done. The DMA then takes one of ``dma_queues_in_flight``
   slots, waits the fixed semaphore-to-start latency, and moves its bytes on ``ceil(rows / 8)``
   of the 16 DMA engines (the ones free first). DMAs are ordered only by their data and by these resources.
+- An explicit ``depends_on`` edge holds an instruction until its producer ends (``runtime``,
+  the default) or starts (``schedule``: issue order only).
 - Each iteration of a device loop (``fori_loop``, ``while_loop``, ``dynamic_range``) starts
   with a barrier: every engine of the core drains, then ``loop_iteration_s`` passes.
 
@@ -48,7 +50,7 @@ class Slot:
     end: float
     waited_for: Optional[int]   # slot (position in Schedule.slots) whose end set the start
     reason: str                 # "start" | "engine" | "data" | "dma queue" | "dma engines" |
-                                # "descriptors" | "loop barrier"
+                                # "descriptors" | "loop barrier" | "depends_on"
     fixed: float = 0.0          # DMA: the semaphore-to-start latency inside [start, end)
     engines: int = 0            # DMA: engines used
 
@@ -178,6 +180,7 @@ def schedule(trace, hw: Hardware, core_of: Dict[tuple, int], compute_seconds,
     floor: Dict[int, Tuple[float, Optional[int], str]] = {}
     barriers: Dict[int, int] = {}
     memory = _Memory()
+    slot_of: Dict[int, int] = {}          # trace event -> its (main) slot
     marks = sorted(trace.iteration_starts, key=lambda m: m[0])
     next_mark = 0
 
@@ -205,6 +208,11 @@ def schedule(trace, hw: Hardware, core_of: Dict[tuple, int], compute_seconds,
         boxes = [(footprint(o), o.role in WRITTEN) for o in e.operands]
         for box, write in boxes:
             ready = memory.ready(box, write, ready)
+        for producer, kind in (e.details or {}).get("after", ()):   # NkiInstruction.depends_on
+            k = slot_of.get(producer)
+            if k is not None:
+                t = slots[k].end if kind == "runtime" else slots[k].start
+                ready = later(ready, (t, k, "depends_on"))
         made = None                       # when a DMA's descriptors (and offsets) are done
         if e.engine == "dma":
             mode = dge_mode(e, hw, nc_version)
@@ -256,6 +264,7 @@ def schedule(trace, hw: Hardware, core_of: Dict[tuple, int], compute_seconds,
             k = add(Slot(e.index, core, e.engine, e.name or e.op, start[0], end, start[1],
                          start[2]))
             free[lane] = (end, k)
+        slot_of[e.index] = k
         for (box, write), o in zip(boxes, e.operands):
             if made is not None and o.role.endswith("_offsets"):
                 memory.record(box, write, made[1], made[0])     # read by descriptor generation

@@ -12,8 +12,8 @@ from ..registers import (NkiScalar, VirtualRegister, register_alloc, register_lo
                          register_store, scalar_load, scalar_store)
 from . import constants
 from ..lnc import core_barrier, sendrecv
-from .enums import (dge_mode, dma_engine, engine, matmul_perf_mode, nc_version, oob_mode,
-                    reduce_cmd)
+from .enums import (dependency, dge_mode, dma_engine, engine, matmul_perf_mode, nc_version,
+                    oob_mode, reduce_cmd)
 
 # Deprecated engine aliases kept by NKI.
 tensor_engine, scalar_engine, gpsimd_engine = engine.tensor, engine.scalar, engine.gpsimd

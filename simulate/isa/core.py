@@ -18,11 +18,39 @@ from .enums import ENGINE_NAMES, engine as engine_enum
 class Instruction:
     """Handle returned by every ``nisa`` call (``NkiInstruction`` in NKI)."""
 
-    def __init__(self, event):
+    def __init__(self, event, loops=(), order=0):
         self.event = event
+        self.loops = loops          # the device loops (LoopFrame) around it, outermost first
+        self.order = order          # issue order within the launch instance
 
-    def depends_on(self, *producers) -> "Instruction":
-        """Scheduling hint; execution here is in program order, so nothing to do."""
+    def depends_on(self, *producers, kind=None) -> "Instruction":
+        """Run this instruction after each producer (``kind``: ``dependency.runtime``, a
+        semaphore wait, or ``dependency.schedule``, issue order only; None: the older form).
+
+        As on the device, an edge may not leave a device loop: each producer sits at the same
+        loop nesting as this instruction or in an enclosing scope. The simulator runs in program
+        order, so a producer must also be issued before its consumer. The edge is recorded in
+        the trace (``details["after"]``) for the cost model."""
+        from .enums import dependency
+        if kind is not None and not isinstance(kind, dependency):
+            fail(f"kind={kind!r} must be nki.isa.dependency.runtime or .schedule", "depends_on",
+                 "kind")
+        for p in producers:
+            if not isinstance(p, Instruction):
+                fail(f"producer {p!r} is not an instruction handle (the value a nisa call "
+                     f"returns)", "depends_on", "producers")
+            if self.loops[:len(p.loops)] != p.loops or len(p.loops) > len(self.loops):
+                fail("the producer is inside a device loop (fori_loop / while_loop / "
+                     "dynamic_range) the consumer is not in: a dependency edge cannot leave a "
+                     "dynamic loop (its semaphore would fire unconditionally or never)",
+                     "depends_on", "producers")
+            if p.order > self.order:
+                fail("the producer was issued after this instruction; the simulator runs in "
+                     "program order, so issue the producer first", "depends_on", "producers")
+            if self.event is not None and p.event is not None:
+                edges = self.event.details.setdefault("after", [])
+                edges.append((p.event.index, "schedule" if kind == dependency.schedule
+                              else "runtime"))
         return self
 
 
@@ -116,4 +144,5 @@ def record(op: str, engine: str, operands: dict, name=None, **fields) -> Instruc
         event = launch.trace.add(op=op, engine=engine, program_id=launch.program_id,
                                  operands=described, name=name, loop_depth=depth,
                                  first_pass=first_pass, **fields)
-    return Instruction(event)
+    launch.issued += 1
+    return Instruction(event, tuple(launch.loop_frames), launch.issued)

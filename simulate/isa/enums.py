@@ -30,6 +30,13 @@ class dge_mode(enum.Enum):
     none = 3
 
 
+class dependency(enum.Enum):
+    """Kind of an ``NkiInstruction.depends_on`` edge: ``runtime`` waits on a hardware semaphore,
+    ``schedule`` only orders issue for the compiler's schedulers."""
+    runtime = "runtime"
+    schedule = "schedule"
+
+
 class oob_mode(enum.Enum):
     error = 0
     skip = 1

@@ -203,3 +203,46 @@ def test_bounds_hold_on_every_kernel(target):
         assert est.seconds <= est.serial_seconds * (1 + 1e-9), name
         assert est.schedule.critical and est.schedule.slots[est.schedule.critical[-1]].end \
             == pytest.approx(est.seconds), name
+
+
+def test_depends_on_edges_are_kept_and_checked():
+    from simulate import nisa, nl
+    from simulate.errors import ValidationError
+
+    @simulate.jit
+    def kernel(x):
+        a = nl.ndarray((128, 64), nl.float32, buffer=nl.sbuf)
+        b = nl.ndarray((128, 64), nl.float32, buffer=nl.sbuf)
+        load = nisa.dma_copy(dst=a, src=x)
+        # b does not read a: without the edge the memset could start at once
+        ms = nisa.memset(dst=b, value=1.0)
+        ms.depends_on(load, kind=nisa.dependency.runtime)
+        return x
+
+    simulate.simulate(kernel)(np.zeros((128, 64), np.float32))
+    est = estimate(simulate.last_trace())
+    load_slot = next(s for s in est.schedule.slots if s.lane == "dma")
+    ms_slot = next(s for s in est.schedule.slots if s.op == "memset")
+    assert ms_slot.start == pytest.approx(load_slot.end) and ms_slot.reason == "depends_on"
+
+    @simulate.jit
+    def leaves_a_loop(x):
+        t = nl.ndarray((1, 8), nl.float32, buffer=nl.sbuf)
+        inside = []
+        nl.fori_loop(0, 2, lambda i: inside.append(nisa.memset(dst=t, value=0.0)))
+        nisa.memset(dst=t, value=1.0).depends_on(inside[-1])
+        return x
+
+    with pytest.raises(ValidationError, match="cannot leave a dynamic loop"):
+        simulate.simulate(leaves_a_loop)(np.zeros((1, 8), np.float32))
+
+    @simulate.jit
+    def backwards(x):
+        t = nl.ndarray((1, 8), nl.float32, buffer=nl.sbuf)
+        first = nisa.memset(dst=t, value=0.0)
+        second = nisa.memset(dst=t, value=1.0)
+        first.depends_on(second)
+        return x
+
+    with pytest.raises(ValidationError, match="issued after this instruction"):
+        simulate.simulate(backwards)(np.zeros((1, 8), np.float32))
