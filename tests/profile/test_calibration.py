@@ -6,7 +6,7 @@ still miss (the README says so: a model change that fixes it should update the R
 import pytest
 
 from nki_kernels.profile.calibration import FIGURES
-from nki_kernels.profile.calibration.mamba import mamba_kernel, mamba_ref
+from nki_kernels.profile.calibration.mamba import mamba_inputs, mamba_kernel, mamba_ref
 
 SLOW = {"mamba_v1 with 4096 channels", "mamba_v2 with 4096 channels (loop reordering)"}
 
@@ -36,13 +36,7 @@ def test_calibration_kernel_matches_its_reference(order, target):
     """The Mamba workload computes what it claims (odd sequence length, two channel tiles)."""
     import numpy as np
     import simulate
-    rng = np.random.default_rng(3)
-    b, c, s, n = 2, 256, 37, 3
-    delta = rng.uniform(0.01, 0.2, (b, c, s)).astype(np.float32)
-    u = rng.standard_normal((b, c, s)).astype(np.float32)
-    A = -rng.uniform(0.5, 2.0, (c, n)).astype(np.float32)
-    B = rng.standard_normal((b, n, s)).astype(np.float32)
-    C = rng.standard_normal((b, n, s)).astype(np.float32)
+    args = mamba_inputs(np.random.default_rng(3), 2, 256, 37, 3)
     with simulate.use_target(target):
-        out = simulate.simulate(mamba_kernel)(delta, u, A, B, C, order)
-    np.testing.assert_allclose(out, mamba_ref(delta, u, A, B, C), rtol=1e-4, atol=1e-4)
+        out = simulate.simulate(mamba_kernel)(*args, order)
+    np.testing.assert_allclose(out, mamba_ref(*args), rtol=1e-4, atol=1e-4)

@@ -20,6 +20,17 @@ import numpy as np
 from nki_kernels.backend import nki, nisa, nl
 
 
+def mamba_inputs(rng, batch: int, channels: int, seq: int, state: int):
+    """(delta, u, A, B, C) fp32 in the ranges a trained Mamba layer sees (delta small and
+    positive, A negative, so the scan is stable)."""
+    delta = rng.uniform(0.01, 0.1, (batch, channels, seq)).astype(np.float32)
+    u = rng.standard_normal((batch, channels, seq)).astype(np.float32)
+    A = -rng.uniform(0.5, 2.0, (channels, state)).astype(np.float32)
+    B = rng.standard_normal((batch, state, seq)).astype(np.float32)
+    C = rng.standard_normal((batch, state, seq)).astype(np.float32)
+    return delta, u, A, B, C
+
+
 def mamba_ref(delta, u, A, B, C) -> np.ndarray:
     """Float64 reference by the recurrence."""
     delta, u, A, B, C = (np.asarray(x, np.float64) for x in (delta, u, A, B, C))

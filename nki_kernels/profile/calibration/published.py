@@ -160,14 +160,9 @@ def mamba_seconds(order: str, channels: int, seq: int = 512, state: int = 16, ba
     """Modelled time of the Mamba kernel (mamba.py) on random inputs; checks the result."""
     import simulate
     from ..cost_model import estimate
-    from .mamba import mamba_kernel, mamba_ref
+    from .mamba import mamba_inputs, mamba_kernel, mamba_ref
 
-    rng = np.random.default_rng(0)
-    delta = rng.uniform(0.01, 0.1, (batch, channels, seq)).astype(np.float32)
-    u = rng.standard_normal((batch, channels, seq)).astype(np.float32)
-    A = -rng.uniform(0.5, 2.0, (channels, state)).astype(np.float32)
-    B = rng.standard_normal((batch, state, seq)).astype(np.float32)
-    C = rng.standard_normal((batch, state, seq)).astype(np.float32)
+    delta, u, A, B, C = mamba_inputs(np.random.default_rng(0), batch, channels, seq, state)
     with simulate.use_target(target):
         out = simulate.simulate(mamba_kernel)(delta, u, A, B, C, order)
     ref = mamba_ref(delta, u, A, B, C)
