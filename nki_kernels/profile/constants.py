@@ -43,6 +43,7 @@ class Hardware:
     matmul_init_cycles: int = 64  # MM_INIT_LATENCY [ISA]
     fp32_matmul_factor: int = 4   # fp32 matmul is 4x slower than bf16 [ISA]
     reciprocal_factor: int = 8    # VectorE reciprocal ~8 N cycles [ISA]
+    dependent_vector_cycles: int = 100    # a VectorE instruction reading the one just before [ISA]
     hwdge_units: int = 2          # hardware DGE instances per NeuronCore-v3 [DGE]; none on v2
     hwdge_instruction_s: float = 600e-9   # per hardware-DGE DMA instruction [DGE]
     swdge_fixed_cycles: int = 150         # GpSimd start-up per software-DGE DMA [ISA]

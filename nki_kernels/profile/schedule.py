@@ -2,7 +2,8 @@
 
 Rules (per physical core; the cores of an LNC=2 launch share nothing but HBM):
 - Each compute engine (tensor, vector, scalar, gpsimd) runs its instructions in program order,
-  one at a time.
+  one at a time; a VectorE instruction that reads the result of the one just before it pays
+  ``dependent_vector_cycles`` more.
 - An instruction starts when its engine is free and every earlier instruction it depends on has
   ended: it reads memory an earlier one wrote (read after write), or writes memory an earlier
   one read or wrote (write after read / write). Memory is tracked as boxes of partitions x
@@ -259,8 +260,12 @@ def schedule(trace, hw: Hardware, core_of: Dict[tuple, int], compute_seconds,
                 pool[i] = (end, k)
         else:
             lane = (core, e.engine)
-            start = later(ready, (*free.get(lane, (0.0, None)), "engine"))
+            previous = free.get(lane, (0.0, None))
+            start = later(ready, (*previous, "engine"))
             end = start[0] + compute_seconds(e)
+            if (e.engine == "vector" and previous[1] is not None and ready[1] == previous[1]
+                    and ready[2] == "data"):      # reads the result of the one just before
+                end += hw.dependent_vector_cycles / hw.vector_hz
             k = add(Slot(e.index, core, e.engine, e.name or e.op, start[0], end, start[1],
                          start[2]))
             free[lane] = (end, k)

@@ -246,3 +246,14 @@ def test_depends_on_edges_are_kept_and_checked():
 
     with pytest.raises(ValidationError, match="issued after this instruction"):
         simulate.simulate(backwards)(np.zeros((1, 8), np.float32))
+
+
+def test_a_vector_instruction_reading_the_one_just_before_pays_the_dependency():
+    trace = Trace(simulate.get_target("trn2"))
+    a = vector(trace, tile("dst", ident=10), tile("data", ident=11))
+    b = vector(trace, tile("dst", ident=12), tile("data", ident=10))     # reads a's result
+    c = vector(trace, tile("dst", ident=13), tile("data", ident=11))     # independent
+    est = estimate(trace)
+    t = compute_seconds(a, TRN2)
+    assert slot_of(est, b.index).end - slot_of(est, b.index).start == pytest.approx(t + 100 / 0.96e9)
+    assert slot_of(est, c.index).end - slot_of(est, c.index).start == pytest.approx(t)
