@@ -90,8 +90,10 @@ def test_disjoint_parts_of_one_tile_do_not_depend():
     # the same partitions, other columns of another tile: waits only for its engine
     assert slot_of(est, left.index).reason == "engine"
     overlap = vector(trace, tile("dst", ident=6), tile("data", p0=0, parts=64, f0=100, free=8))
+    edge = scalar(trace, tile("dst", ident=7, parts=1), tile("data", p0=63, parts=1))
     est = estimate(trace)
     assert slot_of(est, overlap.index).start >= slot_of(est, top.index).end
+    assert slot_of(est, edge.index).start >= slot_of(est, top.index).end    # its last partition
 
 
 def test_dma_queue_limit_and_engines():
@@ -152,6 +154,8 @@ def test_loop_iterations_drain_the_core_and_pay_the_barrier():
     assert est.lower_seconds == pytest.approx(18e-6 + compute_seconds(a, TRN2))
     assert estimate(trace, loop_iteration_s=4e-6).seconds == pytest.approx(est.seconds - 10e-6)
     assert est.schedule.critical_summary()["barrier / idle"] == pytest.approx(18e-6)
+    assert est.serial_seconds == pytest.approx(18e-6 + compute_seconds(a, TRN2)
+                                               + compute_seconds(b, TRN2))
 
 
 def test_two_cores_are_scheduled_apart():
@@ -257,3 +261,20 @@ def test_a_vector_instruction_reading_the_one_just_before_pays_the_dependency():
     t = compute_seconds(a, TRN2)
     assert slot_of(est, b.index).end - slot_of(est, b.index).start == pytest.approx(t + 100 / 0.96e9)
     assert slot_of(est, c.index).end - slot_of(est, c.index).start == pytest.approx(t)
+
+
+def test_an_offset_table_is_free_once_the_descriptors_are_made():
+    """Overwriting the indices of a gather waits for its descriptor generation, not the DMA."""
+    trace = Trace(simulate.get_target("trn2"))
+    index = Operand("src_offsets", "idx", "sbuf", "int32", (128, 1), ((1, 128), (1, 1)), 0, None,
+                    50, 4)
+    dst, src = tile("dst", ident=51), hbm("src", indirect="vector")
+    g = trace.add(op="dma_copy", engine="dma", program_id=(0,), operands=(dst, src, index),
+                  dma_bytes=dst.nbytes, dma_runs=128, hbm_read_bytes=dst.nbytes)
+    index_write = Operand("dst", "idx", "sbuf", "int32", (128, 1), ((1, 128), (1, 1)), 0, None,
+                          50, 4)
+    w = vector(trace, index_write, tile("data", ident=52, free=1), free=1)
+    est = estimate(trace)
+    made = slot_of(est, g.index, "gpsimd")
+    assert slot_of(est, w.index).start == pytest.approx(made.end)
+    assert slot_of(est, w.index).start < slot_of(est, g.index, "dma").end
