@@ -59,10 +59,6 @@ class Storage:
     def dtype(self) -> np.dtype:
         return self.data.dtype
 
-    @property
-    def partition_bytes(self) -> int:
-        return self.row_bytes
-
     def elements(self, dtype) -> np.ndarray:
         """The same bytes as a flat array of ``dtype``."""
         dtype = np.dtype(dtype)
@@ -162,7 +158,7 @@ class Memory:
     def register(self, storage: Storage, fail) -> None:
         """Count ``storage`` until it is freed; ``fail(cls, message)`` raises when it does not fit."""
         if storage.buffer in ON_CHIP:
-            amount = self._amount(storage.buffer, 0, storage.partition_bytes)
+            amount = self._amount(storage.buffer, 0, storage.row_bytes)
             self._charge(storage.buffer, amount, storage, fail)
             weakref.finalize(storage, self._refund, storage.buffer, amount)
 

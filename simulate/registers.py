@@ -249,16 +249,16 @@ class _Iterations:
         self.kind, self.count = kind, 0
 
     def __enter__(self):
-        self.frames = context.current().loop_frames
+        self.launch = context.current()
+        self.frames = self.launch.loop_frames
         self.frames.append(context.LoopFrame())
         return self
 
     def next(self):
         self.frames[-1].next_iteration(self.count)
         self.count += 1
-        launch = context.current()
-        if launch.trace is not None:
-            launch.trace.mark_iteration(launch.program_id)
+        if self.launch.trace is not None:
+            self.launch.trace.mark_iteration(self.launch.program_id)
 
     def __exit__(self, *exc):
         self.frames.pop()

@@ -165,7 +165,8 @@ def decode_work(kv_indptr, kv_lens, window_left: int, page_size: int, batch_rows
     """Share a decode step between ``cores`` (1, or 2 under LNC=2) program instances.
 
     Two cores: requests keep their order and the sequence of all their chunks is cut in two
-    halves of equal modelled work (chunks plus ITEM_COST_CHUNKS per item): core 0 takes the
+    halves of equal modelled work (chunks, ITERATION_COST_CHUNKS per device-loop iteration and
+    ITEM_COST_CHUNKS per item): core 0 takes the
     requests before the cut, core 1 those after it, and the request the cut falls in is split at
     a chunk boundary (split-KV), so one long request uses both cores as evenly as many short
     ones. Table rows: [boundary of core 0, boundary of core 1, core 0's whole requests, core 1's],

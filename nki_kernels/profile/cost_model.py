@@ -29,8 +29,7 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Tuple
 
 from .constants import Hardware, hardware
-from .schedule import (Schedule, descriptor_seconds, dge_mode, dma_engines_used,
-                       dma_transfer_seconds, schedule)
+from .schedule import Schedule, dma_transfer_seconds, schedule
 
 
 def _cycles(e, hw: Hardware) -> Tuple[float, float]:
@@ -142,35 +141,24 @@ def estimate(trace, target: str = None, hw: Hardware = None, **overrides) -> Est
     plan = schedule(trace, hw, core_of, lambda e: compute_seconds(e, hw), nc_version)
     work: Dict[Tuple[int, str], float] = {}
     serial: Dict[int, float] = {}
-    counts: Dict[str, int] = {}
-
-    def charge(core, lane, t):
-        work[(core, lane)] = work.get((core, lane), 0.0) + t
-
-    for e in trace:
-        core = core_of[e.program_id]
-        counts[e.engine] = counts.get(e.engine, 0) + 1
-        if e.engine == "dma":
-            move = dma_transfer_seconds(e, hw)
-            mode = dge_mode(e, hw, nc_version)
-            gen = descriptor_seconds(e, hw, mode)
-            charge(core, "dma", move * dma_engines_used(e, hw) / hw.dma_engines)
-            charge(core, "dma queues", (move + hw.dma_fixed_s) / hw.dma_queues_in_flight)
-            if mode == "swdge":
-                charge(core, "gpsimd", gen)
-            elif mode == "hwdge":
-                charge(core, "dge", gen / max(1, hw.hwdge_units))
-            serial[core] = serial.get(core, 0.0) + move + hw.dma_fixed_s + gen
+    for s in plan.slots:             # each slot's own cost, as the schedule priced it
+        if s.lane == "dma":          # the 16 engines and the queues as pools
+            pools = (("dma", s.work * s.engines / hw.dma_engines),
+                     ("dma queues", (s.work + s.fixed) / hw.dma_queues_in_flight))
+            alone = s.work + s.fixed
+        elif s.lane == "dge":
+            pools, alone = (("dge", s.work / max(1, hw.hwdge_units)),), s.work
         else:
-            t = compute_seconds(e, hw)
-            charge(core, e.engine, t)
-            serial[core] = serial.get(core, 0.0) + t
+            pools, alone = ((s.lane, s.work),), s.work
+        for lane, t in pools:
+            work[(s.core, lane)] = work.get((s.core, lane), 0.0) + t
+        serial[s.core] = serial.get(s.core, 0.0) + alone
     for c, n in plan.barriers.items():
         serial[c] = serial.get(c, 0.0) + n * hw.loop_iteration_s
     per_engine: Dict[str, float] = {}
     for (_, lane), t in work.items():
         per_engine[lane] = max(per_engine.get(lane, 0.0), t)
     dmas = [e for e in trace if e.engine == "dma"]
-    return Estimate(hw, per_engine, counts, trace.hbm_bytes, len(dmas),
+    return Estimate(hw, per_engine, dict(trace.count_by_engine()), trace.hbm_bytes, len(dmas),
                     sum(e.dma_runs for e in dmas), sum(e.flops for e in trace), plan, work,
                     serial)

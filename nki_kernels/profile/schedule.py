@@ -35,7 +35,6 @@ from typing import Dict, List, Optional, Tuple
 from .constants import Hardware
 from .footprint import WRITTEN, covers, footprint, overlaps
 
-COMPUTE = ("tensor", "vector", "scalar", "gpsimd")
 HISTORY = 48          # boxes remembered per buffer and kind before merging them (conservative)
 
 
@@ -52,6 +51,8 @@ class Slot:
     waited_for: Optional[int]   # slot (position in Schedule.slots) whose end set the start
     reason: str                 # "start" | "engine" | "data" | "dma queue" | "dma engines" |
                                 # "descriptors" | "loop barrier" | "depends_on"
+    work: float = 0.0           # its own cost, waits excluded: compute time, descriptor
+                                # generation, or a DMA's data movement
     fixed: float = 0.0          # DMA: the semaphore-to-start latency inside [start, end)
     engines: int = 0            # DMA: engines used
 
@@ -219,30 +220,29 @@ def schedule(trace, hw: Hardware, core_of: Dict[tuple, int], compute_seconds,
             mode = dge_mode(e, hw, nc_version)
             if mode != "none":
                 cost = descriptor_seconds(e, hw, mode)
+                unit = None                 # hardware DGE: the unit free first
                 if mode == "swdge":
-                    lanes = [(core, "gpsimd")]
-                    unit = None
+                    lane = (core, "gpsimd")
                 else:
                     units = dge.setdefault(core, [(0.0, None)] * max(1, hw.hwdge_units))
-                    unit = min(range(len(units)), key=lambda i: units[i][0])
+                    unit = _earliest(units)
                     trigger = str((e.details or {}).get("queue_engine") or "")
-                    lanes = [(core, "scalar")] if "scalar" in trigger else []
+                    lane = (core, "scalar") if "scalar" in trigger else None
                 start = ready
-                for lane in lanes:
+                if lane is not None:
                     start = later(start, (*free.get(lane, (0.0, None)), "engine"))
                 if unit is not None:
                     start = later(start, (*dge[core][unit], "descriptors"))
                 k = add(Slot(e.index, core, "gpsimd" if mode == "swdge" else "dge",
                              f"{e.op} descriptors", start[0], start[0] + cost, start[1],
-                             start[2]))
-                for lane in lanes:
-                    free[lane] = (start[0] + cost, k)
+                             start[2], work=cost))
+                made = ready = (start[0] + cost, k, "descriptors")
+                if lane is not None:
+                    free[lane] = ready[:2]
                 if unit is not None:
-                    dge[core][unit] = (start[0] + cost, k)
-                ready = (start[0] + cost, k, "descriptors")
-                made = ready
+                    dge[core][unit] = ready[:2]
             q = queues.setdefault(core, [(0.0, None)] * hw.dma_queues_in_flight)
-            qi = min(range(len(q)), key=lambda i: q[i][0])
+            qi = _earliest(q)
             start = later(ready, (*q[qi], "dma queue"))
             used = dma_engines_used(e, hw)
             pool = engines.setdefault(core, [(0.0, None)] * hw.dma_engines)
@@ -252,9 +252,10 @@ def schedule(trace, hw: Hardware, core_of: Dict[tuple, int], compute_seconds,
             waited = start
             if gate[0] > move:
                 move, waited = gate[0], (gate[0], gate[1], "dma engines")
-            end = move + dma_transfer_seconds(e, hw)
+            transfer = dma_transfer_seconds(e, hw)
+            end = move + transfer
             k = add(Slot(e.index, core, "dma", e.name or e.op, start[0], end, waited[1], waited[2],
-                         fixed=hw.dma_fixed_s, engines=used))
+                         work=transfer, fixed=hw.dma_fixed_s, engines=used))
             q[qi] = (end, k)
             for i in order:
                 pool[i] = (end, k)
@@ -262,12 +263,13 @@ def schedule(trace, hw: Hardware, core_of: Dict[tuple, int], compute_seconds,
             lane = (core, e.engine)
             previous = free.get(lane, (0.0, None))
             start = later(ready, (*previous, "engine"))
-            end = start[0] + compute_seconds(e)
+            cost = compute_seconds(e)
+            end = start[0] + cost
             if (e.engine == "vector" and previous[1] is not None and ready[1] == previous[1]
                     and ready[2] == "data"):      # reads the result of the one just before
                 end += hw.dependent_vector_cycles / hw.vector_hz
             k = add(Slot(e.index, core, e.engine, e.name or e.op, start[0], end, start[1],
-                         start[2]))
+                         start[2], work=cost))
             free[lane] = (end, k)
         slot_of[e.index] = k
         for (box, write), o in zip(boxes, e.operands):
@@ -282,6 +284,11 @@ def schedule(trace, hw: Hardware, core_of: Dict[tuple, int], compute_seconds,
     result = Schedule(slots, makespan, barriers, max(1, len(set(core_of.values()))))
     result.critical = _critical_path(slots, floor, makespan)
     return result
+
+
+def _earliest(pool) -> int:
+    """Position of the (end, slot) pair in ``pool`` that frees first."""
+    return min(range(len(pool)), key=lambda i: pool[i][0])
 
 
 def _critical_path(slots: List[Slot], floor, makespan: float) -> List[int]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Dict, Tuple
 
-from .constants import ASSUMED
+from .constants import ASSUMED, hardware
 from .cost_model import estimate
 
 UNCERTAIN = ASSUMED + ("loop_iteration_s",)
@@ -23,7 +23,7 @@ def sensitivity(trace, target: str, floor_seconds: float) -> Dict[str, Tuple[flo
     base = ratio()
     out = {"base": (base, base)}
     for name in UNCERTAIN:
-        value = getattr(estimate(trace, target=target).hw, name)
+        value = getattr(hardware(target), name)
         half = max(1, value // 2) if isinstance(value, int) else value / 2
         out[name] = (ratio(**{name: half}), ratio(**{name: value * 2}))
     return out

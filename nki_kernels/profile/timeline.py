@@ -77,17 +77,17 @@ def png_timeline(estimate, path: str, title: str = "modelled timeline") -> None:
 
     plan = estimate.schedule
     rows = _lanes(estimate)
-    kinds = sorted({_kind(s.op) for s in plan.slots},
-                   key=lambda k: -sum(s.end - s.start for s in plan.slots if _kind(s.op) == k))
+    bars, total = {}, {}                      # (row, kind) -> boxes; kind -> time (legend order)
+    for s in plan.slots:
+        kind = _kind(s.op)
+        bars.setdefault(((s.core, s.lane), kind), []).append((s.start * 1e6, (s.end - s.start) * 1e6))
+        total[kind] = total.get(kind, 0.0) + s.end - s.start
+    kinds = sorted(total, key=lambda k: -total[k])
     palette = plt.get_cmap("tab20")
     colour = {k: palette(i % 20) for i, k in enumerate(kinds)}
     fig, ax = plt.subplots(figsize=(12, 1.2 + 0.5 * len(rows)))
-    for y, row in enumerate(rows):
-        mine = [s for s in plan.slots if (s.core, s.lane) == row]
-        for kind in kinds:
-            bars = [(s.start * 1e6, (s.end - s.start) * 1e6) for s in mine if _kind(s.op) == kind]
-            if bars:
-                ax.broken_barh(bars, (y - 0.4, 0.68), facecolors=colour[kind], linewidth=0)
+    for (row, kind), boxes in bars.items():
+        ax.broken_barh(boxes, (rows.index(row) - 0.4, 0.68), facecolors=colour[kind], linewidth=0)
     crit = {}
     for k in plan.critical:
         s = plan.slots[k]

@@ -54,43 +54,42 @@ class Figure:
 
 # -- DMA streams (hand-built traces of the transfers the guide describes) -----------------------
 
+def _hbm_to_sbuf(trace, partitions: int, elems: int, tile: int, start: int = 0):
+    """Add one HBM->SBUF DMA of ``partitions`` rows x ``elems`` fp32, one contiguous run per
+    row, into SBUF tile ``tile`` from element ``start`` of one HBM tensor."""
+    from simulate.trace import Operand
+
+    nbytes = partitions * elems * 4
+    dst = Operand("dst", "t", "sbuf", "float32", (partitions, elems),
+                  ((elems, partitions), (1, elems)), 0, None, tile, elems * 4)
+    src = Operand("src", "h", "shared_hbm", "float32", (partitions * elems,),
+                  ((1, partitions * elems),), start, None, 1)
+    return trace.add(op="dma_copy", engine="dma", program_id=(0,), operands=(dst, src),
+                     dma_bytes=nbytes, dma_runs=partitions, hbm_read_bytes=nbytes)
+
+
 def dma_stream_bandwidth(target: str, bytes_per_partition: int, partitions: int = 128,
                          count: int = 32) -> float:
     """Achieved bytes/s of ``count`` independent HBM->SBUF DMAs of ``partitions`` rows, one
     contiguous run of ``bytes_per_partition`` each, in the schedule."""
     import simulate
-    from simulate.trace import Operand, Trace
+    from simulate.trace import Trace
     from ..cost_model import estimate
 
     trace = Trace(simulate.get_target(target))
     elems = bytes_per_partition // 4
     for i in range(count):
-        dst = Operand("dst", "t", "sbuf", "float32", (partitions, elems),
-                      ((elems, partitions), (1, elems)), 0, None, 1000 + i, elems * 4)
-        src = Operand("src", "h", "shared_hbm", "float32", (partitions * elems,),
-                      ((1, partitions * elems),), i * partitions * elems, None, 1)
-        nbytes = partitions * elems * 4
-        trace.add(op="dma_copy", engine="dma", program_id=(0,), operands=(dst, src),
-                  dma_bytes=nbytes, dma_runs=partitions, hbm_read_bytes=nbytes)
-    est = estimate(trace)
-    return count * partitions * elems * 4 / est.seconds
+        _hbm_to_sbuf(trace, partitions, elems, 1000 + i, i * partitions * elems)
+    return count * partitions * elems * 4 / estimate(trace).seconds
 
 
 def single_dma_rate(target: str, bytes_per_partition: int, partitions: int) -> float:
     """Bytes/s one DMA moves once started (its fixed latency excluded)."""
-    from simulate.trace import Operand, Trace
     import simulate
+    from simulate.trace import Trace
     from ..schedule import dma_transfer_seconds
 
-    elems = bytes_per_partition // 4
-    trace = Trace(simulate.get_target(target))
-    e = trace.add(op="dma_copy", engine="dma", program_id=(0,), operands=(
-        Operand("dst", "t", "sbuf", "float32", (partitions, elems),
-                ((elems, partitions), (1, elems)), 0, None, 1, elems * 4),
-        Operand("src", "h", "shared_hbm", "float32", (partitions * elems,),
-                ((1, partitions * elems),), 0, None, 2)),
-        dma_bytes=partitions * elems * 4, dma_runs=partitions,
-        hbm_read_bytes=partitions * elems * 4)
+    e = _hbm_to_sbuf(Trace(simulate.get_target(target)), partitions, bytes_per_partition // 4, 2)
     return e.dma_bytes / dma_transfer_seconds(e, hardware(target))
 
 
