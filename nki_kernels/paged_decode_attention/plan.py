@@ -166,10 +166,9 @@ def decode_work(kv_indptr, kv_lens, window_left: int, page_size: int, batch_rows
 
     Two cores: requests keep their order and the sequence of all their chunks is cut in two
     halves of equal modelled work (chunks, ITERATION_COST_CHUNKS per device-loop iteration and
-    ITEM_COST_CHUNKS per item): core 0 takes the
-    requests before the cut, core 1 those after it, and the request the cut falls in is split at
-    a chunk boundary (split-KV), so one long request uses both cores as evenly as many short
-    ones. Table rows: [boundary of core 0, boundary of core 1, core 0's whole requests, core 1's],
+    ITEM_COST_CHUNKS per item): core 0 takes the requests before the cut, core 1 those after it,
+    and the request the cut falls in is split at a chunk boundary (split-KV), so one long request
+    uses both cores as evenly as many short ones. Table rows: [boundary of core 0, boundary of core 1, core 0's whole requests, core 1's],
     ``batch_rows + 2`` in all (a shape of the batch bucket only).
     """
     req = _requests(kv_indptr, kv_lens, window_left, page_size)
