@@ -33,7 +33,9 @@ def soft_cap(value):
 
 
 def check_batch_decode_inputs(q, paged_kv_cache, kv_indptr, kv_indices, kv_last_page_len, kv_layout,
-                              sm_scale, logits_soft_cap, window_left, sinks, k_scale, v_scale):
+                              sm_scale, logits_soft_cap, window_left, sinks, k_scale, v_scale,
+                              batch=None):
+    """``batch``: requests in the page table (default q's rows: one query per request)."""
     geo = geometry(paged_kv_cache, kv_layout)
     k_cache = split_cache(paged_kv_cache)[0]
     if not isinstance(q, np.ndarray) or q.ndim != 3:
@@ -42,7 +44,8 @@ def check_batch_decode_inputs(q, paged_kv_cache, kv_indptr, kv_indices, kv_last_
         raise TypeError(f"q dtype {q.dtype} must be one of {Q_DTYPES}")
     if k_cache.dtype.name not in KV_DTYPES:
         raise TypeError(f"cache dtype {k_cache.dtype} must be one of {KV_DTYPES}")
-    batch, hq, d = q.shape
+    rows, hq, d = q.shape
+    batch = rows if batch is None else batch
     if d != geo.head_dim:
         raise ValueError(f"q head_dim {d} != cache head_dim {geo.head_dim}")
     if hq % geo.num_heads:

@@ -84,20 +84,28 @@ def prepare_decode(q, paged_kv_cache, kv_indptr, kv_indices, kv_last_page_len, k
     prob = check_batch_decode_inputs(q, paged_kv_cache, kv_indptr, kv_indices, kv_last_page_len,
                                      kv_layout, sm_scale, logits_soft_cap, window_left, sinks,
                                      k_scale, v_scale)
+    rows = bucket(prob.batch)
+    work = decode_work(kv_indptr, prob.kv_lens, window_left, prob.geo.page_size, rows, cores)
+    arrays, statics = kernel_arguments(prob, paged_kv_cache, kv_indptr, kv_indices, work, None,
+                                       sinks, logits_soft_cap, k_scale, v_scale)
+    return DecodeLaunch(arrays, statics, prob.batch, rows)
+
+
+def kernel_arguments(prob, paged_kv_cache, kv_indptr, kv_indices, work, row_tab, sinks,
+                     logits_soft_cap, k_scale, v_scale):
+    """The kernel's array arguments after the cache rows (work tables, padded page list, token
+    table, row table, sinks) and its static arguments, for checked inputs ``prob``."""
     geo = prob.geo
     layout = make_layout(geo)
     k_dtype = split_cache(paged_kv_cache)[0].dtype
-    batch = prob.batch
-    rows = bucket(batch)
-    work = decode_work(kv_indptr, prob.kv_lens, window_left, geo.page_size, rows, cores)
     pages = int(kv_indptr[-1])
     capacity = max(geo.num_pages, bucket(pages)) + layout.chunk
     padded = np.zeros((capacity, 1), np.int32)
     padded[:pages, 0] = kv_indices[:pages]
     mm_dtype = k_dtype.name if k_dtype.itemsize >= 2 else "bfloat16"
     sinks32 = None if sinks is None else np.asarray(sinks, np.float32).reshape(-1, 1)
-    arrays = (work.items, work.spans, padded, layout.token_table(geo.page_size), sinks32)
+    arrays = (work.items, work.spans, padded, layout.token_table(geo.page_size), row_tab, sinks32)
     statics = (geo.num_heads, geo.page_size, layout.strides, tuple(geo.token().pattern),
                prob.sm_scale * float(k_scale),
                float(logits_soft_cap), float(v_scale), mm_dtype)
-    return DecodeLaunch(arrays, statics, batch, rows)
+    return arrays, statics

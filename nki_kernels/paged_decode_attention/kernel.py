@@ -36,10 +36,11 @@ from __future__ import annotations
 from nki_kernels.backend import nki, nisa, nl
 from nki_kernels.launch_options import program_cores
 
-from .kernel_cursor import Geometry, advance, request_bounds, start_cursor, token_validity
+from .kernel_cursor import (Geometry, advance, block_bounds, query_of_row, request_bounds,
+                            start_cursor, token_validity)
 from .kernel_load import ROW_LIMIT, load_chunk_indirect, load_chunk_pages
-from .kernel_softmax import (column_masks, finalize, init_state, mask_bias, merge_with_partner,
-                             online_update, padded_queries)
+from .kernel_softmax import (block_queries, column_masks, finalize, init_state, mask_bias,
+                             merge_with_partner, online_update, padded_queries)
 from .plan import (BOUNDARY, C0, C1, CHUNK_BLOCKS, END, FIRST, FULL_HI, FULL_LO, META_COLS, OUT,
                    SPAN_COLS)
 
@@ -51,10 +52,12 @@ from .plan import (BOUNDARY, C0, C1, CHUNK_BLOCKS, END, FIRST, FULL_HI, FULL_LO,
 
 
 @nki.jit
-def batch_decode_kernel(q, k_rows, v_rows, meta, spans, kv_indices, tok_tab, sinks, num_kv_heads,
-                        page_size, strides, token_pattern, scale, soft_cap, v_scale, mm_dtype):
+def batch_decode_kernel(q, k_rows, v_rows, meta, spans, kv_indices, tok_tab, row_tab, sinks,
+                        num_kv_heads, page_size, strides, token_pattern, scale, soft_cap, v_scale,
+                        mm_dtype):
     B, HQ, D = q.shape
     H, G = num_kv_heads, HQ // num_kv_heads
+    Qb = 1 if row_tab is None else row_tab.shape[0] // G      # query tokens per work item
     T = tok_tab.shape[0]
     rpp, es, v_rows_offset = strides
     geo = Geometry(T, page_size, rpp, es, D, H, token_pattern)
@@ -64,14 +67,16 @@ def batch_decode_kernel(q, k_rows, v_rows, meta, spans, kv_indices, tok_tab, sin
     indirect = nisa.get_nc_version() >= 3 and k_rows.shape[0] < ROW_LIMIT
     tok_sb = nl.ndarray((T, 2), nl.int32, buffer=nl.sbuf, name="tok_tab")
     nisa.dma_copy(dst=tok_sb, src=tok_tab)
-    per_group = max(1, min(H, 128 // G))                   # kv heads per tile: rows = heads x G <= 128
+    GQ = G * Qb                                            # score rows per kv head
+    per_group = max(1, min(H, 128 // GQ))          # kv heads per tile: rows = heads x G x Qb <= 128
     groups = [(h0, min(per_group, H - h0)) for h0 in range(0, H, per_group)]
-    R = per_group * G
+    R = per_group * GQ
+    row_q = None if Qb == 1 else query_of_row(row_tab, R)
     sizes, by_size = [], []                        # distinct heads per tile (1 or 2), their masks
     for _, n in groups:
         if n not in sizes:
             sizes.append(n)
-            by_size.append(column_masks(T, n, G, mm_dtype))
+            by_size.append(column_masks(T, n, GQ, mm_dtype))
     masks = [by_size[sizes.index(n)] for _, n in groups]      # each group's (shared) masks
     iota_rt = nl.ndarray((R, T), nl.int32, buffer=nl.sbuf, name="iota_rt")
     nisa.iota(dst=iota_rt, pattern=[[1, T]], offset=0, channel_multiplier=0)
@@ -86,10 +91,14 @@ def batch_decode_kernel(q, k_rows, v_rows, meta, spans, kv_indices, tok_tab, sin
                                            indirect_dim=0))
         c0, full_lo, full_hi, c1, b = (nisa.scalar_load(row[0:1, c:c + 1])
                                        for c in (C0, FULL_LO, FULL_HI, C1, OUT))
-        qT = _load_q(q, b, mm_dtype)
-        q_pads = [padded_queries(qT, h0, n, G, mm_dtype) for h0, n in groups]
-        states = [init_state(n * G, D) for _, n in groups]
-        bounds = request_bounds(meta, i, T, R)
+        if Qb == 1:
+            qT = _load_q(q, b, mm_dtype)
+            q_pads = [padded_queries(qT, h0, n, G, mm_dtype) for h0, n in groups]
+            bounds = request_bounds(meta, i, T, R)
+        else:
+            q_pads = [block_queries(q, b, h0, n, G, Qb, mm_dtype) for h0, n in groups]
+            bounds = block_bounds(meta, i, T, row_q)
+        states = [init_state(n * GQ, D) for _, n in groups]
         cursor = start_cursor(meta, i, tok_sb, R)
         def chunks(count, masked):
             """Loop body: ``count`` chunks, software-pipelined: chunk i+1's gather is issued
@@ -117,7 +126,7 @@ def batch_decode_kernel(q, k_rows, v_rows, meta, spans, kv_indices, tok_tab, sin
     def whole(i):
         b, states = attend(i)
         for (h0, n), state in zip(groups, states):
-            finalize(state, out, lse, sinks, b, h0 * G, v_scale)
+            finalize(state, out, lse, sinks, b, h0, G, Qb, v_scale)
 
     p, cores = nl.program_id(0), program_cores()
     span = nl.ndarray((1, SPAN_COLS), nl.int32, buffer=nl.sbuf, name="span")
@@ -129,7 +138,7 @@ def batch_decode_kernel(q, k_rows, v_rows, meta, spans, kv_indices, tok_tab, sin
         for (h0, n), state in zip(groups, states):
             merge_with_partner(state, p)
             if p == 0:
-                finalize(state, out, lse, sinks, b, h0 * G, v_scale)
+                finalize(state, out, lse, sinks, b, h0, G, Qb, v_scale)
     return out, lse
 
 
@@ -160,7 +169,7 @@ def _fold_chunk(consts, loaded, q_pads, states, scale, soft_cap, mm_dtype):
         tiles = [tiles[0], v_mm]
     for (h0, n), state, pads, group_masks in zip(groups, states, q_pads, masks):
         online_update(state, pads, group_masks, tiles[0], tiles[1], h0, geo.D,
-                      None if bias is None else bias[0:n * G, :], scale, soft_cap, mm_dtype)
+                      None if bias is None else bias[0:state[0].shape[0], :], scale, soft_cap, mm_dtype)
 
 
 def _load_q(q, b, mm_dtype):

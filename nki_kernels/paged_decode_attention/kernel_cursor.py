@@ -17,7 +17,7 @@ from typing import NamedTuple
 
 from nki_kernels.backend import nisa, nl
 
-from .plan import ENTRY0, LEN, POS0, SLOT0, WIN
+from .plan import ENTRY0, HI_BASE, LEN, META_COLS, POS0, Q_BASE, SLOT0, W_SPAN, WIN
 
 
 class Geometry(NamedTuple):
@@ -50,6 +50,38 @@ class Bounds(NamedTuple):
 def request_bounds(meta, b, T, R):
     return Bounds(meta_broadcast(meta, b, LEN, T, "len_t"), meta_broadcast(meta, b, WIN, T, "win_t"),
                   meta_broadcast(meta, b, LEN, R, "len_r"), meta_broadcast(meta, b, WIN, R, "win_r"))
+
+
+def query_of_row(row_tab, R):
+    """[R, 1] int32: the query token (within its block) of score row r, from the host table
+    row_tab [G*Qb, 1] of one kv head's rows, repeated for each of the R // (G*Qb) heads of a tile."""
+    GQ = row_tab.shape[0]
+    t = nl.ndarray((R, 1), nl.int32, buffer=nl.sbuf, name="row_q")
+    nisa.dma_copy(dst=t, src=row_tab.ap([[0, R // GQ], [1, GQ], [1, 1]]))
+    return t
+
+
+def _item_columns(meta, i, parts, name):
+    """[parts, META_COLS] int32: work item i's table row in every partition (i: device scalar)."""
+    t = nl.ndarray((parts, META_COLS), nl.int32, buffer=nl.sbuf, name=name)
+    nisa.dma_copy(dst=t, src=meta.ap([[0, parts], [1, META_COLS]], scalar_offset=i, indirect_dim=0))
+    return t
+
+
+def block_bounds(meta, i, T, row_q):
+    """Bounds of a block of query tokens: the item's [WIN, LEN) on the T token rows (what it
+    gathers), and on each score row r (query qi = row_q[r]) its own keys
+    [max(0, Q_BASE + qi - W_SPAN), min(HI_BASE + qi, LEN)) (causal mask and window per query)."""
+    R = row_q.shape[0]
+    tok, rows = _item_columns(meta, i, T, "item_t"), _item_columns(meta, i, R, "item_r")
+    L_r = nl.ndarray((R, 1), nl.int32, buffer=nl.sbuf, name="len_r")
+    _add_tiles(L_r, rows[:, HI_BASE:HI_BASE + 1], row_q)
+    nisa.tensor_tensor(dst=L_r, data1=L_r, data2=rows[:, LEN:LEN + 1], op=nl.minimum)
+    W_r = nl.ndarray((R, 1), nl.int32, buffer=nl.sbuf, name="win_r")
+    _add_tiles(W_r, rows[:, Q_BASE:Q_BASE + 1], row_q)
+    nisa.tensor_tensor(dst=W_r, data1=W_r, data2=rows[:, W_SPAN:W_SPAN + 1], op=nl.subtract)
+    nisa.tensor_scalar(dst=W_r, data=W_r, op0=nl.maximum, operand0=0)
+    return Bounds(tok[:, LEN:LEN + 1], tok[:, WIN:WIN + 1], L_r, W_r)
 
 
 def _add_tiles(dst, a, b):

@@ -62,6 +62,28 @@ def padded_queries(qT_parts, h0, n, G, mm_dtype):
     return pads
 
 
+def block_queries(q, t0, h0, n, G, Qb, mm_dtype):
+    """As ``padded_queries`` for a block of Qb query tokens (q rows t0.., a device scalar): head
+    h0+j's columns j*G*Qb.. hold its G queries of each token, column qi*G + g, loaded from HBM
+    with one DMA per head and 128 rows of the head dim."""
+    _, HQ, D = q.shape
+    R, GQ = n * G * Qb, G * Qb
+    pads = []
+    for j in range(n):
+        parts = []
+        for d0 in range(0, D, 128):
+            dp = min(128, D - d0)
+            pad = nl.ndarray((dp, R), mm_dtype, buffer=nl.sbuf, name="q_pad")
+            if n > 1:
+                nisa.memset(dst=pad, value=0.0)
+            nisa.dma_copy(dst=pad[:, j * GQ:(j + 1) * GQ],
+                          src=q.ap([[1, dp], [HQ * D, Qb], [D, G]], offset=(h0 + j) * G * D + d0,
+                                   scalar_offset=t0, indirect_dim=0))
+            parts.append(pad)
+        pads.append(parts)
+    return pads
+
+
 def column_masks(T, n, G, dtype):
     """[T, n*G] tiles, one per head j of a group: 1 in columns j*G..(j+1)*G, else 0."""
     masks = []
@@ -138,16 +160,23 @@ def online_update(state, q_pads, col_masks, k_sb, v_sb, h0, D, bias, scale, soft
     nisa.tensor_copy(dst=negm, src=negm_new)   # state lives in tiles made before the loop
 
 
-def finalize(state, out, lse, sinks, b, r0, v_scale):
-    """Query heads r0..r0+R of request b (a device scalar): out = acc / l * v_scale;
-    lse = (m + ln l) * log2(e). A sink logit joins as one more key without a value: the max becomes
-    max(m, sink) and l gains exp(sink - max). A request with no keys has l = 0 and acc = 0: out is 0
-    (acc / max(l, 1); l >= 1 whenever a key was seen) and lse -inf (or the sink's log2 term)."""
+def finalize(state, out, lse, sinks, b, h0, G, Qb, v_scale):
+    """Query heads h0*G.. of the Qb query tokens at rows b.. (a device scalar) of out / lse:
+    out = acc / l * v_scale; lse = (m + ln l) * log2(e). A sink logit joins as one more key
+    without a value: the max becomes max(m, sink) and l gains exp(sink - max). A row with no keys
+    has l = 0 and acc = 0: out is 0 (acc / max(l, 1); l >= 1 whenever a key was seen) and lse
+    -inf (or the sink's log2 term). State rows: kv head j of the tile, then token, then G."""
     negm, l, acc = state
-    R, D = acc.shape                # rows: the query heads of one head group
+    R, D = acc.shape
+    GQ = G * Qb
     if sinks is not None:
         sk = _f32((R, 1), "sink")
-        nisa.dma_copy(dst=sk, src=sinks[r0:r0 + R, :])
+        if Qb == 1:
+            nisa.dma_copy(dst=sk, src=sinks[h0 * G:h0 * G + R, :])
+        else:
+            for j in range(R // GQ):        # kv head j's rows (token, g) take sink (h0 + j) * G + g
+                nisa.dma_copy(dst=sk[j * GQ:(j + 1) * GQ, :],
+                              src=sinks.ap([[0, Qb], [1, G], [1, 1]], offset=(h0 + j) * G))
         negm_new = _f32((R, 1), "neg_m")
         nisa.tensor_scalar(dst=negm_new, data=sk, op0=nl.multiply, operand0=-1.0)
         nisa.tensor_tensor(dst=negm_new, data1=negm_new, data2=negm, op=nl.minimum)
@@ -164,14 +193,28 @@ def finalize(state, out, lse, sinks, b, r0, v_scale):
     o = nl.ndarray((R, D), out.dtype, buffer=nl.sbuf, name="o")
     nisa.tensor_scalar(dst=o, data=acc, op0=nl.multiply, operand0=rl, op1=nl.multiply,
                        operand1=float(v_scale))
-    nisa.dma_copy(dst=out.ap([[D, R], [1, D]], offset=r0 * D, scalar_offset=b, indirect_dim=0),
-                  src=o)
+    _write_rows(out, o, b, h0, G, Qb)
     ln_l = _f32((R, 1), "ln_l")
     nisa.activation(dst=ln_l, op=nl.log, data=l)
     nisa.tensor_tensor(dst=ln_l, data1=ln_l, data2=negm, op=nl.subtract)
     nisa.tensor_scalar(dst=ln_l, data=ln_l, op0=nl.multiply, operand0=LN_TO_LOG2)
-    nisa.dma_copy(dst=lse.ap([[1, R], [1, 1]], offset=r0, scalar_offset=b, indirect_dim=0),
-                  src=ln_l)
+    _write_rows(lse, ln_l, b, h0, G, Qb)
+
+
+def _write_rows(dst, rows, b, h0, G, Qb):
+    """Score rows (kv head j of the tile, token, g) -> dst[b + token, (h0 + j) * G + g, :] of a
+    [rows, HQ, E] HBM tensor (b: a device scalar). One DMA per tile when Qb = 1 (its heads are
+    adjacent in dst), else one per kv head."""
+    R, E = rows.shape
+    HQ = dst.shape[1]
+    if Qb == 1:
+        nisa.dma_copy(dst=dst.ap([[E, R], [1, E]], offset=h0 * G * E, scalar_offset=b,
+                                 indirect_dim=0), src=rows)
+        return
+    GQ = G * Qb
+    for j in range(R // GQ):
+        nisa.dma_copy(dst=dst.ap([[HQ * E, Qb], [E, G], [1, E]], offset=(h0 + j) * G * E,
+                                 scalar_offset=b, indirect_dim=0), src=rows[j * GQ:(j + 1) * GQ, :])
 
 
 def merge_with_partner(state, p):

@@ -22,9 +22,15 @@ from typing import NamedTuple
 
 import numpy as np
 
-# Columns of the request table: [B, META_COLS] int32.
-PTR, LEN, WIN, C0, FULL_LO, FULL_HI, C1, SLOT0, ENTRY0, POS0, OUT = range(11)
-META_COLS = 11
+# Columns of the work-item table: [items, META_COLS] int32. An item is a request, or a block of
+# a request's query tokens (query rows [OUT, OUT + q_block) of the padded q), or the part of
+# either that one core takes. Keys of query row qi of the block: [W_r, L_r) with
+# L_r = min(HI_BASE + qi, LEN) and W_r = max(0, Q_BASE + qi - W_SPAN); LEN / WIN are the largest
+# L_r / smallest W_r of the block's real rows (what the item gathers).
+PTR, LEN, WIN, C0, FULL_LO, FULL_HI, C1, SLOT0, ENTRY0, POS0, OUT, HI_BASE, Q_BASE, W_SPAN = \
+    range(14)
+META_COLS = 14
+NO_WINDOW = 1 << 24          # W_SPAN without a sliding window: every W_r clamps to 0
 
 
 @dataclass(frozen=True)
@@ -66,13 +72,19 @@ def make_layout(geo) -> DecodeLayout:
 
 
 class _Requests(NamedTuple):
+    """Work items (requests, or query blocks of requests), one array entry each."""
+
     ptr: np.ndarray        # kv_indices start
-    L: np.ndarray          # length
-    W: np.ndarray          # window start
+    L: np.ndarray          # keys end (largest over the item's query rows)
+    W: np.ndarray          # window start (smallest over the item's query rows)
     c0: np.ndarray         # chunks [c0, c1) hold the keys [W, L)
     c1: np.ndarray
-    full_lo: np.ndarray    # chunks [full_lo, full_hi) lie wholly inside [W, L)
+    full_lo: np.ndarray    # chunks [full_lo, full_hi) are inside every query row's keys
     full_hi: np.ndarray
+    out: np.ndarray        # first row of the item's queries in the padded q / out
+    hi_base: np.ndarray    # query row qi's keys end min(hi_base + qi, L) (causal) or L
+    q_base: np.ndarray     # query row qi's position + 1 (for its window start)
+    w_span: int            # window_left + 1, or NO_WINDOW
 
     def items(self, idx, a, e, page_size):
         """[n, META_COLS] int64 rows of work items: requests ``idx`` over chunks [a, e) (a
@@ -83,7 +95,10 @@ class _Requests(NamedTuple):
         pos0 = np.asarray(a, np.int64) * T
         ptr = self.ptr[idx]
         rows = np.zeros((np.size(ptr), META_COLS), np.int64)
-        rows[:, PTR], rows[:, LEN], rows[:, WIN], rows[:, OUT] = ptr, self.L[idx], self.W[idx], idx
+        rows[:, PTR], rows[:, LEN], rows[:, WIN] = ptr, self.L[idx], self.W[idx]
+        rows[:, OUT], rows[:, HI_BASE], rows[:, Q_BASE] = (self.out[idx], self.hi_base[idx],
+                                                           self.q_base[idx])
+        rows[:, W_SPAN] = self.w_span
         rows[:, C0], rows[:, FULL_LO], rows[:, FULL_HI], rows[:, C1] = a, full_lo, full_hi, e
         rows[:, SLOT0] = ptr + pos0 // page_size
         rows[:, ENTRY0], rows[:, POS0] = pos0 % page_size, pos0
@@ -91,14 +106,39 @@ class _Requests(NamedTuple):
 
 
 def _requests(kv_indptr, kv_lens, window_left, page_size) -> _Requests:
-    T = chunk_tokens(page_size)
+    """One item per request, one query each (decode): the q_len = 1 case of query_blocks."""
     L = np.asarray(kv_lens, np.int64)
-    W = np.maximum(0, L - 1 - window_left) if window_left >= 0 else np.zeros_like(L)
-    W = np.where(L > 0, W, 0)
+    return query_blocks(kv_indptr, L, np.ones_like(L), 1, window_left, True, page_size)
+
+
+def query_blocks(kv_indptr, kv_lens, qo_lens, q_block, window_left, causal, page_size) -> _Requests:
+    """Work items of ragged queries: request b's ``qo_lens[b]`` query tokens in blocks of
+    ``q_block``, in request order (a decode request, q_len 1, is one item even with no keys).
+
+    Query qi of a request with q_len queries and kv_len keys sits at position kv_len - q_len + qi;
+    causal, it sees keys below position + 1 (else all kv_len); with a window, none below
+    position - window_left (FlashInfer's rule, causal or not). Item rows [out, out + q_block)."""
+    T = chunk_tokens(page_size)
+    kv = np.asarray(kv_lens, np.int64)
+    ql = np.asarray(qo_lens, np.int64)
+    nblocks = np.maximum(-(-ql // q_block), 1)
+    req = np.repeat(np.arange(kv.size), nblocks)
+    q0 = (np.arange(req.size) - np.repeat(np.cumsum(nblocks) - nblocks, nblocks)) * q_block
+    last = np.maximum(np.minimum(ql[req] - q0, q_block), 1) - 1       # the block's last real row
+    L_req = kv[req]
+    q_base = L_req - ql[req] + q0 + 1                 # row 0's causal keys end
+    hi_base = q_base if causal else L_req
+    L = np.where(ql[req] > 0, np.clip(hi_base + last if causal else L_req, 0, L_req), 0)
+    L_lo = np.minimum(np.clip(hi_base, 0, L_req), L)  # the first row's keys end
+    span = window_left + 1 if window_left >= 0 else NO_WINDOW
+    W = np.where(L > 0, np.maximum(0, q_base - span), 0)
+    W_hi = np.where(L > 0, np.maximum(0, q_base + last - span), 0)
     c0, c1 = W // T, -(-L // T)
-    full_lo = np.minimum(-(-W // T), c1)
-    full_hi = np.maximum(full_lo, L // T)
-    return _Requests(np.asarray(kv_indptr, np.int64)[:L.size], L, W, c0, c1, full_lo, full_hi)
+    full_lo = np.minimum(-(-W_hi // T), c1)
+    full_hi = np.maximum(full_lo, L_lo // T)
+    ptr = np.asarray(kv_indptr, np.int64)[:kv.size][req]
+    return _Requests(ptr, L, W, c0, c1, full_lo, full_hi, np.arange(req.size) * q_block,
+                     hi_base, q_base, span)
 
 
 def request_table(kv_indptr, kv_lens, window_left: int, page_size: int, rows: int) -> np.ndarray:
@@ -171,7 +211,12 @@ def decode_work(kv_indptr, kv_lens, window_left: int, page_size: int, batch_rows
     uses both cores as evenly as many short ones. Table rows: [boundary of core 0, boundary of core 1, core 0's whole requests, core 1's],
     ``batch_rows + 2`` in all (a shape of the batch bucket only).
     """
-    req = _requests(kv_indptr, kv_lens, window_left, page_size)
+    return split_work(_requests(kv_indptr, kv_lens, window_left, page_size), page_size, batch_rows,
+                      cores)
+
+
+def split_work(req: _Requests, page_size: int, batch_rows: int, cores: int = 1) -> DecodeWork:
+    """decode_work over any work items (requests or query blocks, ``query_blocks``)."""
     B = req.L.size
     chunks = (req.c1 - req.c0).astype(np.float64)
     masked = (req.full_lo - req.c0) + (req.c1 - req.full_hi)

@@ -1,0 +1,150 @@
+"""``batch_prefill``: ragged query tokens over a paged KV cache (FlashInfer
+BatchPrefillWithPagedKVCacheWrapper semantics): speculative verification, chunked prefill and
+mixed prefill/decode batches, through the decode kernel with blocks of query tokens per work item.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from nki_kernels.buckets import bucket
+from nki_kernels.launch_options import check_lnc
+from nki_kernels.paged_kv_append.checks import require_int32_vector
+from nki_kernels.paged_kv_append.layout import split_cache
+
+from .checks import check_batch_decode_inputs, soft_cap
+from .decode import _rows, kernel_arguments
+from .kernel import batch_decode_kernel
+from .plan import query_blocks, split_work
+
+
+def batch_prefill(q, paged_kv_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len,
+                  kv_layout="NHD", causal=False, sm_scale=None, logits_soft_cap=0.0, window_left=-1,
+                  sinks=None, k_scale=1.0, v_scale=1.0, return_lse=False, lnc=1):
+    """Attention of each request's new query tokens over its pages (the new tokens' K/V already
+    appended: they are the request's last q_len keys).
+
+    Dimensions:  B requests, Q = qo_indptr[-1] query tokens, HQ query heads, H kv heads, D head_dim
+    Args:
+        q: [Q, HQ, D] fp32 | fp16 | bf16; request b's tokens are rows qo_indptr[b]..qo_indptr[b+1]
+        qo_indptr: [B+1] int32 CSR offsets of the query tokens (a request may have none)
+        paged_kv_cache, kv_indptr, kv_indices, kv_last_page_len, kv_layout: as ``batch_decode``
+        causal: query i of a request with q_len queries and kv_len keys sees keys below
+            kv_len - q_len + i + 1 (needs kv_len >= q_len); False (FlashInfer's default): all keys
+        window_left: >= 0 keeps keys at or after position kv_len - q_len + i - window_left
+            (causal or not, as FlashInfer); sm_scale, logits_soft_cap, sinks, k_scale, v_scale,
+            lnc: as ``batch_decode``
+    Returns:
+        out [Q, HQ, D] in q's dtype; with return_lse also lse [Q, HQ] float32, base 2.
+    Work items are blocks of Qb query tokens of one request (Qb: the largest q_len rounded up to a
+    power of two, at most 128 // group), so one tile of heads x group x Qb <= 128 score rows reads
+    each chunk of keys once for all of them; an item visits only the chunks its queries see.
+    Compiles once per (Qb, bucket of work items); q_len == 1 everywhere is ``batch_decode``'s
+    launch exactly.
+    """
+    launch = prepare_prefill(q, paged_kv_cache, qo_indptr, kv_indptr, kv_indices,
+                             kv_last_page_len, kv_layout, causal, sm_scale, logits_soft_cap,
+                             window_left, sinks, k_scale, v_scale, check_lnc(lnc))
+    k, v, fused = split_cache(paged_kv_cache)
+    D = q.shape[2]
+    rows = (_rows(paged_kv_cache, D), None) if fused else (_rows(k, D), _rows(v, D))
+    kernel = batch_decode_kernel if lnc == 1 else batch_decode_kernel[lnc]
+    out, lse = kernel(launch.pad_queries(q), *rows, *launch.arrays, *launch.statics)
+    out, lse = launch.unpad(out), launch.unpad(lse)[:, :, 0]
+    return (out, lse) if return_lse else out
+
+
+def check_qo_indptr(qo_indptr, batch, total_q) -> np.ndarray:
+    """Each request's query count (int64 [B]) from the CSR offsets, refusing bad ones by name."""
+    require_int32_vector("qo_indptr", qo_indptr, batch + 1)
+    if qo_indptr[0] != 0:
+        raise ValueError(f"qo_indptr[0]={qo_indptr[0]} must be 0")
+    q_lens = np.diff(qo_indptr.astype(np.int64))
+    if (q_lens < 0).any():
+        b = int(np.flatnonzero(q_lens < 0)[0])
+        raise ValueError(f"qo_indptr must be non-decreasing: qo_indptr[{b + 1}] < qo_indptr[{b}]")
+    if qo_indptr[-1] != total_q:
+        raise ValueError(f"qo_indptr[-1]={qo_indptr[-1]} must equal q's rows ({total_q})")
+    return q_lens
+
+
+def query_block(max_q_len: int, group: int) -> int:
+    """Query tokens per work item: max_q_len rounded up to a power of two, at most 128 // group
+    (one tile's partitions hold group x Qb rows per kv head)."""
+    qb = 1
+    while qb < max_q_len:
+        qb *= 2
+    return max(1, min(qb, 128 // group))
+
+
+@dataclass(frozen=True)
+class PrefillLaunch:
+    """The kernel's arguments after the cache rows, and where each query token sits in the
+    padded q (blocks of Qb rows per work item, zero rows past a request's last token)."""
+
+    arrays: tuple
+    statics: tuple
+    gather: np.ndarray       # [padded rows] int64: the q row copied there, -1 for a zero row
+    scatter: np.ndarray      # [Q] int64: the padded row of query token t
+
+    def pad_queries(self, q):
+        keep = self.gather >= 0
+        out = np.zeros((self.gather.size,) + tuple(q.shape[1:]), q.dtype)
+        out[keep] = q[self.gather[keep]]
+        return out
+
+    def unpad(self, rows):
+        return np.asarray(rows)[self.scatter]
+
+
+def prepare_prefill(q, paged_kv_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len,
+                    kv_layout, causal, sm_scale, logits_soft_cap, window_left, sinks, k_scale,
+                    v_scale, cores=1) -> PrefillLaunch:
+    """Host half of ``batch_prefill``: checks, work items, padded row maps, kernel arguments."""
+    prob, q_lens = check_batch_prefill_inputs(
+        q, paged_kv_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, kv_layout, causal,
+        sm_scale, logits_soft_cap, window_left, sinks, k_scale, v_scale)
+    qb = query_block(int(q_lens.max(initial=0)), prob.group)
+    items = query_blocks(kv_indptr, prob.kv_lens, q_lens, qb, window_left, bool(causal),
+                         prob.geo.page_size)
+    n_items = items.L.size
+    work = split_work(items, prob.geo.page_size, bucket(n_items), cores)
+    # item k of request b covers its tokens q0 .. q0 + qb at padded rows k*qb ..
+    nblocks = np.maximum(-(-q_lens // qb), 1)
+    req = np.repeat(np.arange(q_lens.size), nblocks)
+    q0 = (np.arange(n_items) - np.repeat(np.cumsum(nblocks) - nblocks, nblocks)) * qb
+    tok = q0[:, None] + np.arange(qb)[None, :]
+    real = tok < q_lens[req][:, None]
+    gather = np.full((bucket(n_items), qb), -1, np.int64)
+    gather[:n_items] = np.where(real, qo_indptr[req].astype(np.int64)[:, None] + tok, -1)
+    gather = gather.reshape(-1)
+    scatter = np.empty(int(q_lens.sum()), np.int64)
+    scatter[gather[gather >= 0]] = np.flatnonzero(gather >= 0)
+    row_tab = None if qb == 1 else (np.arange(prob.group * qb) // prob.group).astype(
+        np.int32).reshape(-1, 1)
+    arrays, statics = kernel_arguments(prob, paged_kv_cache, kv_indptr, kv_indices, work, row_tab,
+                                       sinks, soft_cap(logits_soft_cap), k_scale, v_scale)
+    return PrefillLaunch(arrays, statics, gather, scatter)
+
+
+def check_batch_prefill_inputs(q, paged_kv_cache, qo_indptr, kv_indptr, kv_indices,
+                               kv_last_page_len, kv_layout, causal, sm_scale, logits_soft_cap,
+                               window_left, sinks, k_scale, v_scale):
+    """(DecodeProblem, q_lens [B] int64); refuses a causal request with fewer keys than queries."""
+    if not isinstance(causal, (bool, np.bool_)):
+        raise TypeError(f"causal={causal!r} must be a bool")
+    batch = np.shape(kv_indptr)[0] - 1 if np.ndim(kv_indptr) == 1 else -1
+    prob = check_batch_decode_inputs(q, paged_kv_cache, kv_indptr, kv_indices, kv_last_page_len,
+                                     kv_layout, sm_scale, soft_cap(logits_soft_cap), window_left,
+                                     sinks, k_scale, v_scale, batch=max(batch, 0))
+    q_lens = check_qo_indptr(qo_indptr, prob.batch, q.shape[0])
+    if causal:
+        short = q_lens > prob.kv_lens
+        if short.any():
+            b = int(np.flatnonzero(short)[0])
+            raise ValueError(f"causal: request {b} has {q_lens[b]} queries (qo_indptr) but "
+                             f"{prob.kv_lens[b]} keys (kv_indptr / kv_last_page_len); its new "
+                             f"tokens' K/V must be in the cache (kv_len >= q_len)")
+    return prob, q_lens

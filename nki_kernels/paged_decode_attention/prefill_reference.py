@@ -1,0 +1,54 @@
+"""Float64 NumPy reference of ragged-query attention over a paged KV cache (FlashInfer
+BatchPrefillWithPagedKVCacheWrapper semantics)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .checks import soft_cap
+from .prefill import check_batch_prefill_inputs
+from .reference import LOG2E, gather_kv
+
+
+def batch_prefill_ref(q, paged_kv_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len,
+                      kv_layout="NHD", causal=False, sm_scale=None, logits_soft_cap=0.0,
+                      window_left=-1, sinks=None, k_scale=1.0, v_scale=1.0, return_lse=False):
+    """out[t, h] for query token t = qo_indptr[b] + i of request b (q_len queries, kv_len keys):
+    softmax over keys j with j < kv_len - q_len + i + 1 if causal (else j < kv_len) and
+    j >= kv_len - q_len + i - window_left if window_left >= 0, of k_scale * sm_scale * q . K[j]
+    (soft-capped), sinks[h] joining the denominator; times V[j] and v_scale.
+
+    Returns out [Q, HQ, D] in q's dtype and with return_lse lse [Q, HQ] float32 (base 2); a query
+    that sees no key gives zeros and -inf (or the sink's term)."""
+    logits_soft_cap = soft_cap(logits_soft_cap)
+    prob, q_lens = check_batch_prefill_inputs(
+        q, paged_kv_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, kv_layout, causal,
+        sm_scale, logits_soft_cap, window_left, sinks, k_scale, v_scale)
+    Q, HQ, D = q.shape
+    out = np.zeros((Q, HQ, D))
+    lse = np.full((Q, HQ), -np.inf)
+    scale = prob.sm_scale * k_scale
+    for b in range(prob.batch):
+        L, n = int(prob.kv_lens[b]), int(q_lens[b])
+        keys, values = gather_kv(paged_kv_cache, kv_indptr, kv_indices, L, b, prob.geo.page_size,
+                                 kv_layout)
+        for i in range(n):
+            t, pos = int(qo_indptr[b]) + i, L - n + i
+            hi = pos + 1 if causal else L
+            lo = max(0, pos - window_left) if window_left >= 0 else 0
+            for h in range(HQ):
+                kvh = h // prob.group
+                logits = keys[lo:hi, kvh] @ q[t, h].astype(np.float64) * scale
+                if logits_soft_cap > 0:
+                    logits = logits_soft_cap * np.tanh(logits / logits_soft_cap)
+                if sinks is not None:
+                    logits = np.append(logits, float(sinks[h]))
+                if logits.size == 0:
+                    continue
+                m = logits.max()
+                p = np.exp(logits - m)
+                denom = p.sum()
+                out[t, h] = v_scale * (p[:max(0, hi - lo)] / denom) @ values[lo:hi, kvh]
+                lse[t, h] = (m + np.log(denom)) * LOG2E
+    out = out.astype(q.dtype)
+    return (out, lse.astype(np.float32)) if return_lse else out

@@ -1,0 +1,170 @@
+"""batch_prefill (ragged queries: speculative verification, chunked prefill, mixed batches) in the
+simulator vs the float64 reference, on trn1 and trn2."""
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import simulate
+from nki_kernels.paged_decode_attention import batch_decode, batch_decode_kernel
+from nki_kernels.paged_decode_attention.plan import query_blocks
+from nki_kernels.paged_decode_attention.prefill import batch_prefill, query_block
+from nki_kernels.paged_decode_attention.prefill_reference import batch_prefill_ref
+
+from .conftest import assert_close, make_decode_case
+
+
+def make_prefill_case(rng, q_lens, kv_lens, page_size, H, G, D, q_dtype=np.float32,
+                      kv_dtype=np.float32, layout="NHD", fused=True):
+    """(q [sum q_lens, H*G, D], cache, qo_indptr, kv_indptr, kv_indices, last, layout): the cache
+    holds kv_lens tokens per request (NaN elsewhere)."""
+    _, cache, kv_indptr, kv_indices, last, layout = make_decode_case(
+        rng, kv_lens, page_size, H, G, D, kv_dtype=kv_dtype, layout=layout, fused=fused)
+    qo_indptr = np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int32)
+    q = rng.standard_normal((int(qo_indptr[-1]), H * G, D)).astype(q_dtype)
+    return q, cache, qo_indptr, kv_indptr, kv_indices, last, layout
+
+
+def check(args, dtype="float32", lnc=1, **options):
+    out, lse = batch_prefill(*args, return_lse=True, lnc=lnc, **options)
+    ref, ref_lse = batch_prefill_ref(*args, return_lse=True, **options)
+    assert out.shape == ref.shape and out.dtype == args[0].dtype
+    assert_close(out, ref, lse, ref_lse, dtype=dtype)
+    return out, lse
+
+
+GRID = [  # q_lens, kv_lens (q_len <= kv_len), page_size: straddling page and chunk boundaries
+    ([1, 2, 7, 8], [1, 17, 16, 129], 16),
+    ([2, 8], [127, 129], 128),
+    ([129], [129], 1),
+    ([7, 129, 1], [300, 257, 40], 8),
+    ([1000], [1000], 16),
+    ([8, 1000], [8, 2100], 256),
+]
+
+
+@pytest.mark.parametrize("layout", ["NHD", "HND"])
+@pytest.mark.parametrize("q_lens, kv_lens, page_size", GRID, ids=str)
+def test_causal_matches_reference(rng, target, q_lens, kv_lens, page_size, layout):
+    check(make_prefill_case(rng, q_lens, kv_lens, page_size, 2, 4, 32, layout=layout),
+          causal=True)
+
+
+@pytest.mark.parametrize("group", [1, 3, 8])
+@pytest.mark.parametrize("q_lens, kv_lens", [([4, 1, 7], [40, 9, 7]), ([130], [200])], ids=str)
+def test_group_sizes(rng, target, group, q_lens, kv_lens):
+    H = 3 if group < 8 else 1
+    check(make_prefill_case(rng, q_lens, kv_lens, 16, H, group, 64, fused=False), causal=True)
+
+
+@pytest.mark.parametrize("D", [128, 256])
+def test_head_dims_over_128(rng, D):
+    check(make_prefill_case(rng, [5, 2], [33, 130], 16, 2, 2, D), causal=True)
+
+
+@pytest.mark.parametrize("options", [
+    dict(causal=False), dict(causal=False, window_left=5), dict(window_left=0),
+    dict(window_left=20), dict(logits_soft_cap=3.0, sm_scale=0.2),
+    dict(sinks=np.linspace(-1, 2, 6).astype(np.float32)),
+    dict(window_left=33, sinks=np.ones(6, np.float32), logits_soft_cap=2.0),
+], ids=lambda o: ",".join(o))
+def test_options(rng, target, options):
+    args = make_prefill_case(rng, [7, 1, 40, 0, 3], [70, 1, 150, 5, 3], 16, 2, 3, 32)
+    check(args, **{"causal": True, **options})
+
+
+@pytest.mark.parametrize("q_dtype, kv_dtype", [
+    ("float16", "float16"), ("bfloat16", "bfloat16"), ("bfloat16", "float8_e4m3fn"),
+    ("bfloat16", "float8_e5m2")])
+def test_dtypes(rng, target, q_dtype, kv_dtype):
+    qd, kd = (np.dtype(getattr(ml_dtypes, n, None) or n) for n in (q_dtype, kv_dtype))
+    args = make_prefill_case(rng, [4, 19], [40, 19], 8, 2, 2, 64, q_dtype=qd, kv_dtype=kd)
+    scales = dict(k_scale=0.5, v_scale=2.0) if "float8" in kv_dtype else {}
+    coarser = "bfloat16" if "bfloat16" in (q_dtype, kv_dtype) else q_dtype
+    check(args, dtype=kv_dtype if "float8" in kv_dtype else coarser, causal=True, **scales)
+
+
+def test_two_cores_split_a_block(rng):
+    """LNC=2: the work of one long prefill chunk is cut between the cores inside one query block
+    (split-KV), partial states merged on device."""
+    args = make_prefill_case(rng, [9, 64, 1], [500, 900, 3], 16, 2, 4, 32)
+    with simulate.use_target("trn2"):
+        one = check(args, causal=True)
+        two = check(args, causal=True, lnc=2)
+    np.testing.assert_allclose(one[0], two[0], atol=2e-6)
+
+
+def test_one_query_per_request_is_decode_exactly(rng, target):
+    """q_len 1 everywhere: the same launch as batch_decode (same program, bit-identical out)."""
+    args = make_prefill_case(rng, [1, 1, 1], [33, 0, 129], 16, 2, 4, 32)
+    q, cache, _, kv_indptr, kv_indices, last, layout = args
+    before = simulate.compile_stats(batch_decode_kernel)["compilations"]
+    d_out, d_lse = batch_decode(q, cache, kv_indptr, kv_indices, last, layout, return_lse=True)
+    p_out, p_lse = batch_prefill(*args, causal=False, return_lse=True)   # kv_len 0 allowed
+    assert np.array_equal(d_out, p_out) and np.array_equal(d_lse, p_lse)
+    assert simulate.compile_stats(batch_decode_kernel)["compilations"] - before <= 1
+
+
+def test_forked_requests_share_prefix_pages(rng, target):
+    """Prefix caching: two requests fork from one prompt (their page lists share its first
+    pages), each then verifying its own draft tokens."""
+    q, cache, _, kv_indptr, kv_indices, last, layout = make_prefill_case(
+        rng, [4], [37], 8, 2, 2, 32)
+    prefix = kv_indices[:4]                       # 32 shared tokens, then one private page each
+    free = np.setdiff1d(np.arange(cache.shape[0]), kv_indices).astype(np.int32)
+    cache[free[:2]] = cache[kv_indices[4]]        # each branch's tail page starts as a copy
+    cache[free[1], :, 3:] = 0.5                    # branch 1 diverges after 3 tokens
+    kv_indices = np.concatenate([prefix, free[:1], prefix, free[1:2]]).astype(np.int32)
+    kv_indptr = np.array([0, 5, 10], np.int32)
+    last = np.array([5, 7], np.int32)
+    qo_indptr = np.array([0, 3, 5], np.int32)
+    q = rng.standard_normal((5, 4, 32)).astype(np.float32)
+    out, _ = check((q, cache, qo_indptr, kv_indptr, kv_indices, last, layout), causal=True)
+    assert np.isfinite(out).all()
+
+
+def test_items_visit_only_the_chunks_their_queries_see():
+    """Chunked prefill: a 1000-token chunk over a 5000-token prefix is 32-query blocks (G 4),
+    each gathering only the chunks below its last query's position (work ~ visible keys)."""
+    P, T = 16, 128
+    kv, ql = np.array([6000]), np.array([1000])
+    qb = query_block(1000, 4)
+    items = query_blocks(np.array([0, 375]), kv, ql, qb, -1, True, P)
+    assert qb == 32 and items.L.size == 32
+    last_pos = np.minimum(5000 + np.arange(32) * 32 + 31, 5999)   # each block's last query
+    np.testing.assert_array_equal(items.L, last_pos + 1)
+    np.testing.assert_array_equal(items.c1, -(-(last_pos + 1) // T))
+    assert (items.c0 == 0).all()
+    window = query_blocks(np.array([0, 375]), kv, ql, qb, 255, True, P)
+    np.testing.assert_array_equal(window.W, 5000 + np.arange(32) * 32 - 255)
+    assert ((window.c1 - window.c0) <= -(-(255 + 32) // T) + 1).all()   # window + block, no more
+
+
+def test_query_block_size():
+    assert [query_block(n, 4) for n in (0, 1, 2, 3, 7, 8, 9, 1000)] == [1, 1, 2, 4, 8, 8, 16, 32]
+    assert query_block(1000, 128) == 1 and query_block(5, 3) == 8 and query_block(100, 3) == 42
+
+
+@pytest.mark.parametrize("bad, rule", [
+    (dict(qo_indptr=np.array([0, 3, 2], np.int32)), "non-decreasing"),
+    (dict(qo_indptr=np.array([1, 2, 5], np.int32)), r"qo_indptr\[0\]"),
+    (dict(qo_indptr=np.array([0, 2, 4], np.int32)), r"qo_indptr\[-1\]=4 must equal"),
+    (dict(qo_indptr=np.array([0, 5], np.int32)), "qo_indptr"),
+    (dict(qo_indptr=np.array([0, 2, 5], np.int64)), "qo_indptr"),
+    (dict(causal=1), "causal"),
+], ids=lambda x: x if isinstance(x, str) else ",".join(x))
+def test_bad_inputs_refused_by_name(rng, bad, rule):
+    q, cache, qo_indptr, kv_indptr, kv_indices, last, layout = make_prefill_case(
+        rng, [2, 3], [4, 9], 4, 1, 2, 16)
+    kw = {"qo_indptr": qo_indptr, "causal": True, **bad}
+    with pytest.raises((ValueError, TypeError), match=rule):
+        batch_prefill(q, cache, kw["qo_indptr"], kv_indptr, kv_indices, last, layout,
+                      causal=kw["causal"])
+
+
+def test_causal_needs_the_new_tokens_in_the_cache(rng):
+    args = make_prefill_case(rng, [5, 3], [4, 9], 4, 1, 2, 16)
+    with pytest.raises(ValueError, match="request 0 has 5 queries .* 4 keys"):
+        batch_prefill(*args, causal=True)
+    out = batch_prefill(*args, causal=False)          # not causal: any q_len
+    assert_close(out, batch_prefill_ref(*args, causal=False))
