@@ -131,6 +131,52 @@ def _dec_flops(i):
     return 4 * tokens * HQ * D                     # QK^T and PV, 2 FLOPs per multiply-add
 
 
+# -- paged_prefill_attention (ragged queries) -------------------------------------------------
+def _pf_make(s, rng):
+    """``batch`` requests of ``q_len`` new tokens over ``kv_len`` keys each (the new ones
+    included), plus with ``prefill`` > 0 one more request: a prefill chunk of that many tokens
+    over ``prefill_kv`` keys (a mixed batch). Causal."""
+    dt = DTYPES[s.get("dtype", "float32")]
+    B, Lq, L, P = int(s["batch"]), int(s["q_len"]), int(s["kv_len"]), int(s["page_size"])
+    H, G, D, layout = int(s["kv_heads"]), int(s["group"]), int(s["head_dim"]), s.get("layout", "NHD")
+    extra = int(s.get("prefill", 0))
+    q_lens = [Lq] * B + ([extra] if extra else [])
+    kv_lens = [L] * B + ([int(s.get("prefill_kv", extra))] if extra else [])
+    n, kv_indptr, kv_indices, last = _page_table(rng, kv_lens, P)
+    inner = (P, H, D) if layout == "NHD" else (H, P, D)
+    cache = rng.standard_normal((n, 2) + inner).astype(dt)
+    qo_indptr = np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int32)
+    q_dt = dt if dt != ml_dtypes.float8_e4m3fn else ml_dtypes.bfloat16
+    q = rng.standard_normal((int(qo_indptr[-1]), H * G, D)).astype(q_dt)
+    return dict(q=q, paged_kv_cache=cache, qo_indptr=qo_indptr, kv_indptr=kv_indptr,
+                kv_indices=kv_indices, kv_last_page_len=last, kv_layout=layout, causal=True)
+
+
+def _pf_run(i):
+    from nki_kernels.paged_decode_attention import batch_prefill
+    return batch_prefill(**i)
+
+
+def _pf_ref(i):
+    from nki_kernels.paged_decode_attention import batch_prefill_ref
+    return batch_prefill_ref(**i)
+
+
+def _pf_visible(i):
+    """Keys each query sees (causal), summed: the attention FLOPs' count of (query, key) pairs."""
+    cache, layout = i["paged_kv_cache"], i["kv_layout"]
+    page = cache.shape[2] if layout == "NHD" else cache.shape[3]
+    pages = np.diff(i["kv_indptr"]).astype(np.int64)
+    kv = np.where(pages > 0, (pages - 1) * page + i["kv_last_page_len"], 0)
+    q = np.diff(i["qo_indptr"]).astype(np.int64)
+    return int((q * (kv - q) + q * (q + 1) // 2).sum())
+
+
+def _pf_flops(i):
+    HQ, D = i["q"].shape[1:]
+    return 4 * _pf_visible(i) * HQ * D
+
+
 KERNELS = {
     "tensor_scatter": KernelSpec(
         "tensor_scatter", "ONNX TensorScatter-24 KV-cache update (in place)", _ts_make, _ts_run, _ts_ref,
@@ -152,6 +198,18 @@ KERNELS = {
         bench=dict(batch=32, kv_len=4096, page_size=16, kv_heads=8, group=4, head_dim=128,
                    dtype="bfloat16"),
         variants=(dict(layout="NHD"), dict(layout="HND"))),
+    "paged_prefill_attention": KernelSpec(
+        "paged_prefill_attention", "FlashInfer batch prefill (ragged causal queries) over a paged "
+        "KV cache: speculative verification, chunked prefill, mixed batches", _pf_make, _pf_run,
+        _pf_ref, lambda i: {"float32": 2e-5, "float16": 2e-3}.get(i["q"].dtype.name, 2e-2),
+        _dec_bytes, _pf_flops,
+        demo=dict(batch=3, q_len=5, kv_len=300, page_size=16, kv_heads=2, group=4, head_dim=64,
+                  prefill=70, prefill_kv=200),
+        bench=dict(batch=32, q_len=4, kv_len=4096, page_size=16, kv_heads=8, group=4,
+                   head_dim=128, dtype="bfloat16"),
+        variants=(dict(), dict(batch=1, q_len=1024, kv_len=1024),
+                  dict(batch=1, q_len=1024, kv_len=8192),
+                  dict(batch=31, q_len=1, prefill=512, prefill_kv=2048))),
 }
 
 

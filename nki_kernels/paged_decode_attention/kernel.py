@@ -1,16 +1,21 @@
-"""Batch decode attention over a paged KV cache as an NKI kernel (online softmax over KV chunks).
+"""Attention over a paged KV cache as an NKI kernel (online softmax over KV chunks): batch decode,
+and blocks of query tokens per request (speculative verification, chunked prefill).
 
-Dimensions:  B requests (a bucket: rows past the real batch have length 0), HQ query heads,
-    H kv heads, G = HQ / H, D head_dim (<= 512), T chunk tokens
+Dimensions:  B query rows (work items x Qb; a bucket: rows past the real ones are padding),
+    HQ query heads, H kv heads, G = HQ / H, D head_dim (<= 512), T chunk tokens,
+    Qb query tokens per work item (1 for decode)
 Args (device):
-    q: [B, HQ, D] @ HBM (fp32 / fp16 / bf16)
+    q: [B, HQ, D] @ HBM (fp32 / fp16 / bf16); a work item's queries are rows OUT..OUT+Qb
     k_rows, v_rows: the cache as rows of D elements [R, D] @ HBM (v_rows None for a fused cache:
         V rows sit ``v_rows_offset`` rows after K rows)
-    meta: [rows, META_COLS] int32 work items (plan.py: a request or the part of one a core
-        takes: kv_indices start, length, window start, chunk bounds, where the first chunk
-        starts, output row); spans: [cores, SPAN_COLS] int32, which items each core runs
+    meta: [rows, META_COLS] int32 work items (plan.py: a request, a block of its queries, or the
+        part of either a core takes: kv_indices start, keys end and window start of the item,
+        chunk bounds, where the first chunk starts, first query row, each query row's causal
+        bound and window span); spans: [cores, SPAN_COLS] int32, which items each core runs
     kv_indices: [>= pages + T, 1] int32 (padded)
-    tok_tab: [T, 2] int32 (page slot, entry of chunk-local token t); sinks: [HQ, 1] fp32 or None
+    tok_tab: [T, 2] int32 (page slot, entry of chunk-local token t)
+    row_tab: [G*Qb, 1] int32, the query token (r // G) of a kv head's score row r, or None
+        (Qb = 1); sinks: [HQ, 1] fp32 or None
     static: kv heads, page size, row strides, a token's K (or V) pattern (access_patterns
         PagedKVLayout.token), scale = sm_scale * k_scale, soft_cap, v_scale,
         matmul dtype: shapes and model constants only, so one compile serves every step of a
@@ -24,7 +29,8 @@ work done is the chunks each request owns. With ``kernel[2]`` (LNC=2) each progr
 its own span of whole requests, then its part of the one request split between the two (the
 host cuts the step's chunks into equal halves, plan.decode_work); the two partial softmax states
 of that request are exchanged with ``nisa.sendrecv`` and merged, and program 0 writes it.
-Tiling per request and group of kv heads (rows R = heads x G <= 128 on partitions): scores[R, T]
+Tiling per work item and group of kv heads (rows R = heads x G x Qb <= 128 on partitions, kv head
+j's rows ordered (query token, g); each row masked to its own keys): scores[R, T]
 accumulate one matmul per head in PSUM fp32 (stationary = that head's qT zero-padded to R columns,
 moving = K^T made on TensorE, D > 128 in 128-row K-tiles), one online softmax for the whole group
 (VectorE max, ScalarE exp with fused row sum, running rescale), out[R, D] accumulates P^T masked to

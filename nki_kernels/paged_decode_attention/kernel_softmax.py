@@ -152,8 +152,10 @@ def online_update(state, q_pads, col_masks, k_sb, v_sb, h0, D, bias, scale, soft
     pv = nl.ndarray((R, D), nl.float32, buffer=nl.psum, name="pv_ps")
     for j, mask in enumerate(col_masks):
         h = h0 + j
-        pT_j = nl.ndarray((T, R), p_dtype, buffer=nl.sbuf, name="pT_head")
-        nisa.tensor_tensor(dst=pT_j, data1=pT, data2=mask, op=nl.multiply)   # only head h's columns
+        pT_j = pT
+        if len(col_masks) > 1:        # one head per tile: its mask is all ones, nothing to mask
+            pT_j = nl.ndarray((T, R), p_dtype, buffer=nl.sbuf, name="pT_head")
+            nisa.tensor_tensor(dst=pT_j, data1=pT, data2=mask, op=nl.multiply)  # head h's columns
         nisa.nc_matmul(dst=pv, stationary=pT_j, moving=v_sb[:, h * D:(h + 1) * D], accumulate=j > 0)
     nisa.scalar_tensor_tensor(dst=acc, data=acc, op0=nl.multiply, operand0=alpha, op1=nl.add,
                               operand1=pv)
