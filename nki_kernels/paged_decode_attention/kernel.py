@@ -41,6 +41,7 @@ from __future__ import annotations
 
 from nki_kernels.backend import nki, nisa, nl
 from nki_kernels.launch_options import program_cores
+from nki_kernels.paged_kv_append.kernel import scatter_rows
 
 from .kernel_cursor import (Geometry, advance, block_bounds, query_of_row, request_bounds,
                             start_cursor, token_validity)
@@ -61,6 +62,37 @@ from .plan import (BOUNDARY, C0, C1, CHUNK_BLOCKS, END, FIRST, FULL_HI, FULL_LO,
 def batch_decode_kernel(q, k_rows, v_rows, meta, spans, kv_indices, tok_tab, row_tab, sinks,
                         num_kv_heads, page_size, strides, token_pattern, scale, soft_cap, v_scale,
                         mm_dtype):
+    return attention(q, k_rows, v_rows, meta, spans, kv_indices, tok_tab, row_tab, sinks,
+                     num_kv_heads, page_size, strides, token_pattern, scale, soft_cap, v_scale,
+                     mm_dtype)
+
+
+@nki.jit
+def append_attention_kernel(q, k_rows, v_rows, key, value, slots, counts, write, meta, spans,
+                            kv_indices, tok_tab, row_tab, sinks, num_kv_heads, page_size, strides,
+                            token_pattern, scale, soft_cap, v_scale, mm_dtype):
+    """Fused write: the step's new K/V rows are scattered into the cache first, then attention
+    reads them with the rest, in one launch. ``key``, ``value``, ``slots``, ``counts`` and
+    ``write`` = (token pattern, V offset, cache row elements) are paged_kv_append.kernel's
+    arguments over the same cache, viewed there as rows of a page entry's elements. Under LNC=2
+    one core writes K and the other V, and both meet at a core barrier on each written tensor
+    before reading."""
+    write_pattern, v_offset, row_elems = write
+    D = q.shape[2]
+    as_entries = [None if t is None else t.reshape((t.shape[0] * D // row_elems, row_elems))
+                  for t in (k_rows, v_rows)]
+    scatter_rows(*as_entries, key, value, slots, counts, write_pattern, v_offset)
+    if program_cores() == 2:
+        for t in (k_rows,) if v_rows is None else (k_rows, v_rows):
+            nisa.core_barrier(data=t, cores=(0, 1))
+    return attention(q, k_rows, v_rows, meta, spans, kv_indices, tok_tab, row_tab, sinks,
+                     num_kv_heads, page_size, strides, token_pattern, scale, soft_cap, v_scale,
+                     mm_dtype)
+
+
+def attention(q, k_rows, v_rows, meta, spans, kv_indices, tok_tab, row_tab, sinks, num_kv_heads,
+              page_size, strides, token_pattern, scale, soft_cap, v_scale, mm_dtype):
+    """The kernel's body (arguments as above): returns out, lse."""
     B, HQ, D = q.shape
     H, G = num_kv_heads, HQ // num_kv_heads
     Qb = 1 if row_tab is None else row_tab.shape[0] // G      # query tokens per work item

@@ -16,13 +16,15 @@ from nki_kernels.paged_kv_append.layout import split_cache
 
 from .checks import check_batch_decode_inputs, soft_cap
 from .decode import _rows, kernel_arguments
-from .kernel import batch_decode_kernel
+from .kernel import append_attention_kernel, batch_decode_kernel
+from .prefill_append import append_arguments
 from .plan import query_blocks, split_work
 
 
 def batch_prefill(q, paged_kv_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len,
                   kv_layout="NHD", causal=False, sm_scale=None, logits_soft_cap=0.0, window_left=-1,
-                  sinks=None, k_scale=1.0, v_scale=1.0, return_lse=False, lnc=1):
+                  sinks=None, k_scale=1.0, v_scale=1.0, return_lse=False, lnc=1, append_key=None,
+                  append_value=None):
     """Attention of each request's new query tokens over its pages (the new tokens' K/V already
     appended: they are the request's last q_len keys).
 
@@ -36,6 +38,9 @@ def batch_prefill(q, paged_kv_cache, qo_indptr, kv_indptr, kv_indices, kv_last_p
         window_left: >= 0 keeps keys at or after position kv_len - q_len + i - window_left
             (causal or not, as FlashInfer); sm_scale, logits_soft_cap, sinks, k_scale, v_scale,
             lnc: as ``batch_decode``
+        append_key, append_value: [Q, H, D] in the cache dtype, or None: the new tokens' K/V,
+            written into the cache (in place, as ``append_paged_kv_cache`` at each query token's
+            position kv_len - q_len + i) by the same launch before attention reads them
     Returns:
         out [Q, HQ, D] in q's dtype; with return_lse also lse [Q, HQ] float32, base 2.
     Work items are blocks of Qb query tokens of one request (Qb: the largest q_len rounded up to a
@@ -47,11 +52,18 @@ def batch_prefill(q, paged_kv_cache, qo_indptr, kv_indptr, kv_indices, kv_last_p
     launch = prepare_prefill(q, paged_kv_cache, qo_indptr, kv_indptr, kv_indices,
                              kv_last_page_len, kv_layout, causal, sm_scale, logits_soft_cap,
                              window_left, sinks, k_scale, v_scale, check_lnc(lnc))
+    writes = ()
+    if append_key is not None or append_value is not None:
+        arrays, write = append_arguments(append_key, append_value, paged_kv_cache, kv_layout,
+                                         qo_indptr, kv_indptr, kv_indices, kv_last_page_len,
+                                         launch.kv_lens, q.shape[0])
+        writes = (*arrays, write)
     k, v, fused = split_cache(paged_kv_cache)
     D = q.shape[2]
     rows = (_rows(paged_kv_cache, D), None) if fused else (_rows(k, D), _rows(v, D))
-    kernel = batch_decode_kernel if lnc == 1 else batch_decode_kernel[lnc]
-    out, lse = kernel(launch.pad_queries(q), *rows, *launch.arrays, *launch.statics)
+    kernel = append_attention_kernel if writes else batch_decode_kernel
+    kernel = kernel if lnc == 1 else kernel[lnc]
+    out, lse = kernel(launch.pad_queries(q), *rows, *writes, *launch.arrays, *launch.statics)
     out, lse = launch.unpad(out), launch.unpad(lse)[:, :, 0]
     return (out, lse) if return_lse else out
 
@@ -88,6 +100,7 @@ class PrefillLaunch:
     statics: tuple
     gather: np.ndarray       # [padded rows] int64: the q row copied there, -1 for a zero row
     scatter: np.ndarray      # [Q] int64: the padded row of query token t
+    kv_lens: np.ndarray      # [B] int64: each request's keys (from the page table)
 
     def pad_queries(self, q):
         keep = self.gather >= 0
@@ -126,7 +139,7 @@ def prepare_prefill(q, paged_kv_cache, qo_indptr, kv_indptr, kv_indices, kv_last
         np.int32).reshape(-1, 1)
     arrays, statics = kernel_arguments(prob, paged_kv_cache, kv_indptr, kv_indices, work, row_tab,
                                        sinks, soft_cap(logits_soft_cap), k_scale, v_scale)
-    return PrefillLaunch(arrays, statics, gather, scatter)
+    return PrefillLaunch(arrays, statics, gather, scatter, prob.kv_lens)
 
 
 def check_batch_prefill_inputs(q, paged_kv_cache, qo_indptr, kv_indptr, kv_indices,

@@ -41,6 +41,12 @@ SKIP_SLOT = 2 ** 31 - 1
 
 @nki.jit
 def paged_kv_scatter_kernel(k_rows, v_rows, key, value, slots, counts, token_pattern, v_offset):
+    scatter_rows(k_rows, v_rows, key, value, slots, counts, token_pattern, v_offset)
+    return k_rows if v_rows is None else (k_rows, v_rows)
+
+
+def scatter_rows(k_rows, v_rows, key, value, slots, counts, token_pattern, v_offset):
+    """The kernel's body (arguments as above), for kernels that append before they read."""
     T = key.shape[0]
     n = min(P_MAX, T)
     token_elems = key.shape[1] * key.shape[2]
@@ -57,7 +63,6 @@ def paged_kv_scatter_kernel(k_rows, v_rows, key, value, slots, counts, token_pat
     else:                                  # units: tokens, slots in one partition
         _in_blocks(T, counts, 0, lambda first, per: _load_slots(slots, first, per, 1),
                    lambda t, slot: _scatter_token(t, slot, targets, token_pattern, token_elems))
-    return k_rows if v_rows is None else (k_rows, v_rows)
 
 
 UNITS_PER_ITERATION = {3: 8, 2: 64}     # by NeuronCore version: tiles (v3+) or tokens (v2)

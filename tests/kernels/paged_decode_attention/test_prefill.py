@@ -168,3 +168,65 @@ def test_causal_needs_the_new_tokens_in_the_cache(rng):
         batch_prefill(*args, causal=True)
     out = batch_prefill(*args, causal=False)          # not causal: any q_len
     assert_close(out, batch_prefill_ref(*args, causal=False))
+
+
+def _fused_case(rng, q_lens, kv_lens, layout, pair):
+    """A prefill case whose new tokens' K/V are not yet in the cache, and those rows."""
+    q, cache, qo_indptr, kv_indptr, kv_indices, last, layout = make_prefill_case(
+        rng, q_lens, kv_lens, 16, 2, 2, 32, layout=layout, fused=not pair)
+    H, D = 2, 32
+    key = rng.standard_normal((q.shape[0], H, D)).astype(np.float32)
+    value = rng.standard_normal((q.shape[0], H, D)).astype(np.float32)
+    return (q, cache, qo_indptr, kv_indptr, kv_indices, last, layout), key, value
+
+
+def _copy(cache):
+    return tuple(c.copy() for c in cache) if isinstance(cache, tuple) else cache.copy()
+
+
+@pytest.mark.parametrize("layout, pair, lnc", [("NHD", False, 1), ("HND", True, 1),
+                                               ("NHD", True, 2), ("HND", False, 2)])
+def test_fused_write_equals_separate_append(rng, target, layout, pair, lnc):
+    """append_key/append_value: the launch writes the new rows, then attends to them; the cache
+    bytes equal append_paged_kv_cache's, the output equals attention after that append."""
+    if lnc == 2 and target == "trn1":
+        pytest.skip("LNC=2 is a trn2 launch")
+    from nki_kernels.paged_kv_append import append_paged_kv_cache, get_batch_indices_positions
+    args, key, value = _fused_case(rng, [3, 1, 130, 0], [20, 5, 300, 7], layout, pair)
+    q, cache, qo_indptr, kv_indptr, kv_indices, last, layout = args
+    fused_cache, separate = _copy(cache), _copy(cache)
+    out = batch_prefill(q, fused_cache, qo_indptr, kv_indptr, kv_indices, last, layout,
+                        causal=True, append_key=key, append_value=value, lnc=lnc)
+    kv_lens = np.array([20, 5, 300, 7], np.int32)
+    batch, pos = get_batch_indices_positions(qo_indptr, kv_lens, q.shape[0])
+    append_paged_kv_cache(key, value, batch, pos, separate, kv_indices, kv_indptr, last, layout)
+    for a, b in zip(*(c if pair else (c,) for c in (fused_cache, separate))):
+        assert np.array_equal(a, b, equal_nan=True)
+    args = (q, separate, qo_indptr, kv_indptr, kv_indices, last, layout)
+    assert np.array_equal(out, batch_prefill(*args, causal=True))
+    assert_close(out, batch_prefill_ref(*args, causal=True))
+
+
+@pytest.mark.parametrize("bad, rule", [
+    (dict(append_value=None), "give both or neither"),
+    (dict(append_key=np.zeros((4, 2, 32), np.float32),
+          append_value=np.zeros((4, 2, 32), np.float32)), "one per query token"),
+    (dict(append_key=np.zeros((5, 2, 32), np.float16)), "dtype"),
+], ids=["one-missing", "rows", "dtype"])
+def test_fused_write_refuses_bad_rows_before_writing(rng, bad, rule):
+    args, key, value = _fused_case(rng, [2, 3], [4, 9], "NHD", False)
+    before = args[1].copy()
+    kw = {"append_key": key, "append_value": value, **bad}
+    with pytest.raises((ValueError, TypeError), match=rule):
+        batch_prefill(*args, causal=True, **kw)
+    assert np.array_equal(args[1], before, equal_nan=True)
+
+
+def test_fused_write_refuses_a_read_only_cache_before_writing(rng):
+    args, key, value = _fused_case(rng, [2, 3], [4, 9], "NHD", True)
+    k_cache, v_cache = args[1]
+    v_cache.flags.writeable = False
+    before = k_cache.copy()
+    with pytest.raises(ValueError, match="v_cache is read-only"):
+        batch_prefill(*args, causal=True, append_key=key, append_value=value)
+    assert np.array_equal(k_cache, before, equal_nan=True)

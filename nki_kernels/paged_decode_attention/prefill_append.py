@@ -1,0 +1,41 @@
+"""Host half of the fused write of ``batch_prefill``: each query token's new K/V row goes to its
+position in its request's pages, written by the attention launch before it reads them."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from nki_kernels.buckets import pad_rows
+from nki_kernels.paged_kv_append.append import padded_slots
+from nki_kernels.paged_kv_append.batch_indices import get_batch_indices_positions
+from nki_kernels.paged_kv_append.checks import check_append_shapes, destination_slots
+from nki_kernels.paged_kv_append.layout import check_writable
+
+
+def append_arguments(append_key, append_value, paged_kv_cache, kv_layout, qo_indptr, kv_indptr,
+                     kv_indices, kv_last_page_len, kv_lens, total_q):
+    """Check the new rows and return the scatter's device arguments (key, value, slots, counts)
+    and its static ``write`` = (token pattern, V offset, cache row elements).
+
+    append_key, append_value: [Q, H, D] in the cache dtype, row t the K/V of query token t, which
+    sits at position kv_len - q_len + i of its request (the page table already counts it)."""
+    if (append_key is None) != (append_value is None):
+        raise ValueError("append_key and append_value go together: give both or neither")
+    q_lens = np.diff(qo_indptr.astype(np.int64))
+    if (q_lens > kv_lens).any():
+        b = int(np.flatnonzero(q_lens > kv_lens)[0])
+        raise ValueError(f"append: request {b} writes {q_lens[b]} new tokens (qo_indptr) but its "
+                         f"page table holds {kv_lens[b]} (kv_indptr / kv_last_page_len must count "
+                         f"the new tokens)")
+    batch, positions = get_batch_indices_positions(qo_indptr, kv_lens.astype(np.int32), total_q)
+    geo = check_append_shapes(append_key, append_value, batch, positions, paged_kv_cache,
+                              kv_indices, kv_indptr, kv_last_page_len, kv_layout)
+    if append_key.shape[0] != total_q:
+        raise ValueError(f"append_key has {append_key.shape[0]} rows; it must have one per query "
+                         f"token ({total_q})")
+    key, value = check_writable(paged_kv_cache, (append_key, append_value))
+    pages, entries, keep = destination_slots(batch, positions, kv_indices, kv_indptr, kv_lens, geo)
+    slots, counts = padded_slots(geo.rows(pages, entries), None if keep.all() else keep, geo)
+    Tb = slots.shape[0]
+    return ((pad_rows(key, Tb), pad_rows(value, Tb), slots, counts),
+            (tuple(geo.token_pattern), geo.v_offset, geo.row_elems))
