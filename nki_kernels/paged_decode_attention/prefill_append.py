@@ -27,12 +27,13 @@ def append_arguments(append_key, append_value, paged_kv_cache, kv_layout, qo_ind
         raise ValueError(f"append: request {b} writes {q_lens[b]} new tokens (qo_indptr) but its "
                          f"page table holds {kv_lens[b]} (kv_indptr / kv_last_page_len must count "
                          f"the new tokens)")
+    for name, rows in (("append_key", append_key), ("append_value", append_value)):
+        n = np.shape(rows)[0] if np.ndim(rows) else None
+        if n != total_q:
+            raise ValueError(f"{name} has {n} rows; it must have one per query token ({total_q})")
     batch, positions = get_batch_indices_positions(qo_indptr, kv_lens.astype(np.int32), total_q)
     geo = check_append_shapes(append_key, append_value, batch, positions, paged_kv_cache,
                               kv_indices, kv_indptr, kv_last_page_len, kv_layout)
-    if append_key.shape[0] != total_q:
-        raise ValueError(f"append_key has {append_key.shape[0]} rows; it must have one per query "
-                         f"token ({total_q})")
     key, value = check_writable(paged_kv_cache, (append_key, append_value))
     pages, entries, keep = destination_slots(batch, positions, kv_indices, kv_indptr, kv_lens, geo)
     slots, counts = padded_slots(geo.rows(pages, entries), None if keep.all() else keep, geo)
