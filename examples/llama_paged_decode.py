@@ -1,11 +1,19 @@
-"""Greedy decoding of a tiny random Llama (HF transformers) over the paged KV cache, on a CPU.
+"""Greedy generation with a tiny random Llama (HF transformers) over the paged KV cache, on a CPU:
+chunked prefill, decode steps and speculative verification of draft tokens.
 
-Every layer appends K/V with the paged-append kernel and attends with the decode kernel (both run
-in the NKI simulator through torch custom ops); each step's logits are compared with the model's
-own eager forward over the full sequence. A dense (B, H_kv, max_seq, D) copy of layer 0's cache is
-kept up to date with our TensorScatter op and with ONNX Runtime's TensorScatter, bit for bit.
+- Prefill: the prompts are fed ``--chunk`` tokens per request per step, all requests together
+  (a mixed batch of chunk lengths); every layer writes the chunk's K/V and attends causally in one
+  ``batch_prefill`` launch (fused write).
+- Decode: every layer appends K/V with the paged-append kernel and attends with the decode kernel.
+- Verify: each request feeds its next token plus draft tokens (here: the model's own greedy
+  continuation, one draft corrupted so acceptance stops there); the longest agreeing prefix is
+  kept, the rest dropped from the cache.
+All kernels run in the NKI simulator through torch custom ops; every step's logits (every fed
+token's, when verifying) are compared with the model's own eager forward over the full sequence.
+A dense (B, H_kv, max_seq, D) copy of layer 0's newest K is kept with our TensorScatter op and with
+ONNX Runtime's TensorScatter, bit for bit.
 
-    python examples/llama_paged_decode.py [--steps 4]
+    python examples/llama_paged_decode.py [--steps 4] [--chunk 3] [--drafts 3]
 """
 
 import argparse
@@ -36,27 +44,61 @@ def onnx_tensor_scatter(cache, update, write_indices):
     return sess.run(None, {"past": cache, "update": update, "w": write_indices})[0]
 
 
-def run(steps=4, prompts=((5, 17, 2, 99, 3), (7,), (1, 2, 3, 4, 5, 6, 7, 8, 9)), log=print):
+def eager_logits(model, seq, last):
+    """The model's own logits for the ``last`` tokens of ``seq`` [last, V] (eager, full forward)."""
+    with torch.no_grad():
+        return model(torch.tensor(seq)[None]).logits[0, -last:]
+
+
+def draft_tokens(model, seq, k, corrupt):
+    """The model's greedy continuation of ``seq`` by k tokens; with ``corrupt``, the second one
+    replaced, so a verifier accepts exactly one."""
+    out = list(seq)
+    for _ in range(k):
+        out.append(int(eager_logits(model, out, 1)[0].argmax()))
+    drafts = out[len(seq):]
+    if corrupt and k >= 2:
+        drafts[1] = (drafts[1] + 1) % model.config.vocab_size
+    return drafts
+
+
+def run(steps=4, prompts=((5, 17, 2, 99, 3), (7,), (1, 2, 3, 4, 5, 6, 7, 8, 9)), chunk=3,
+        drafts=3, log=print):
+    """Prefill in chunks, then ``steps`` steps alternating decode and verification; returns the
+    worst logit difference from the eager forward."""
     model = tiny_llama()
-    gen = PagedLlamaGenerator(model, num_pages=32, page_size=4)
+    gen = PagedLlamaGenerator(model, num_pages=48, page_size=4)
     seqs = [list(p) for p in prompts]
-    logits = gen.prefill(seqs)
-    worst = 0.0
-    max_seq = max(map(len, seqs)) + steps
+    logits = gen.prefill(seqs, chunk=chunk)
+    worst = max(float((logits[b] - eager_logits(model, s, 1)[0]).abs().max())
+                for b, s in enumerate(seqs))
+    log(f"prefill in chunks of {chunk}: max |logits - HF eager| = {worst:.2e}")
+    pending = logits.argmax(-1).tolist()
+    max_seq = max(map(len, seqs)) + steps * (drafts + 1) + 1
     dense = torch.zeros((len(seqs), gen.hkv, max_seq, gen.d))
-    for step in range(steps + 1):
-        for b, seq in enumerate(seqs):
-            with torch.no_grad():
-                ref = model(torch.tensor(seq)[None]).logits[0, -1]
-            worst = max(worst, float((logits[b] - ref).abs().max()))
-        tokens = logits.argmax(-1)
-        log(f"step {step}: max |logits - HF eager| = {worst:.2e}; next tokens {tokens.tolist()}")
-        if step == steps:
-            break
-        for b, t in enumerate(tokens.tolist()):
-            seqs[b].append(t)
-        logits = gen.decode(tokens)
-        dense = check_dense_update(gen, dense, seqs, log)
+    for step in range(steps):
+        if step % 2 == 0:
+            logits = gen.decode(torch.tensor(pending))
+            for b, t in enumerate(pending):
+                seqs[b].append(t)
+            worst = max([worst] + [float((logits[b] - eager_logits(model, s, 1)[0]).abs().max())
+                                   for b, s in enumerate(seqs)])
+            dense = check_dense_update(gen, dense, seqs, log)
+            pending = logits.argmax(-1).tolist()
+            log(f"step {step} decode: max |logits - HF eager| = {worst:.2e}; next {pending}")
+            continue
+        proposed = [draft_tokens(model, s + [t], drafts - b % 2, corrupt=b == 0)
+                    for b, (s, t) in enumerate(zip(seqs, pending))]
+        rows, gained = gen.verify(pending, proposed)
+        for b, (s, t, d) in enumerate(zip(seqs, pending, proposed)):
+            worst = max(worst, float((rows[b] - eager_logits(model, s + [t] + d, len(d) + 1))
+                                     .abs().max()))
+            s.extend([t] + gained[b][:-1])
+            assert gen.pages.seq_len(gen.rids[b]) == len(s)
+        pending = [g[-1] for g in gained]
+        log(f"step {step} verify: drafts {[len(d) for d in proposed]}, accepted "
+            f"{[len(g) - 1 for g in gained]}; max |logits - HF eager| = {worst:.2e}")
+    seqs = [s + [t] for s, t in zip(seqs, pending)]
     log(f"generated: {[s[len(p):] for s, p in zip(seqs, prompts)]}")
     return worst
 
@@ -81,10 +123,13 @@ def check_dense_update(gen, dense, seqs, log):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__)
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--steps", type=int, default=4)
+    p.add_argument("--chunk", type=int, default=3, help="prefill tokens per request per step")
+    p.add_argument("--drafts", type=int, default=3, help="draft tokens per verification")
     args = p.parse_args(argv)
-    worst = run(args.steps)
+    worst = run(args.steps, chunk=args.chunk, drafts=args.drafts)
     ok = worst <= TOLERANCE
     print(f"{'OK' if ok else 'FAILED'}: worst logit difference {worst:.2e} (tolerance {TOLERANCE:.0e})")
     return 0 if ok else 1

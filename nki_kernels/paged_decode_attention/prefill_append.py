@@ -12,13 +12,14 @@ from nki_kernels.paged_kv_append.checks import check_append_shapes, destination_
 from nki_kernels.paged_kv_append.layout import check_writable
 
 
-def append_arguments(append_key, append_value, paged_kv_cache, kv_layout, qo_indptr, kv_indptr,
-                     kv_indices, kv_last_page_len, kv_lens, total_q):
-    """Check the new rows and return the scatter's device arguments (key, value, slots, counts)
-    and its static ``write`` = (token pattern, V offset, cache row elements).
+def append_plan(append_key, append_value, paged_kv_cache, kv_layout, qo_indptr, kv_indptr,
+                kv_indices, kv_last_page_len, kv_lens, total_q):
+    """Check the new rows; return the scatter's device tables (slots [Tb, 1], counts [1, 2]) and
+    its static ``write`` = (token pattern, V offset, cache row elements).
 
-    append_key, append_value: [Q, H, D] in the cache dtype, row t the K/V of query token t, which
-    sits at position kv_len - q_len + i of its request (the page table already counts it)."""
+    append_key, append_value: [Q, H, D] in the cache dtype (arrays or shape-and-dtype stand-ins),
+    row t the K/V of query token t, which sits at position kv_len - q_len + i of its request
+    (the page table already counts it). Writability is the caller's to check."""
     if (append_key is None) != (append_value is None):
         raise ValueError("append_key and append_value go together: give both or neither")
     q_lens = np.diff(qo_indptr.astype(np.int64))
@@ -34,9 +35,15 @@ def append_arguments(append_key, append_value, paged_kv_cache, kv_layout, qo_ind
     batch, positions = get_batch_indices_positions(qo_indptr, kv_lens.astype(np.int32), total_q)
     geo = check_append_shapes(append_key, append_value, batch, positions, paged_kv_cache,
                               kv_indices, kv_indptr, kv_last_page_len, kv_layout)
-    key, value = check_writable(paged_kv_cache, (append_key, append_value))
     pages, entries, keep = destination_slots(batch, positions, kv_indices, kv_indptr, kv_lens, geo)
     slots, counts = padded_slots(geo.rows(pages, entries), None if keep.all() else keep, geo)
+    return slots, counts, (tuple(geo.token_pattern), geo.v_offset, geo.row_elems)
+
+
+def append_arguments(append_key, append_value, paged_kv_cache, *plan_args):
+    """NumPy arrays: ``append_plan`` plus the writability and aliasing checks of the cache, and
+    the rows padded to the slot bucket: ((key, value, slots, counts), write)."""
+    slots, counts, write = append_plan(append_key, append_value, paged_kv_cache, *plan_args)
+    key, value = check_writable(paged_kv_cache, (append_key, append_value))
     Tb = slots.shape[0]
-    return ((pad_rows(key, Tb), pad_rows(value, Tb), slots, counts),
-            (tuple(geo.token_pattern), geo.v_offset, geo.row_elems))
+    return (pad_rows(key, Tb), pad_rows(value, Tb), slots, counts), write

@@ -76,6 +76,16 @@ class PagedKVCache:
             self._pages[r].extend(self._free.pop() for _ in range(k))
             self._lens[r] += int(n)
 
+    def truncate(self, rid, new_len):
+        """Shorten request ``rid`` to its first ``new_len`` tokens (e.g. rejected draft tokens of
+        speculative decoding), returning pages past them to the pool; the rows stay as they are
+        and are overwritten by the next append."""
+        self._known([rid])
+        if not isinstance(new_len, (int, np.integer)) or not 0 <= new_len <= self._lens[rid]:
+            raise ValueError(f"new_len={new_len!r} must be an integer in [0, seq_len="
+                             f"{self._lens[rid]}]")
+        self._rollback([rid], [self._lens[rid] - int(new_len)])
+
     # -- FlashInfer page table ------------------------------------------------------------------
     def page_table(self, rids):
         """(kv_indptr [B+1], kv_indices [total pages], kv_last_page_len [B]) int32 for ``rids``."""

@@ -74,6 +74,46 @@ def decode_device(q, kv_cache, kv_indptr, kv_indices, kv_last_page_len, kv_layou
     return out[:B], lse[:B].reshape(B, HQ)
 
 
+def prefill_device(q, kv_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, kv_layout,
+                   causal, sm_scale, logits_soft_cap, window_left, sinks, append_key,
+                   append_value):
+    """batch_prefill on device tensors: the host plans (checks, work items, row maps), q is
+    gathered into its padded blocks and the output scattered back with torch indexing on the
+    device, and the kernel (with the fused write when append rows are given) runs there."""
+    from nki_kernels.paged_decode_attention.kernel import (append_attention_kernel,
+                                                           batch_decode_kernel)
+    from nki_kernels.paged_decode_attention.prefill import prepare_prefill
+    from nki_kernels.buckets import pad_rows
+    from nki_kernels.paged_decode_attention.prefill_append import append_plan
+    qo = _host(qo_indptr)
+    launch = prepare_prefill(_meta(q), _meta(kv_cache), qo, _host(kv_indptr), _host(kv_indices),
+                             _host(kv_last_page_len), kv_layout, causal, sm_scale,
+                             logits_soft_cap, window_left, _host(sinks), 1.0, 1.0)
+    writes = ()
+    if append_key is not None or append_value is not None:
+        slots, counts, write = append_plan(
+            None if append_key is None else _meta(append_key),
+            None if append_value is None else _meta(append_value), _meta(kv_cache), kv_layout,
+            qo, _host(kv_indptr), _host(kv_indices), _host(kv_last_page_len), launch.kv_lens,
+            q.shape[0])
+        writes = (pad_rows(append_key, slots.shape[0]), pad_rows(append_value, slots.shape[0]),
+                  _dev(slots, q), _dev(counts, q), write)
+    keep = torch.from_numpy(np.flatnonzero(launch.gather >= 0)).to(q.device)
+    q_pad = q.new_zeros((launch.gather.size,) + tuple(q.shape[1:]))
+    q_pad[keep] = q[torch.from_numpy(launch.gather[launch.gather >= 0]).to(q.device)]
+    D = q.shape[2]
+    kernel = append_attention_kernel if writes else batch_decode_kernel
+    out, lse = kernel(q_pad, kv_cache.reshape(-1, D), None, *writes,
+                      *(_dev(a, q) for a in launch.arrays), *launch.statics)
+    back = torch.from_numpy(launch.scatter).to(q.device)
+    return out[back], lse[back].reshape(q.shape[0], q.shape[1])
+
+
+def prefill_on_neuron(*args):
+    _require()
+    return prefill_device(*args)
+
+
 def tensor_scatter_device(past_cache, update, write_indices, axis, mode):
     from nki_kernels.tensor_scatter.checks import check_tensor_scatter_inputs
     from nki_kernels.tensor_scatter.kernel import tensor_scatter_kernel

@@ -1,11 +1,16 @@
 """Greedy generation for a HF ``transformers`` Llama model over our paged KV cache.
 
 The model's own modules (embeddings, norms, projections, rotary embedding, MLP, head) compute
-everything but attention's cache handling: every layer writes its K/V through
-``torch.ops.nki_kernels.append_paged_kv_cache`` and, while decoding, attends through
-``torch.ops.nki_kernels.batch_decode``. Prefill attention over a prompt is computed with plain
-causal attention (the decode kernel is one query per request). One page allocator serves all layers:
-they share the page table, each layer has its own cache tensor [N, 2, P, H_kv, D] (NHD).
+everything but attention's cache handling, which goes through our kernels as torch custom ops:
+
+- ``step`` / ``prefill`` (in chunks, several requests mixed) / ``verify`` (draft tokens of
+  speculative decoding): every layer writes the new tokens' K/V and attends causally in one launch,
+  ``torch.ops.nki_kernels.batch_prefill`` with the fused write;
+- ``decode``: ``torch.ops.nki_kernels.append_paged_kv_cache`` then
+  ``torch.ops.nki_kernels.batch_decode``.
+
+One page allocator serves all layers: they share the page table, each layer has its own cache
+tensor [N, 2, P, H_kv, D] (NHD).
 """
 
 from __future__ import annotations
@@ -69,29 +74,73 @@ class PagedLlamaGenerator:
 
     # -- generation ---------------------------------------------------------------------------------
     @torch.no_grad()
-    def prefill(self, prompts):
-        """Add one request per prompt; returns the logits of each prompt's last token [B, V]."""
-        out = []
-        for ids in prompts:
-            rid = len(self.rids)
-            self.rids.append(rid)
-            self.pages.add_request(rid)
-            self.pages.reserve([rid], len(ids))
-            pos = torch.arange(len(ids))[None]
-            h = self.model.model.embed_tokens(torch.tensor(ids)[None])
+    def step(self, rids, tokens):
+        """Feed request ``rids[b]`` its new tokens ``tokens[b]`` (a list, any length) in one
+        forward; every layer appends their K/V and attends through one ``batch_prefill`` launch.
+        Returns the logits of every new token [sum of lengths, V], in request order."""
+        counts = [len(t) for t in tokens]
+        self.pages.reserve(rids, counts)
+        try:
+            kv_indptr, kv_indices, last = (torch.from_numpy(a) for a in self.pages.page_table(rids))
+            qo = torch.from_numpy(np.concatenate([[0], np.cumsum(counts)]).astype(np.int32))
+            pos = torch.tensor([[self.pages.seq_len(r) - n + j for r, n in zip(rids, counts)
+                                 for j in range(n)]])
+            Q = int(sum(counts))
+            h = self.model.model.embed_tokens(torch.tensor([[t for ts in tokens for t in ts]]))
 
-            def attend(i, q, k, v, rid=rid, n=len(ids)):
-                self._append(i, k[0], v[0], [rid], [n])
-                qh, kh, vh = (t.transpose(1, 2) for t in (q, k, v))
-                kh = kh.repeat_interleave(self.hq // self.hkv, dim=1)
-                vh = vh.repeat_interleave(self.hq // self.hkv, dim=1)
-                o = torch.nn.functional.scaled_dot_product_attention(qh, kh, vh, is_causal=True)
-                return o.transpose(1, 2).reshape(1, n, self.hq * self.d)
+            def attend(i, q, k, v):
+                out, _ = torch.ops.nki_kernels.batch_prefill(
+                    q[0].contiguous(), self.caches[i], qo, kv_indptr, kv_indices, last, "NHD",
+                    True, append_key=k[0].contiguous(), append_value=v[0].contiguous())
+                return out.reshape(1, Q, self.hq * self.d)
 
             for i, layer in enumerate(self.model.model.layers):
                 h = self._layer(i, layer, h, pos, attend)
-            out.append(self._logits(h)[0, -1])
-        return torch.stack(out)
+        except BaseException:
+            for r, n in zip(rids, counts):
+                self.pages.truncate(r, self.pages.seq_len(r) - n)
+            raise
+        return self._logits(h)[0]
+
+    def prefill(self, prompts, chunk=None):
+        """Add one request per prompt and feed the prompts ``chunk`` tokens per request per
+        step (None: whole), all requests with tokens left in the same step (chunked prefill,
+        mixed lengths). Returns the logits of each prompt's last token [B, V]."""
+        rids = []
+        for _ in prompts:
+            rid = len(self.rids)
+            self.rids.append(rid)
+            self.pages.add_request(rid)
+            rids.append(rid)
+        done = [0] * len(prompts)
+        last = [None] * len(prompts)
+        while any(d < len(p) for d, p in zip(done, prompts)):
+            live = [b for b, p in enumerate(prompts) if done[b] < len(p)]
+            feed = [list(prompts[b][done[b]:done[b] + (chunk or len(prompts[b]))]) for b in live]
+            logits = self.step([rids[b] for b in live], feed)
+            ends = np.cumsum([len(f) for f in feed]) - 1
+            for b, f, e in zip(live, feed, ends):
+                done[b] += len(f)
+                last[b] = logits[e]
+        return torch.stack(last)
+
+    def verify(self, tokens, drafts):
+        """Speculative decoding, greedy: feed each request its next token and its draft tokens
+        in one step, accept the longest draft prefix the model itself would have produced, and
+        drop the rest from the cache. Returns (logits of every fed token, per request [k+1, V];
+        the tokens each request gains: accepted drafts plus the model's next one)."""
+        feed = [[int(t)] + list(d) for t, d in zip(tokens, drafts)]
+        logits = self.step(self.rids, feed)
+        rows = torch.split(logits, [len(f) for f in feed])
+        gained = []
+        for rid, f, r in zip(self.rids, feed, rows):
+            best = r.argmax(-1).tolist()
+            a = 0
+            while a < len(f) - 1 and f[a + 1] == best[a]:
+                a += 1
+            self.pages.truncate(rid, self.pages.seq_len(rid) - (len(f) - 1 - a))
+            gained.append(f[1:a + 1] + [best[a]])
+        return list(rows), gained
 
     @torch.no_grad()
     def decode(self, tokens):

@@ -5,6 +5,9 @@
     out, lse = torch.ops.nki_kernels.batch_decode(q, kv_cache, kv_indptr, kv_indices,
                                                   kv_last_page_len, "NHD", sm_scale, soft_cap,
                                                   window_left)
+    out, lse = torch.ops.nki_kernels.batch_prefill(q, kv_cache, qo_indptr, kv_indptr, kv_indices,
+                                                   kv_last_page_len, "NHD", causal=True,
+                                                   append_key=k, append_value=v)
     present = torch.ops.nki_kernels.tensor_scatter(past_cache, update, write_indices, axis, "linear")
 
 CPU tensors run the kernels in the NKI simulator (``set_backend("ref")``: the NumPy references);
@@ -127,6 +130,70 @@ def batch_decode(q: Tensor, kv_cache: Tensor, kv_indptr: Tensor, kv_indices: Ten
 def _(q, kv_cache, kv_indptr, kv_indices, kv_last_page_len, kv_layout="NHD", sm_scale=None,
       logits_soft_cap=0.0, window_left=-1, sinks=None):
     _decode_checks(q, kv_cache, kv_indptr, kv_indices, kv_last_page_len, sinks)
+    return torch.empty_like(q), q.new_empty(q.shape[:2], dtype=torch.float32)
+
+
+@torch.library.custom_op("nki_kernels::batch_prefill", mutates_args=("kv_cache",))
+def batch_prefill(q: Tensor, kv_cache: Tensor, qo_indptr: Tensor, kv_indptr: Tensor,
+                  kv_indices: Tensor, kv_last_page_len: Tensor, kv_layout: str = "NHD",
+                  causal: bool = True, sm_scale: Optional[float] = None,
+                  logits_soft_cap: float = 0.0, window_left: int = -1,
+                  sinks: Optional[Tensor] = None, append_key: Optional[Tensor] = None,
+                  append_value: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
+    """Ragged queries (q [Q, HQ, D], request b's rows qo_indptr[b]..) over the paged cache; with
+    append_key/append_value [Q, H, D] the step's K/V are written into ``kv_cache`` first by the
+    same launch (the only case in which the op mutates it). Returns out [Q, HQ, D], lse [Q, HQ]."""
+    _prefill_checks(q, kv_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, sinks,
+                    append_key, append_value)
+    if _on_neuron(q):
+        from .device import prefill_on_neuron
+        return prefill_on_neuron(q, kv_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len,
+                                 kv_layout, causal, sm_scale, logits_soft_cap, window_left, sinks,
+                                 append_key, append_value)
+    from nki_kernels.paged_decode_attention import batch_prefill as run, batch_prefill_ref
+    np_ = lambda t: None if t is None else to_numpy(t)      # noqa: E731
+    args = [np_(t) for t in (q, kv_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len)]
+    options = dict(causal=causal, sm_scale=sm_scale, logits_soft_cap=logits_soft_cap,
+                   window_left=window_left, sinks=np_(sinks), return_lse=True)
+    if get_backend() == "ref":
+        if append_key is not None:                  # the reference of the write: the append's
+            _append_rows(append_key, append_value, kv_cache, qo_indptr, kv_indptr, kv_indices,
+                         kv_last_page_len, kv_layout)
+        out, lse = batch_prefill_ref(*args, kv_layout, **options)
+    else:
+        out, lse = run(*args, kv_layout, append_key=np_(append_key),
+                       append_value=np_(append_value), **options)
+    return to_torch(out).clone(), torch.from_numpy(np.ascontiguousarray(lse, np.float32)).clone()
+
+
+def _append_rows(append_key, append_value, kv_cache, qo_indptr, kv_indptr, kv_indices,
+                 kv_last_page_len, kv_layout):
+    from nki_kernels.paged_kv_append import append_paged_kv_cache_ref, get_batch_indices_positions
+    indptr, last = to_numpy(kv_indptr).astype(np.int64), to_numpy(kv_last_page_len)
+    P = kv_cache.shape[2] if kv_layout == "NHD" else kv_cache.shape[3]
+    pages = np.diff(indptr)
+    kv_lens = np.where(pages > 0, (pages - 1) * P + last, 0).astype(np.int32)
+    batch, pos = get_batch_indices_positions(to_numpy(qo_indptr), kv_lens, append_key.shape[0])
+    cache = to_numpy(kv_cache)
+    cache[...] = append_paged_kv_cache_ref(to_numpy(append_key), to_numpy(append_value), batch,
+                                           pos, cache, to_numpy(kv_indices), to_numpy(kv_indptr),
+                                           last, kv_layout)
+
+
+def _prefill_checks(q, kv_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, sinks,
+                    append_key, append_value):
+    _check_arguments("q", dict(q=q, kv_cache=kv_cache, qo_indptr=qo_indptr, kv_indptr=kv_indptr,
+                               kv_indices=kv_indices, kv_last_page_len=kv_last_page_len,
+                               sinks=sinks, append_key=append_key, append_value=append_value),
+                     written=("kv_cache",) if append_key is not None else ())
+
+
+@batch_prefill.register_fake
+def _(q, kv_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, kv_layout="NHD",
+      causal=True, sm_scale=None, logits_soft_cap=0.0, window_left=-1, sinks=None,
+      append_key=None, append_value=None):
+    _prefill_checks(q, kv_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, sinks,
+                    append_key, append_value)
     return torch.empty_like(q), q.new_empty(q.shape[:2], dtype=torch.float32)
 
 

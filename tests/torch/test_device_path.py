@@ -35,6 +35,33 @@ def test_decode_device_path(rng, target):
     np.testing.assert_allclose(lse.numpy(), ref_lse, atol=2e-4)
 
 
+@pytest.mark.parametrize("fused_write", [False, True])
+def test_prefill_device_path(rng, target, fused_write):
+    """Ragged queries with the padded-block gather and the scatter back done by torch indexing;
+    with the fused write, the cache ends as the separate append leaves it."""
+    from nki_kernels.paged_decode_attention import batch_prefill_ref
+    from nki_kernels.paged_kv_append import append_paged_kv_cache_ref, get_batch_indices_positions
+
+    from ..kernels.paged_decode_attention.test_prefill import make_prefill_case
+    q, cache, qo, ptr, idx, last, layout = make_prefill_case(rng, [3, 1, 9], [3, 20, 40], 8, 2,
+                                                             2, 16)
+    key = rng.standard_normal((13, 2, 16)).astype(np.float32)
+    value = rng.standard_normal((13, 2, 16)).astype(np.float32)
+    want_cache = cache
+    if fused_write:
+        batch, pos = get_batch_indices_positions(qo, np.array([3, 20, 40], np.int32), 13)
+        want_cache = append_paged_kv_cache_ref(key, value, batch, pos, cache, idx, ptr, last)
+    cache_t = t(cache.copy())
+    out, lse = device.prefill_device(t(q), cache_t, t(qo), t(ptr), t(idx), t(last), layout, True,
+                                     None, 0.0, -1, None, t(key) if fused_write else None,
+                                     t(value) if fused_write else None)
+    ref, ref_lse = batch_prefill_ref(q, want_cache, qo, ptr, idx, last, layout, causal=True,
+                                     return_lse=True)
+    np.testing.assert_allclose(out.numpy(), ref, atol=2e-5)
+    np.testing.assert_allclose(lse.numpy(), ref_lse, atol=2e-4)
+    np.testing.assert_array_equal(cache_t.numpy(), want_cache)
+
+
 def test_tensor_scatter_device_path(rng, target):
     from nki_kernels.tensor_scatter import tensor_scatter_ref
     cache = torch.randn(3, 2, 9, 4, dtype=torch.bfloat16)

@@ -42,3 +42,22 @@ def test_hnd_pair_layout(rng):
     pages = cache.pages(0)
     np.testing.assert_array_equal(cache.data[0][pages[1], :, 0], k[2])
     np.testing.assert_array_equal(cache.data[1][pages[0], :, 1], 2 * k[1])
+
+
+def test_truncate_returns_pages_past_the_kept_tokens():
+    cache = PagedKVCache(num_pages=8, page_size=4, num_kv_heads=1, head_dim=2)
+    cache.add_request("a")
+    cache.reserve(["a"], 10)                       # 3 pages
+    pages = cache.pages("a")
+    cache.truncate("a", 5)                         # 2 pages kept, the third freed
+    assert cache.seq_len("a") == 5 and cache.pages("a") == pages[:2]
+    assert cache.num_free_pages == 6
+    _, _, last = cache.page_table(["a"])
+    assert last.tolist() == [1]
+    cache.truncate("a", 0)
+    assert cache.pages("a") == [] and cache.num_free_pages == 8
+    for bad in (-1, 1, 2.0):
+        with pytest.raises(ValueError, match="new_len"):
+            cache.truncate("a", bad)
+    with pytest.raises(KeyError, match="'b'"):
+        cache.truncate("b", 0)
