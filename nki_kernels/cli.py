@@ -202,7 +202,8 @@ def cmd_serve(args):
     import dataclasses
     base = PRESETS[args.preset]
     given = {k: v for k, v in (("steps", args.steps), ("max_batch", args.max_batch),
-                               ("pages", args.pages), ("dtype", args.dtype)) if v is not None}
+                               ("pages", args.pages), ("dtype", args.dtype),
+                               ("prefill_chunk", args.prefill_chunk)) if v is not None}
     cfg = dataclasses.replace(base, lnc=args.lnc, **given)
     if cfg.lnc == 2 and args.target == "trn1":
         raise SystemExit("error: --lnc 2 needs --target trn2 (trn1 has one core per logical core)")
@@ -253,6 +254,9 @@ def main(argv=None):
     s.add_argument("--dtype", choices=("float32", "bfloat16", "float16"))
     s.add_argument("--lnc", type=int, default=1, choices=(1, 2),
                    help="2: append and decode share each step over the two cores (trn2)")
+    s.add_argument("--prefill-chunk", type=int,
+                   help="> 0: chunked prefill mixed with decode, this many prompt tokens per "
+                        "request per step, one fused write+attention launch per step")
     s.add_argument("--target", default="trn2", choices=("trn1", "trn2"))
     s.add_argument("--png", help="write the per-step plot here")
     s.add_argument("--out", help="write serve_<target>.md and .json here")

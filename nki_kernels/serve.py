@@ -2,7 +2,10 @@
 
 Requests arrive with prompts of mixed lengths, are appended to one paged cache (allocated once,
 as a server does), then decode one token per step (append the new K/V, attend over the cache)
-until their output length is reached and their pages are freed. Per step it records what a
+until their output length is reached and their pages are freed. With ``prefill_chunk`` > 0 the
+steps are those of a chunked-prefill scheduler (vLLM's default): a prompt is fed at most that
+many tokens per step, attending causally to its cached prefix, in the same launch as the other
+requests' decode tokens (``batch_prefill`` with the fused K/V write: one launch per step). Per step it records what a
 serving engineer asks of a kernel library: compilations (``nki.jit`` keys, see
 ``simulate.compile_stats``), instructions in the program and executed, modelled time of the
 append and decode launches, HBM bytes against the minimum (the K/V bytes the step must move), and
@@ -34,6 +37,7 @@ class ServeConfig:
     head_dim: int = 64
     dtype: str = "float32"             # cache and q: float32 | bfloat16 | float16
     lnc: int = 1                       # 2: append and decode share each step over two cores
+    prefill_chunk: int = 0             # > 0: chunked prefill mixed with decode (see replay)
     seed: int = 0
 
     @property
@@ -105,7 +109,7 @@ def replay(cfg: ServeConfig = ServeConfig(), target: str = "trn2", check=True) -
     kernels = (paged_kv_scatter_kernel, batch_decode_kernel)
     simulate.reset_compile_stats()
     out = ServeTrace(cfg, target)
-    remaining, next_id = {}, 0
+    remaining, next_id, prompt_left = {}, 0, {}
     for step in range(cfg.steps):
         arrivals = rng.poisson(cfg.arrival_per_step) if step else max(1, cfg.max_batch // 2)
         new = []
@@ -116,6 +120,17 @@ def replay(cfg: ServeConfig = ServeConfig(), target: str = "trn2", check=True) -
             next_id += 1
         rids = sorted(remaining)
         if not rids:
+            continue
+        if cfg.prefill_chunk:
+            prompt_left.update(new)
+            out.steps.append(_mixed_step(step, cfg, target, cache, rids, prompt_left, rng, out,
+                                         check))
+            for r in rids:
+                if prompt_left[r] == 0:          # the step produced this request's next token
+                    remaining[r] -= 1
+                    if remaining[r] == 0:
+                        del remaining[r], prompt_left[r]
+                        cache.free_request(r)
             continue
         before = sum(simulate.compile_stats(k)["compilations"] for k in kernels)
         with simulate.use_target(target), simulate.tracing() as traces:
@@ -148,9 +163,63 @@ def replay(cfg: ServeConfig = ServeConfig(), target: str = "trn2", check=True) -
             if remaining[r] == 0:
                 del remaining[r]
                 cache.free_request(r)
+    if cfg.prefill_chunk:
+        kernels = _mixed_kernels()
     out.compilations = {simulate.compile_stats(k)["kernel"]: simulate.compile_stats(k)["compilations"]
                         for k in kernels}
     return out
+
+
+def _mixed_kernels():
+    from nki_kernels.paged_decode_attention.kernel import append_attention_kernel
+    return (append_attention_kernel,)
+
+
+def _mixed_step(step, cfg, target, cache, rids, prompt_left, rng, out, check):
+    """One chunked-prefill step: request r feeds min(prompt left, chunk) prompt tokens, or one
+    decode token; one ``batch_prefill`` launch writes every new token's K/V and attends causally.
+    Checked against the reference append and attention over the cache as it was before."""
+    import simulate
+    from nki_kernels.paged_decode_attention import batch_prefill, batch_prefill_ref
+    from nki_kernels.paged_kv_append import append_paged_kv_cache_ref, get_batch_indices_positions
+    from nki_kernels.profile.cost_model import estimate
+    H, HQ, D = cfg.kv_heads, cfg.kv_heads * cfg.group, cfg.head_dim
+    dt = _np_dtype(cfg.dtype)
+    counts = [min(prompt_left[r], cfg.prefill_chunk) if prompt_left[r] else 1 for r in rids]
+    cache.reserve(rids, counts)
+    table = cache.page_table(rids)
+    qo = np.concatenate([[0], np.cumsum(counts)]).astype(np.int32)
+    Q = int(qo[-1])
+    q = rng.standard_normal((Q, HQ, D)).astype(dt)
+    k, v = _kv(rng, Q, H, D, dt)
+    before_cache = cache.data.copy() if check else None
+    kernels = _mixed_kernels()
+    before = sum(simulate.compile_stats(x)["compilations"] for x in kernels)
+    with simulate.use_target(target), simulate.tracing() as traces:
+        o = batch_prefill(q, cache.data, qo, *table, causal=True, append_key=k, append_value=v,
+                          lnc=cfg.lnc)
+    kv_lens = np.array([cache.seq_len(r) for r in rids], np.int32)
+    if check:
+        batch, pos = get_batch_indices_positions(qo, kv_lens, Q)
+        want = append_paged_kv_cache_ref(k, v, batch, pos, before_cache, table[1], table[0],
+                                         table[2])
+        if not np.array_equal(want, cache.data, equal_nan=True):
+            raise AssertionError(f"step {step}: the fused write differs from the reference append")
+        ref = batch_prefill_ref(q, want, qo, *table, causal=True)
+        out.max_error = max(out.max_error, float(np.abs(o.astype(np.float64) - ref).max()))
+    for r, n in zip(rids, counts):
+        prompt_left[r] = max(0, prompt_left[r] - n)
+    cost = estimate(traces[-1], target)
+    kv_tokens = int(kv_lens.sum())
+    q_lens = np.asarray(counts, np.int64)
+    visible = int((q_lens * (kv_lens - q_lens) + q_lens * (q_lens + 1) // 2).sum())
+    min_bytes = _kv_bytes(kv_tokens, cfg) + 2 * _kv_bytes(Q, cfg) + 2 * q.nbytes
+    floor = max(min_bytes / (cost.hw.hbm_bytes_per_s * cost.cores),
+                4 * visible * HQ * D / (cost.hw.tensor_peak_bf16 * cost.cores))
+    return StepRecord(step, len(rids), Q, kv_tokens,
+                      sum(simulate.compile_stats(x)["compilations"] for x in kernels) - before,
+                      traces[-1].program_instructions, len(traces[-1]), cost.seconds,
+                      traces[-1].hbm_bytes, min_bytes, floor)
 
 
 def _kv(rng, tokens, H, D, dtype):
@@ -167,6 +236,11 @@ def summary_markdown(trace: ServeTrace) -> str:
         ("target", f"{trace.target}, LNC={cfg.lnc}"),
         ("model shape", f"{cfg.kv_heads} kv heads x {cfg.group} (GQA), head_dim {cfg.head_dim}, "
                         f"{cfg.dtype}, pages {cfg.pages} x {cfg.page_size} tokens"),
+        ("scheduler", f"chunked prefill, {cfg.prefill_chunk} prompt tokens per request per step, "
+                      f"mixed with decode in one launch" if cfg.prefill_chunk else
+                      "prompt K/V appended on arrival, then decode"),
+        ("tokens fed per step (mean / max)", f"{np.mean([x.appended for x in s]):.0f} / "
+                                             f"{max(x.appended for x in s)}"),
         ("steps replayed", len(s)),
         ("batch (min / mean / max)", f"{min(x.batch for x in s)} / "
                                      f"{np.mean([x.batch for x in s]):.1f} / {max(x.batch for x in s)}"),
@@ -179,7 +253,7 @@ def summary_markdown(trace: ServeTrace) -> str:
         ("modelled time per step (mean / max)", f"{1e6 * total / len(s):.1f} / "
                                                 f"{1e6 * max(x.seconds for x in s):.1f} us"),
         ("HBM bytes / minimum", f"{hbm / floor:.3f}"),
-        ("modelled time / HBM floor (mean over steps)",
+        ("modelled time / floor (mean over steps)",
          f"{np.mean([x.seconds / x.floor_seconds for x in s if x.floor_seconds]):.2f}"),
         ("decode tokens per second (modelled)", f"{trace.tokens_per_second:,.0f}"),
         ("max |out - reference|", f"{trace.max_error:.2e}"),

@@ -53,3 +53,28 @@ def test_lnc2_replay_shares_steps_over_two_cores():
 def test_cli_serve_refuses_lnc2_on_trn1():
     with pytest.raises(SystemExit, match="trn2"):
         main(["serve", "--steps", "2", "--lnc", "2", "--target", "trn1"])
+
+
+@pytest.mark.parametrize("target", ["trn1", "trn2"])
+def test_chunked_prefill_replay_mixes_prefill_and_decode(target):
+    """prefill_chunk: prompts fed 48 tokens per step alongside other requests' decode tokens, one
+    fused write + attention launch per step, each step checked (cache bytes against the reference
+    append, outputs against the reference attention); every launch shape is a bucket."""
+    import simulate
+    from nki_kernels.serve import _mixed_kernels
+    trace = replay(ServeConfig(steps=14, max_batch=4, arrival_per_step=0.3, prompt_lens=(5, 200),
+                               output_lens=(2, 12), seed=3, prefill_chunk=48), target)
+    assert trace.max_error < 1e-5
+    mixed = [s for s in trace.steps if s.appended > s.batch]
+    assert mixed and len(mixed) < len(trace.steps)           # mixed steps and decode-only ones
+    assert all(s.appended <= 48 * s.batch for s in trace.steps)
+    keys = simulate.compile_keys(_mixed_kernels()[0])
+    assert trace.compilations["append_attention_kernel"] == len(keys) == sum(
+        s.compiles for s in trace.steps)
+    for key in keys:
+        shapes = [a[1] for a in key[0] if a[0] == "tensor"]
+        q_rows, slot_rows, items = shapes[0][0], shapes[2][0], shapes[6][0]
+        assert items == bucket(items) and q_rows // items in (1, 32) and q_rows % items == 0
+        assert slot_rows == bucket(slot_rows) or slot_rows % 128 == 0
+    assert sum(s.compiles for s in trace.steps[len(trace.steps) // 2:]) <= 2
+    assert "chunked prefill, 48 prompt tokens" in summary_markdown(trace)
