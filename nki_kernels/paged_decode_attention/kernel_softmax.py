@@ -101,33 +101,40 @@ def transpose_dtype(dtype):
     return dtype if nisa.get_nc_version() >= nisa.nc_version.gen3 else nl.float32
 
 
-def _scores(q_pads, k_sb, h0, D, mm_dtype):
-    """PSUM [n*G, T] fp32: row block j = queries of head h0+j against K of head h0+j (K^T made on
-    TensorE in <= 128-row pieces; zero-padded stationaries keep the heads apart)."""
-    T = k_sb.shape[0]
+def _scores(q_pads, k_tiles, h0, D, mm_dtype):
+    """PSUM [n*G, W*T] fp32 for W chunks of T keys side by side (W*T fp32 <= one 2 KiB bank):
+    row block j = queries of head h0+j against K of head h0+j (K^T made on TensorE in <= 128-row
+    pieces; zero-padded stationaries keep the heads apart), chunk c in columns c*T.."""
+    T = k_tiles[0].shape[0]
     R = q_pads[0][0].shape[1]
-    s_ps = nl.ndarray((R, T), nl.float32, buffer=nl.psum, name="s_ps")
-    for j, parts in enumerate(q_pads):
-        h = h0 + j
-        for k, d0 in enumerate(range(0, D, 128)):
-            dp = min(128, D - d0)
-            kT_ps = nl.ndarray((dp, T), transpose_dtype(k_sb.dtype), buffer=nl.psum, name="kT_ps")
-            nisa.nc_transpose(dst=kT_ps, data=k_sb[:, h * D + d0:h * D + d0 + dp])
-            kT = nl.ndarray((dp, T), mm_dtype, buffer=nl.sbuf, name="kT")
-            nisa.activation(dst=kT, op=nl.copy, data=kT_ps)    # evict on ScalarE: VectorE is busier
-            nisa.nc_matmul(dst=s_ps, stationary=parts[k], moving=kT, accumulate=(j, k) != (0, 0))
+    s_ps = nl.ndarray((R, len(k_tiles) * T), nl.float32, buffer=nl.psum, name="s_ps")
+    for c, k_sb in enumerate(k_tiles):
+        for j, parts in enumerate(q_pads):
+            h = h0 + j
+            for k, d0 in enumerate(range(0, D, 128)):
+                dp = min(128, D - d0)
+                kT_ps = nl.ndarray((dp, T), transpose_dtype(k_sb.dtype), buffer=nl.psum,
+                                   name="kT_ps")
+                nisa.nc_transpose(dst=kT_ps, data=k_sb[:, h * D + d0:h * D + d0 + dp])
+                kT = nl.ndarray((dp, T), mm_dtype, buffer=nl.sbuf, name="kT")
+                nisa.activation(dst=kT, op=nl.copy, data=kT_ps)   # evict on ScalarE: VectorE is busier
+                nisa.nc_matmul(dst=s_ps[:, c * T:(c + 1) * T], stationary=parts[k], moving=kT,
+                               accumulate=(j, k) != (0, 0))
     return s_ps
 
 
-def online_update(state, q_pads, col_masks, k_sb, v_sb, h0, D, bias, scale, soft_cap, mm_dtype):
-    """Fold one chunk into the state of a head group (rows n*G), updating the state tiles in
-    place (a device loop's body reuses its own buffers every iteration). VectorE: bias add, row max,
-    running max, one column mask per head, two rescales; ScalarE: scaling, exp with the row sum,
-    alpha, PSUM evictions."""
+def online_update(state, q_pads, col_masks, k_tiles, v_tiles, h0, D, bias, scale, soft_cap,
+                  mm_dtype):
+    """Fold W chunks (K / V tiles [T, H*D] each, side by side in one score tile) into the state
+    of a head group (rows n*G), updating the state tiles in place (a device loop's body reuses
+    its own buffers every iteration). One softmax step for all W chunks: VectorE: bias add, row
+    max, running max, one column mask per head, two rescales; ScalarE: scaling, exp with the row
+    sum, alpha, PSUM evictions; the fixed cost of each instruction is paid once per W chunks."""
     negm, l, acc = state
-    R, T = q_pads[0][0].shape[1], k_sb.shape[0]
-    s_ps = _scores(q_pads, k_sb, h0, D, mm_dtype)
-    s = _f32((R, T), "s")
+    T = k_tiles[0].shape[0]
+    R, WT = q_pads[0][0].shape[1], len(k_tiles) * T
+    s_ps = _scores(q_pads, k_tiles, h0, D, mm_dtype)
+    s = _f32((R, WT), "s")
     nisa.activation(dst=s, op=nl.copy, data=s_ps, scale=float(scale))
     if soft_cap > 0:
         nisa.activation(dst=s, op=nl.tanh, data=s, scale=1.0 / soft_cap)
@@ -138,25 +145,27 @@ def online_update(state, q_pads, col_masks, k_sb, v_sb, h0, D, bias, scale, soft
     nisa.tensor_reduce(dst=negm_new, op=nl.maximum, data=s, axis=1, negate=True)
     nisa.tensor_tensor(dst=negm_new, data1=negm_new, data2=negm, op=nl.minimum)
     p_dtype = col_masks[0].dtype
-    p = nl.ndarray((R, T), p_dtype, buffer=nl.sbuf, name="p")
+    p = nl.ndarray((R, WT), p_dtype, buffer=nl.sbuf, name="p")
     row_sum, alpha = _f32((R, 1), "row_sum"), _f32((R, 1), "alpha")
     nisa.activation(dst=p, op=nl.exp, data=s, bias=negm_new, reduce_op=nl.add, reduce_res=row_sum,
                     reduce_cmd=nisa.reduce_cmd.reset_reduce)
     nisa.activation(dst=alpha, op=nl.exp, data=negm, bias=negm_new, scale=-1.0)  # e^(m_old - m_new)
     nisa.scalar_tensor_tensor(dst=l, data=l, op0=nl.multiply, operand0=alpha, op1=nl.add,
                               operand1=row_sum)
-    pT_ps = nl.ndarray((T, R), transpose_dtype(p_dtype), buffer=nl.psum, name="pT_ps")
-    nisa.nc_transpose(dst=pT_ps, data=p)
-    pT = nl.ndarray((T, R), p_dtype, buffer=nl.sbuf, name="pT")
-    nisa.activation(dst=pT, op=nl.copy, data=pT_ps)
     pv = nl.ndarray((R, D), nl.float32, buffer=nl.psum, name="pv_ps")
-    for j, mask in enumerate(col_masks):
-        h = h0 + j
-        pT_j = pT
-        if len(col_masks) > 1:        # one head per tile: its mask is all ones, nothing to mask
-            pT_j = nl.ndarray((T, R), p_dtype, buffer=nl.sbuf, name="pT_head")
-            nisa.tensor_tensor(dst=pT_j, data1=pT, data2=mask, op=nl.multiply)  # head h's columns
-        nisa.nc_matmul(dst=pv, stationary=pT_j, moving=v_sb[:, h * D:(h + 1) * D], accumulate=j > 0)
+    for c, v_sb in enumerate(v_tiles):
+        pT_ps = nl.ndarray((T, R), transpose_dtype(p_dtype), buffer=nl.psum, name="pT_ps")
+        nisa.nc_transpose(dst=pT_ps, data=p[:, c * T:(c + 1) * T])
+        pT = nl.ndarray((T, R), p_dtype, buffer=nl.sbuf, name="pT")
+        nisa.activation(dst=pT, op=nl.copy, data=pT_ps)
+        for j, mask in enumerate(col_masks):
+            h = h0 + j
+            pT_j = pT
+            if len(col_masks) > 1:    # one head per tile: its mask is all ones, nothing to mask
+                pT_j = nl.ndarray((T, R), p_dtype, buffer=nl.sbuf, name="pT_head")
+                nisa.tensor_tensor(dst=pT_j, data1=pT, data2=mask, op=nl.multiply)  # head h only
+            nisa.nc_matmul(dst=pv, stationary=pT_j, moving=v_sb[:, h * D:(h + 1) * D],
+                           accumulate=(c, j) != (0, 0))
     nisa.scalar_tensor_tensor(dst=acc, data=acc, op0=nl.multiply, operand0=alpha, op1=nl.add,
                               operand1=pv)
     nisa.tensor_copy(dst=negm, src=negm_new)   # state lives in tiles made before the loop
