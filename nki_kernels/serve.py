@@ -171,8 +171,11 @@ def replay(cfg: ServeConfig = ServeConfig(), target: str = "trn2", check=True) -
 
 
 def _mixed_kernels():
-    from nki_kernels.paged_decode_attention.kernel import append_attention_kernel
-    return (append_attention_kernel,)
+    """A chunked-prefill step's launches: the longer requests with the fused write, then the
+    single-token ones as decode (``batch_prefill`` splits a mixed batch)."""
+    from nki_kernels.paged_decode_attention.kernel import (append_attention_kernel,
+                                                           batch_decode_kernel)
+    return append_attention_kernel, batch_decode_kernel
 
 
 def _mixed_step(step, cfg, target, cache, rids, prompt_left, rng, out, check):
@@ -209,7 +212,8 @@ def _mixed_step(step, cfg, target, cache, rids, prompt_left, rng, out, check):
         out.max_error = max(out.max_error, float(np.abs(o.astype(np.float64) - ref).max()))
     for r, n in zip(rids, counts):
         prompt_left[r] = max(0, prompt_left[r] - n)
-    cost = estimate(traces[-1], target)
+    costs = [estimate(t, target) for t in traces]
+    cost = costs[-1]
     kv_tokens = int(kv_lens.sum())
     q_lens = np.asarray(counts, np.int64)
     visible = int((q_lens * (kv_lens - q_lens) + q_lens * (q_lens + 1) // 2).sum())
@@ -218,8 +222,9 @@ def _mixed_step(step, cfg, target, cache, rids, prompt_left, rng, out, check):
                 4 * visible * HQ * D / (cost.hw.tensor_peak_bf16 * cost.cores))
     return StepRecord(step, len(rids), Q, kv_tokens,
                       sum(simulate.compile_stats(x)["compilations"] for x in kernels) - before,
-                      traces[-1].program_instructions, len(traces[-1]), cost.seconds,
-                      traces[-1].hbm_bytes, min_bytes, floor)
+                      max(t.program_instructions for t in traces), sum(len(t) for t in traces),
+                      sum(c.seconds for c in costs), sum(t.hbm_bytes for t in traces), min_bytes,
+                      floor)
 
 
 def _kv(rng, tokens, H, D, dtype):

@@ -47,25 +47,58 @@ def batch_prefill(q, paged_kv_cache, qo_indptr, kv_indptr, kv_indices, kv_last_p
     power of two, at most 128 // group), so one tile of heads x group x Qb <= 128 score rows reads
     each chunk of keys once for all of them; an item visits only the chunks its queries see.
     Compiles once per (Qb, bucket of work items); q_len == 1 everywhere is ``batch_decode``'s
-    launch exactly.
+    launch exactly. A mixed batch (some requests with one query, others with more) runs as two
+    launches, the longer requests first (with the whole fused write), then the single queries as
+    decode, each bucketed.
     """
+    options = (kv_layout, causal, sm_scale, logits_soft_cap, window_left, sinks, k_scale, v_scale,
+               check_lnc(lnc))
     launch = prepare_prefill(q, paged_kv_cache, qo_indptr, kv_indptr, kv_indices,
-                             kv_last_page_len, kv_layout, causal, sm_scale, logits_soft_cap,
-                             window_left, sinks, k_scale, v_scale, check_lnc(lnc))
+                             kv_last_page_len, *options)
     writes = ()
     if append_key is not None or append_value is not None:
         arrays, write = append_arguments(append_key, append_value, paged_kv_cache, kv_layout,
                                          qo_indptr, kv_indptr, kv_indices, kv_last_page_len,
                                          launch.kv_lens, q.shape[0])
         writes = (*arrays, write)
+    q_lens = np.diff(qo_indptr.astype(np.int64))
+    single = q_lens == 1
+    if not (single.any() and (q_lens > 1).any()):
+        out, lse = _run(launch, q, paged_kv_cache, writes, lnc)
+        return (out, lse) if return_lse else out
+    # A mixed batch: the requests with one query run as decode (Qb = 1) after the others, whose
+    # launch also writes every new row: blocks of Qb rows would cost them Qb x the tiles.
+    out = np.empty(q.shape, q.dtype)
+    lse = np.empty(q.shape[:2], np.float32)
+    for group, group_writes in ((~single, writes), (single, ())):
+        rows, tables = _sub_batch(np.flatnonzero(group), qo_indptr, kv_indptr, kv_indices,
+                                  kv_last_page_len)
+        sub = prepare_prefill(q[rows], paged_kv_cache, *tables, *options)
+        out[rows], lse[rows] = _run(sub, q[rows], paged_kv_cache, group_writes, lnc)
+    return (out, lse) if return_lse else out
+
+
+def _run(launch, q, paged_kv_cache, writes, lnc):
+    """One kernel launch of a prepared batch: out [Q, HQ, D], lse [Q, HQ]."""
     k, v, fused = split_cache(paged_kv_cache)
     D = q.shape[2]
     rows = (_rows(paged_kv_cache, D), None) if fused else (_rows(k, D), _rows(v, D))
     kernel = append_attention_kernel if writes else batch_decode_kernel
     kernel = kernel if lnc == 1 else kernel[lnc]
     out, lse = kernel(launch.pad_queries(q), *rows, *writes, *launch.arrays, *launch.statics)
-    out, lse = launch.unpad(out), launch.unpad(lse)[:, :, 0]
-    return (out, lse) if return_lse else out
+    return launch.unpad(out), launch.unpad(lse)[:, :, 0]
+
+
+def _sub_batch(idx, qo_indptr, kv_indptr, kv_indices, kv_last_page_len):
+    """Requests ``idx`` as a batch of their own: (their q rows, (qo_indptr, kv_indptr, kv_indices,
+    kv_last_page_len) of that batch, int32)."""
+    q0, q1 = qo_indptr[idx].astype(np.int64), qo_indptr[idx + 1].astype(np.int64)
+    p0, p1 = kv_indptr[idx].astype(np.int64), kv_indptr[idx + 1].astype(np.int64)
+    rows = np.concatenate([np.arange(a, b) for a, b in zip(q0, q1)] + [np.zeros(0, np.int64)])
+    pages = np.concatenate([kv_indices[a:b] for a, b in zip(p0, p1)] + [np.zeros(0, np.int32)])
+    indptr = lambda n: np.concatenate([[0], np.cumsum(n)]).astype(np.int32)  # noqa: E731
+    return rows, (indptr(q1 - q0), indptr(p1 - p0), pages.astype(np.int32),
+                  kv_last_page_len[idx].astype(np.int32))
 
 
 def check_qo_indptr(qo_indptr, batch, total_q) -> np.ndarray:

@@ -203,7 +203,7 @@ def test_fused_write_equals_separate_append(rng, target, layout, pair, lnc):
     for a, b in zip(*(c if pair else (c,) for c in (fused_cache, separate))):
         assert np.array_equal(a, b, equal_nan=True)
     args = (q, separate, qo_indptr, kv_indptr, kv_indices, last, layout)
-    assert np.array_equal(out, batch_prefill(*args, causal=True))
+    assert np.array_equal(out, batch_prefill(*args, causal=True, lnc=lnc))
     assert_close(out, batch_prefill_ref(*args, causal=True))
 
 
