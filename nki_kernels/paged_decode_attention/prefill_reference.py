@@ -7,7 +7,7 @@ import numpy as np
 
 from .checks import soft_cap
 from .prefill import check_batch_prefill_inputs
-from .reference import LOG2E, gather_kv
+from .reference import attend, gather_kv
 
 
 def batch_prefill_ref(q, paged_kv_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len,
@@ -38,17 +38,8 @@ def batch_prefill_ref(q, paged_kv_cache, qo_indptr, kv_indptr, kv_indices, kv_la
             lo = max(0, pos - window_left) if window_left >= 0 else 0
             for h in range(HQ):
                 kvh = h // prob.group
-                logits = keys[lo:hi, kvh] @ q[t, h].astype(np.float64) * scale
-                if logits_soft_cap > 0:
-                    logits = logits_soft_cap * np.tanh(logits / logits_soft_cap)
-                if sinks is not None:
-                    logits = np.append(logits, float(sinks[h]))
-                if logits.size == 0:
-                    continue
-                m = logits.max()
-                p = np.exp(logits - m)
-                denom = p.sum()
-                out[t, h] = v_scale * (p[:max(0, hi - lo)] / denom) @ values[lo:hi, kvh]
-                lse[t, h] = (m + np.log(denom)) * LOG2E
+                out[t, h], lse[t, h] = attend(q[t, h], keys[lo:hi, kvh], values[lo:hi, kvh],
+                                              scale, logits_soft_cap,
+                                              None if sinks is None else sinks[h], v_scale)
     out = out.astype(q.dtype)
     return (out, lse.astype(np.float32)) if return_lse else out

@@ -49,18 +49,25 @@ def batch_decode_ref(q, paged_kv_cache, kv_indptr, kv_indices, kv_last_page_len,
         keys, values = keys[start:], values[start:]
         for h in range(HQ):
             kvh = h // prob.group
-            logits = keys[:, kvh] @ q[b, h].astype(np.float64) * prob.sm_scale * k_scale
-            if logits_soft_cap > 0:
-                logits = logits_soft_cap * np.tanh(logits / logits_soft_cap)
-            if sinks is not None:
-                logits = np.append(logits, float(sinks[h]))
-            if logits.size == 0:
-                continue
-            m = logits.max()
-            p = np.exp(logits - m)
-            denom = p.sum()
-            weights = p[:keys.shape[0]] / denom
-            out[b, h] = v_scale * (weights @ values[:, kvh])
-            lse[b, h] = (m + np.log(denom)) * LOG2E
+            out[b, h], lse[b, h] = attend(q[b, h], keys[:, kvh], values[:, kvh],
+                                          prob.sm_scale * k_scale, logits_soft_cap,
+                                          None if sinks is None else sinks[h], v_scale)
     out = out.astype(q.dtype)
     return (out, lse.astype(np.float32)) if return_lse else out
+
+
+def attend(query, keys, values, scale, soft_cap, sink, v_scale):
+    """One query's (out [D], base-2 lse) over keys/values [n, D] in float64: softmax of the
+    (soft-capped) scaled logits, a sink logit joining the denominator only. No key and no sink:
+    zeros and -inf."""
+    logits = keys @ query.astype(np.float64) * scale
+    if soft_cap > 0:
+        logits = soft_cap * np.tanh(logits / soft_cap)
+    if sink is not None:
+        logits = np.append(logits, float(sink))
+    if logits.size == 0:
+        return np.zeros(values.shape[1]), -np.inf
+    m = logits.max()
+    p = np.exp(logits - m)
+    denom = p.sum()
+    return v_scale * (p[:keys.shape[0]] / denom) @ values, (m + np.log(denom)) * LOG2E
