@@ -52,11 +52,11 @@ def _simulate(spec, inputs, target):
         out = spec.run(inputs)
         return out, time.perf_counter() - t0, None
     import simulate
-    with simulate.use_target(target):
+    with simulate.use_target(target), simulate.tracing() as traces:
         t0 = time.perf_counter()
         out = spec.run(inputs)
         elapsed = time.perf_counter() - t0
-    return out, elapsed, simulate.last_trace()
+    return out, elapsed, traces
 
 
 def check(name, sizes, target, log=print):
@@ -65,34 +65,41 @@ def check(name, sizes, target, log=print):
     inputs = spec.make(sizes, np.random.default_rng(0))
     where = "on the NeuronCore" if _on_hardware() else "in the simulator"
     log(f"[{name}] {target}: running the kernel {where} ...")
-    out, sim_s, trace = _simulate(spec, inputs, target)
+    out, sim_s, traces = _simulate(spec, inputs, target)
+    trace = traces[-1] if traces else None
     t0 = time.perf_counter()
     ref = spec.ref(inputs)
     ref_s = time.perf_counter() - t0
     ok, err = compare(spec, inputs, out, ref)
-    count = f"{len(trace)} instructions, simulator" if trace is not None else "device"
+    count = (f"{sum(len(t) for t in traces)} instructions in {len(traces)} launch"
+             f"{'es' if len(traces) > 1 else ''}, simulator" if trace is not None else "device")
     log(f"[{name}] {'OK' if ok else 'MISMATCH'} vs NumPy reference (max abs error {err:.3g}); "
         f"{count} {sim_s:.2f} s, reference {ref_s:.3f} s")
     return dict(kernel=name, target=target, ok=ok, max_err=err, sim_s=sim_s, ref_s=ref_s,
-                trace=trace, inputs=inputs, spec=spec)
+                trace=trace, traces=traces, inputs=inputs, spec=spec)
 
 
 def cost_row(row, overrides=None):
+    """The table row of a checked run: its launches run one after the other, so times, bytes and
+    instructions add up (``est``, returned for the timeline, is the last launch's)."""
     from .profile import estimate
-    est = estimate(row["trace"], target=row["target"], **(overrides or {}))
+    ests = [estimate(t, target=row["target"], **(overrides or {})) for t in row["traces"]]
+    est = ests[-1]
     spec, inputs = row["spec"], row["inputs"]
+    total = lambda f: sum(f(e) for e in ests)      # noqa: E731
     min_bytes = spec.min_bytes(inputs)
     # the floor of the cores the launch used (two under LNC=2): their HBM bandwidth and TensorE peak
     floor = max(min_bytes / (est.hw.hbm_bytes_per_s * est.cores),
                 spec.flops(inputs) / (est.hw.tensor_peak_bf16 * est.cores))
+    seconds, lower = total(lambda e: e.seconds), total(lambda e: e.lower_seconds)
     return dict(kernel=row["kernel"], target=row["target"], ok=row["ok"],
-                instructions=sum(est.instructions.values()), dma=est.dma_count,
-                hbm_bytes=est.hbm_bytes, min_bytes=min_bytes,
-                bytes_ratio=est.hbm_bytes / max(1, min_bytes),
-                est_us=est.seconds * 1e6, lower_us=est.lower_seconds * 1e6,
-                serial_us=est.serial_seconds * 1e6, floor_us=floor * 1e6,
-                vs_floor=est.seconds / floor if floor else float("nan"),
-                lower_vs_floor=est.lower_seconds / floor if floor else float("nan"),
+                instructions=total(lambda e: sum(e.instructions.values())),
+                dma=total(lambda e: e.dma_count), hbm_bytes=total(lambda e: e.hbm_bytes),
+                min_bytes=min_bytes, bytes_ratio=total(lambda e: e.hbm_bytes) / max(1, min_bytes),
+                est_us=seconds * 1e6, lower_us=lower * 1e6,
+                serial_us=total(lambda e: e.serial_seconds) * 1e6, floor_us=floor * 1e6,
+                vs_floor=seconds / floor if floor else float("nan"),
+                lower_vs_floor=lower / floor if floor else float("nan"),
                 sim_vs_ref=row["sim_s"] / max(row["ref_s"], 1e-9)), est
 
 

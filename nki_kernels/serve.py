@@ -242,7 +242,8 @@ def summary_markdown(trace: ServeTrace) -> str:
         ("model shape", f"{cfg.kv_heads} kv heads x {cfg.group} (GQA), head_dim {cfg.head_dim}, "
                         f"{cfg.dtype}, pages {cfg.pages} x {cfg.page_size} tokens"),
         ("scheduler", f"chunked prefill, {cfg.prefill_chunk} prompt tokens per request per step, "
-                      f"mixed with decode in one launch" if cfg.prefill_chunk else
+                      "mixed with decode in one batch (two launches: the chunks with the fused "
+                      "write, then decode)" if cfg.prefill_chunk else
                       "prompt K/V appended on arrival, then decode"),
         ("tokens fed per step (mean / max)", f"{np.mean([x.appended for x in s]):.0f} / "
                                              f"{max(x.appended for x in s)}"),

@@ -52,11 +52,13 @@ from .plan import (BOUNDARY, C0, C1, CHUNK_BLOCKS, END, FIRST, FULL_HI, FULL_LO,
                    SPAN_COLS)
 
 
-# Chunks folded per softmax step with blocks of queries (Qb > 1): 4 x 128 keys of fp32 scores fill
-# one 2 KiB PSUM bank, and the fixed cost of every softmax instruction is paid once per 512 keys
-# instead of per 128 (chunked prefill 1k over 1k on trn2: VectorE 1.86 -> 1.15 ms). Decode keeps
-# one chunk per step: it waits on its gathers, and a wider step only lengthens the pipeline's fill
-# and drain in every loop iteration (32 x 4096 on trn2: 6.28 -> 7.63 ms at width 4).
+# Chunks folded per softmax step when blocks of queries fill several tiles per chunk (prefill):
+# 4 x 128 keys of fp32 scores fill one 2 KiB PSUM bank, and the fixed cost of every softmax
+# instruction is paid once per 512 keys instead of per 128 (chunked prefill 1k over 1k on trn2:
+# VectorE 1.86 -> 1.15 ms). One tile per chunk (decode, speculative verify) keeps one chunk per
+# step: it waits on its gathers, and a wider step only lengthens the pipeline's fill and drain in
+# every loop iteration (decode 32 x 4096 on trn2: 6.28 -> 7.63 ms; verify 32 x 4 x 4096:
+# 11.35 -> 12.66 ms at width 4).
 FOLD_WIDTH = 4
 # Mask-free chunks handled per device-loop iteration, largest block first (plan.CHUNK_BLOCKS):
 # a loop iteration costs a scheduling barrier (~9 us, nki_kernels/profile) plus the pipeline's
@@ -148,7 +150,7 @@ def attention(q, k_rows, v_rows, meta, spans, kv_indices, tok_tab, row_tab, sink
             """Loop body: ``count`` chunks folded WIDTH at a time (one softmax step over a
             [rows, WIDTH*T] score tile), software-pipelined: the next group's gathers are issued
             before this group's compute, so engines in program order overlap them."""
-            width = min(count, FOLD_WIDTH if Qb > 1 else 1)
+            width = min(count, FOLD_WIDTH if len(groups) > 1 and Qb > 1 else 1)
 
             def load():
                 return [_load_chunk(consts, kv_indices, cursor, bounds, masked)
