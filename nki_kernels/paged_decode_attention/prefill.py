@@ -11,7 +11,7 @@ import numpy as np
 
 from nki_kernels.buckets import bucket
 from nki_kernels.launch_options import check_lnc
-from nki_kernels.paged_kv_append.checks import require_int32_vector
+from nki_kernels.paged_kv_append.checks import csr_counts, require_int32_vector
 from nki_kernels.paged_kv_append.layout import split_cache
 
 from .checks import check_batch_decode_inputs, soft_cap
@@ -104,12 +104,7 @@ def _sub_batch(idx, qo_indptr, kv_indptr, kv_indices, kv_last_page_len):
 def check_qo_indptr(qo_indptr, batch, total_q) -> np.ndarray:
     """Each request's query count (int64 [B]) from the CSR offsets, refusing bad ones by name."""
     require_int32_vector("qo_indptr", qo_indptr, batch + 1)
-    if qo_indptr[0] != 0:
-        raise ValueError(f"qo_indptr[0]={qo_indptr[0]} must be 0")
-    q_lens = np.diff(qo_indptr.astype(np.int64))
-    if (q_lens < 0).any():
-        b = int(np.flatnonzero(q_lens < 0)[0])
-        raise ValueError(f"qo_indptr must be non-decreasing: qo_indptr[{b + 1}] < qo_indptr[{b}]")
+    q_lens = csr_counts("qo_indptr", qo_indptr)
     if qo_indptr[-1] != total_q:
         raise ValueError(f"qo_indptr[-1]={qo_indptr[-1]} must equal q's rows ({total_q})")
     return q_lens

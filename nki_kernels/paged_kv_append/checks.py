@@ -48,14 +48,21 @@ def check_append_shapes(append_key, append_value, batch_indices, positions, page
     return geo
 
 
+def csr_counts(name: str, indptr) -> np.ndarray:
+    """Each row's count (int64 [B]) from CSR offsets ``indptr`` [B+1], which must start at 0 and
+    not decrease; a refusal names ``name``."""
+    if indptr[0] != 0:
+        raise ValueError(f"{name}[0]={indptr[0]} must be 0")
+    counts = np.diff(indptr.astype(np.int64))
+    if (counts < 0).any():
+        b = int(np.flatnonzero(counts < 0)[0])
+        raise ValueError(f"{name} must be non-decreasing: {name}[{b + 1}] < {name}[{b}]")
+    return counts
+
+
 def check_page_table(kv_indices, kv_indptr, kv_last_page_len, geo: CacheGeometry) -> np.ndarray:
     """Validate the CSR page table; returns each request's KV length (int64)."""
-    if kv_indptr[0] != 0:
-        raise ValueError(f"kv_indptr[0]={kv_indptr[0]} must be 0")
-    pages = np.diff(kv_indptr.astype(np.int64))
-    if (pages < 0).any():
-        b = int(np.flatnonzero(pages < 0)[0])
-        raise ValueError(f"kv_indptr must be non-decreasing: kv_indptr[{b + 1}] < kv_indptr[{b}]")
+    pages = csr_counts("kv_indptr", kv_indptr)
     if kv_indptr[-1] > kv_indices.shape[0]:
         raise ValueError(f"kv_indptr[-1]={kv_indptr[-1]} exceeds len(kv_indices)={kv_indices.shape[0]}")
     used = kv_indices[:kv_indptr[-1]]
