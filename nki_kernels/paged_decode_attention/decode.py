@@ -16,8 +16,13 @@ from .kernel import batch_decode_kernel
 from .plan import decode_work, make_layout
 
 
-def _rows(a, D):
-    return np.ascontiguousarray(a).reshape(-1, D)
+def cache_rows(paged_kv_cache, D):
+    """The kernel's (k_rows, v_rows): the cache as rows of D elements [R, D] (v_rows None for a
+    fused cache, whose V rows follow K's)."""
+    k, v, fused = split_cache(paged_kv_cache)
+    if fused:
+        return np.ascontiguousarray(paged_kv_cache).reshape(-1, D), None
+    return np.ascontiguousarray(k).reshape(-1, D), np.ascontiguousarray(v).reshape(-1, D)
 
 
 def batch_decode(q, paged_kv_cache, kv_indptr, kv_indices, kv_last_page_len, kv_layout="NHD",
@@ -48,11 +53,10 @@ def batch_decode(q, paged_kv_cache, kv_indptr, kv_indices, kv_last_page_len, kv_
     launch = prepare_decode(q, paged_kv_cache, kv_indptr, kv_indices, kv_last_page_len, kv_layout,
                             sm_scale, logits_soft_cap, window_left, sinks, k_scale, v_scale,
                             check_lnc(lnc))
-    k, v, fused = split_cache(paged_kv_cache)
     B, HQ, D = q.shape
-    rows = (_rows(paged_kv_cache, D), None) if fused else (_rows(k, D), _rows(v, D))
     kernel = batch_decode_kernel if lnc == 1 else batch_decode_kernel[lnc]
-    out, lse = kernel(launch.pad_queries(q), *rows, *launch.arrays, *launch.statics)
+    out, lse = kernel(launch.pad_queries(q), *cache_rows(paged_kv_cache, D), *launch.arrays,
+                      *launch.statics)
     out, lse = out[:B], lse[:B].reshape(B, HQ)
     return (out, lse) if return_lse else out
 

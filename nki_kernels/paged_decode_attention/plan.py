@@ -82,6 +82,8 @@ class _Requests(NamedTuple):
     full_lo: np.ndarray    # chunks [full_lo, full_hi) are inside every query row's keys
     full_hi: np.ndarray
     out: np.ndarray        # first row of the item's queries in the padded q / out
+    request: np.ndarray    # the request the item belongs to
+    q0: np.ndarray         # its first query, counted within the request
     hi_base: np.ndarray    # query row qi's keys end min(hi_base + qi, L) (causal) or L
     q_base: np.ndarray     # query row qi's position + 1 (for its window start)
     w_span: int            # window_left + 1, or NO_WINDOW
@@ -137,7 +139,7 @@ def query_blocks(kv_indptr, kv_lens, qo_lens, q_block, window_left, causal, page
     full_lo = np.minimum(-(-W_hi // T), c1)
     full_hi = np.maximum(full_lo, L_lo // T)
     ptr = np.asarray(kv_indptr, np.int64)[:kv.size][req]
-    return _Requests(ptr, L, W, c0, c1, full_lo, full_hi, np.arange(req.size) * q_block,
+    return _Requests(ptr, L, W, c0, c1, full_lo, full_hi, np.arange(req.size) * q_block, req, q0,
                      hi_base, q_base, span)
 
 

@@ -5,6 +5,7 @@ mixed prefill/decode batches, through the decode kernel with blocks of query tok
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -12,10 +13,9 @@ import numpy as np
 from nki_kernels.buckets import bucket
 from nki_kernels.launch_options import check_lnc
 from nki_kernels.paged_kv_append.checks import csr_counts, require_int32_vector
-from nki_kernels.paged_kv_append.layout import split_cache
 
 from .checks import check_batch_decode_inputs, soft_cap
-from .decode import _rows, kernel_arguments
+from .decode import cache_rows, kernel_arguments
 from .kernel import append_attention_kernel, batch_decode_kernel
 from .prefill_append import append_arguments
 from .plan import query_blocks, split_work
@@ -51,54 +51,58 @@ def batch_prefill(q, paged_kv_cache, qo_indptr, kv_indptr, kv_indices, kv_last_p
     launches, the longer requests first (with the whole fused write), then the single queries as
     decode, each bucketed.
     """
-    options = (kv_layout, causal, sm_scale, logits_soft_cap, window_left, sinks, k_scale, v_scale,
-               check_lnc(lnc))
-    launch = prepare_prefill(q, paged_kv_cache, qo_indptr, kv_indptr, kv_indices,
-                             kv_last_page_len, *options)
+    cores = check_lnc(lnc)
+    prob, q_lens = check_batch_prefill_inputs(
+        q, paged_kv_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, kv_layout, causal,
+        sm_scale, logits_soft_cap, window_left, sinks, k_scale, v_scale)
     writes = ()
     if append_key is not None or append_value is not None:
         arrays, write = append_arguments(append_key, append_value, paged_kv_cache, kv_layout,
                                          qo_indptr, kv_indptr, kv_indices, kv_last_page_len,
-                                         launch.kv_lens, q.shape[0])
+                                         prob.kv_lens, q.shape[0])
         writes = (*arrays, write)
-    q_lens = np.diff(qo_indptr.astype(np.int64))
+    options = (paged_kv_cache, bool(causal), logits_soft_cap, window_left, sinks, k_scale,
+               v_scale, cores)
     single = q_lens == 1
     if not (single.any() and (q_lens > 1).any()):
+        launch = plan_prefill(prob, q_lens, qo_indptr, kv_indptr, kv_indices, *options)
         out, lse = _run(launch, q, paged_kv_cache, writes, lnc)
         return (out, lse) if return_lse else out
     # A mixed batch: the requests with one query run as decode (Qb = 1) after the others, whose
-    # launch also writes every new row: blocks of Qb rows would cost them Qb x the tiles.
+    # launch also writes every new row: blocks of Qb rows would cost them Qb x the tiles. Both
+    # launches are planned (everything checked) before the first runs.
+    launches = []
+    for group, group_writes in ((~single, writes), (single, ())):
+        idx = np.flatnonzero(group)
+        rows, (qo, ptr, pages) = _sub_batch(idx, qo_indptr, kv_indptr, kv_indices)
+        sub = dataclasses.replace(prob, batch=idx.size, kv_lens=prob.kv_lens[idx])
+        launches.append((rows, plan_prefill(sub, q_lens[idx], qo, ptr, pages, *options),
+                         group_writes))
     out = np.empty(q.shape, q.dtype)
     lse = np.empty(q.shape[:2], np.float32)
-    for group, group_writes in ((~single, writes), (single, ())):
-        rows, tables = _sub_batch(np.flatnonzero(group), qo_indptr, kv_indptr, kv_indices,
-                                  kv_last_page_len)
-        sub = prepare_prefill(q[rows], paged_kv_cache, *tables, *options)
-        out[rows], lse[rows] = _run(sub, q[rows], paged_kv_cache, group_writes, lnc)
+    for rows, launch, group_writes in launches:
+        out[rows], lse[rows] = _run(launch, q[rows], paged_kv_cache, group_writes, lnc)
     return (out, lse) if return_lse else out
 
 
 def _run(launch, q, paged_kv_cache, writes, lnc):
     """One kernel launch of a prepared batch: out [Q, HQ, D], lse [Q, HQ]."""
-    k, v, fused = split_cache(paged_kv_cache)
-    D = q.shape[2]
-    rows = (_rows(paged_kv_cache, D), None) if fused else (_rows(k, D), _rows(v, D))
     kernel = append_attention_kernel if writes else batch_decode_kernel
     kernel = kernel if lnc == 1 else kernel[lnc]
-    out, lse = kernel(launch.pad_queries(q), *rows, *writes, *launch.arrays, *launch.statics)
+    out, lse = kernel(launch.pad_queries(q), *cache_rows(paged_kv_cache, q.shape[2]), *writes,
+                      *launch.arrays, *launch.statics)
     return launch.unpad(out), launch.unpad(lse)[:, :, 0]
 
 
-def _sub_batch(idx, qo_indptr, kv_indptr, kv_indices, kv_last_page_len):
-    """Requests ``idx`` as a batch of their own: (their q rows, (qo_indptr, kv_indptr, kv_indices,
-    kv_last_page_len) of that batch, int32)."""
+def _sub_batch(idx, qo_indptr, kv_indptr, kv_indices):
+    """Requests ``idx`` as a batch of their own: (their q rows, (qo_indptr, kv_indptr,
+    kv_indices) of that batch, int32)."""
     q0, q1 = qo_indptr[idx].astype(np.int64), qo_indptr[idx + 1].astype(np.int64)
     p0, p1 = kv_indptr[idx].astype(np.int64), kv_indptr[idx + 1].astype(np.int64)
     rows = np.concatenate([np.arange(a, b) for a, b in zip(q0, q1)] + [np.zeros(0, np.int64)])
     pages = np.concatenate([kv_indices[a:b] for a, b in zip(p0, p1)] + [np.zeros(0, np.int32)])
     indptr = lambda n: np.concatenate([[0], np.cumsum(n)]).astype(np.int32)  # noqa: E731
-    return rows, (indptr(q1 - q0), indptr(p1 - p0), pages.astype(np.int32),
-                  kv_last_page_len[idx].astype(np.int32))
+    return rows, (indptr(q1 - q0), indptr(p1 - p0), pages.astype(np.int32))
 
 
 def check_qo_indptr(qo_indptr, batch, total_q) -> np.ndarray:
@@ -131,35 +135,53 @@ class PrefillLaunch:
     kv_lens: np.ndarray      # [B] int64: each request's keys (from the page table)
 
     def pad_queries(self, q):
-        keep = self.gather >= 0
-        out = np.zeros((self.gather.size,) + tuple(q.shape[1:]), q.dtype)
-        out[keep] = q[self.gather[keep]]
+        """q's rows in their padded places, zeros elsewhere (a NumPy array or a torch tensor,
+        gathered where it lives)."""
+        keep = np.flatnonzero(self.gather >= 0)
+        shape = (self.gather.size,) + tuple(q.shape[1:])
+        if isinstance(q, np.ndarray):
+            out = np.zeros(shape, q.dtype)
+            out[keep] = q[self.gather[keep]]
+            return out
+        import torch
+        on = lambda a: torch.from_numpy(a).to(q.device)    # noqa: E731
+        out = q.new_zeros(shape)
+        out[on(keep)] = q[on(self.gather[keep])]
         return out
 
     def unpad(self, rows):
-        return np.asarray(rows)[self.scatter]
+        """Query token t's row of a padded kernel output (NumPy or torch)."""
+        if isinstance(rows, np.ndarray):
+            return rows[self.scatter]
+        import torch
+        return rows[torch.from_numpy(self.scatter).to(rows.device)]
 
 
 def prepare_prefill(q, paged_kv_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len,
                     kv_layout, causal, sm_scale, logits_soft_cap, window_left, sinks, k_scale,
                     v_scale, cores=1) -> PrefillLaunch:
-    """Host half of ``batch_prefill``: checks, work items, padded row maps, kernel arguments."""
+    """Host half of ``batch_prefill`` as one launch: checks, then ``plan_prefill``. ``q`` and
+    the cache may be shape-and-dtype stand-ins; index arrays are host NumPy arrays."""
     prob, q_lens = check_batch_prefill_inputs(
         q, paged_kv_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, kv_layout, causal,
         sm_scale, logits_soft_cap, window_left, sinks, k_scale, v_scale)
+    return plan_prefill(prob, q_lens, qo_indptr, kv_indptr, kv_indices, paged_kv_cache,
+                        bool(causal), logits_soft_cap, window_left, sinks, k_scale, v_scale, cores)
+
+
+def plan_prefill(prob, q_lens, qo_indptr, kv_indptr, kv_indices, paged_kv_cache, causal,
+                 logits_soft_cap, window_left, sinks, k_scale, v_scale, cores) -> PrefillLaunch:
+    """Checked inputs (``prob``, ``q_lens``) -> work items, padded row maps, kernel arguments."""
     qb = query_block(int(q_lens.max(initial=0)), prob.group)
-    items = query_blocks(kv_indptr, prob.kv_lens, q_lens, qb, window_left, bool(causal),
+    items = query_blocks(kv_indptr, prob.kv_lens, q_lens, qb, window_left, causal,
                          prob.geo.page_size)
     n_items = items.L.size
     work = split_work(items, prob.geo.page_size, bucket(n_items), cores)
-    # item k of request b covers its tokens q0 .. q0 + qb at padded rows k*qb ..
-    nblocks = np.maximum(-(-q_lens // qb), 1)
-    req = np.repeat(np.arange(q_lens.size), nblocks)
-    q0 = (np.arange(n_items) - np.repeat(np.cumsum(nblocks) - nblocks, nblocks)) * qb
-    tok = q0[:, None] + np.arange(qb)[None, :]
-    real = tok < q_lens[req][:, None]
+    # item k covers tokens q0 .. q0 + qb of its request, at padded rows k*qb ..
+    tok = items.q0[:, None] + np.arange(qb)[None, :]
+    real = tok < q_lens[items.request][:, None]
     gather = np.full((bucket(n_items), qb), -1, np.int64)
-    gather[:n_items] = np.where(real, qo_indptr[req].astype(np.int64)[:, None] + tok, -1)
+    gather[:n_items] = np.where(real, qo_indptr[items.request].astype(np.int64)[:, None] + tok, -1)
     gather = gather.reshape(-1)
     scatter = np.empty(int(q_lens.sum()), np.int64)
     scatter[gather[gather >= 0]] = np.flatnonzero(gather >= 0)

@@ -98,15 +98,10 @@ def prefill_device(q, kv_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_l
             q.shape[0])
         writes = (pad_rows(append_key, slots.shape[0]), pad_rows(append_value, slots.shape[0]),
                   _dev(slots, q), _dev(counts, q), write)
-    keep = torch.from_numpy(np.flatnonzero(launch.gather >= 0)).to(q.device)
-    q_pad = q.new_zeros((launch.gather.size,) + tuple(q.shape[1:]))
-    q_pad[keep] = q[torch.from_numpy(launch.gather[launch.gather >= 0]).to(q.device)]
-    D = q.shape[2]
     kernel = append_attention_kernel if writes else batch_decode_kernel
-    out, lse = kernel(q_pad, kv_cache.reshape(-1, D), None, *writes,
+    out, lse = kernel(launch.pad_queries(q), kv_cache.reshape(-1, q.shape[2]), None, *writes,
                       *(_dev(a, q) for a in launch.arrays), *launch.statics)
-    back = torch.from_numpy(launch.scatter).to(q.device)
-    return out[back], lse[back].reshape(q.shape[0], q.shape[1])
+    return launch.unpad(out), launch.unpad(lse).reshape(q.shape[0], q.shape[1])
 
 
 def prefill_on_neuron(*args):
