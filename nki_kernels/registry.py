@@ -86,17 +86,25 @@ def _ap_ref(i):
     return append_paged_kv_cache_ref(**i)
 
 
-# -- paged_decode_attention ------------------------------------------------------------------
-def _dec_make(s, rng):
+# -- paged attention (decode, prefill) --------------------------------------------------------
+def _paged_case(s, rng, q_lens, kv_lens):
+    """A random paged cache holding ``kv_lens`` tokens per request and q with ``q_lens`` rows per
+    request (bf16 q for an fp8 cache), from the sizes' dtype, page, heads and layout."""
     dt = DTYPES[s.get("dtype", "float32")]
-    B, L, P = int(s["batch"]), int(s["kv_len"]), int(s["page_size"])
-    H, G, D, layout = int(s["kv_heads"]), int(s["group"]), int(s["head_dim"]), s.get("layout", "NHD")
-    n, kv_indptr, kv_indices, last = _page_table(rng, [L] * B, P)
+    P, H, G, D = (int(s[k]) for k in ("page_size", "kv_heads", "group", "head_dim"))
+    layout = s.get("layout", "NHD")
+    n, kv_indptr, kv_indices, last = _page_table(rng, kv_lens, P)
     inner = (P, H, D) if layout == "NHD" else (H, P, D)
     cache = rng.standard_normal((n, 2) + inner).astype(dt)
-    q = rng.standard_normal((B, H * G, D)).astype(dt if dt != ml_dtypes.float8_e4m3fn else ml_dtypes.bfloat16)
+    q_dt = dt if dt != ml_dtypes.float8_e4m3fn else ml_dtypes.bfloat16
+    q = rng.standard_normal((int(sum(q_lens)), H * G, D)).astype(q_dt)
     return dict(q=q, paged_kv_cache=cache, kv_indptr=kv_indptr, kv_indices=kv_indices,
                 kv_last_page_len=last, kv_layout=layout)
+
+
+def _dec_make(s, rng):
+    B = int(s["batch"])
+    return _paged_case(s, rng, [1] * B, [int(s["kv_len"])] * B)
 
 
 def _dec_run(i):
@@ -109,26 +117,25 @@ def _dec_ref(i):
     return batch_decode_ref(**i)
 
 
-def _dec_tokens(i):
-    """Total KV tokens the batch attends over (and page size, kv heads) from the page table."""
+def _kv_lens(i):
+    """Each request's KV tokens (int64 [B]) and the kv heads, from the page table."""
     cache, layout = i["paged_kv_cache"], i["kv_layout"]
     P = cache.shape[2] if layout == "NHD" else cache.shape[3]
     H = cache.shape[3] if layout == "NHD" else cache.shape[2]
     pages = np.diff(i["kv_indptr"]).astype(np.int64)
-    lens = np.where(pages > 0, (pages - 1) * P + i["kv_last_page_len"], 0)
-    return int(lens.sum()), H
+    return np.where(pages > 0, (pages - 1) * P + i["kv_last_page_len"], 0), H
 
 
 def _dec_bytes(i):
-    tokens, H = _dec_tokens(i)
+    lens, H = _kv_lens(i)
     D = i["q"].shape[2]
-    return 2 * tokens * H * D * i["paged_kv_cache"].itemsize + 2 * i["q"].nbytes
+    return 2 * int(lens.sum()) * H * D * i["paged_kv_cache"].itemsize + 2 * i["q"].nbytes
 
 
 def _dec_flops(i):
-    tokens, _ = _dec_tokens(i)
+    lens, _ = _kv_lens(i)
     HQ, D = i["q"].shape[1:]
-    return 4 * tokens * HQ * D                     # QK^T and PV, 2 FLOPs per multiply-add
+    return 4 * int(lens.sum()) * HQ * D            # QK^T and PV, 2 FLOPs per multiply-add
 
 
 # -- paged_prefill_attention (ragged queries) -------------------------------------------------
@@ -136,20 +143,12 @@ def _pf_make(s, rng):
     """``batch`` requests of ``q_len`` new tokens over ``kv_len`` keys each (the new ones
     included), plus with ``prefill`` > 0 one more request: a prefill chunk of that many tokens
     over ``prefill_kv`` keys (a mixed batch). Causal."""
-    dt = DTYPES[s.get("dtype", "float32")]
-    B, Lq, L, P = int(s["batch"]), int(s["q_len"]), int(s["kv_len"]), int(s["page_size"])
-    H, G, D, layout = int(s["kv_heads"]), int(s["group"]), int(s["head_dim"]), s.get("layout", "NHD")
-    extra = int(s.get("prefill", 0))
-    q_lens = [Lq] * B + ([extra] if extra else [])
-    kv_lens = [L] * B + ([int(s.get("prefill_kv", extra))] if extra else [])
-    n, kv_indptr, kv_indices, last = _page_table(rng, kv_lens, P)
-    inner = (P, H, D) if layout == "NHD" else (H, P, D)
-    cache = rng.standard_normal((n, 2) + inner).astype(dt)
+    B, extra = int(s["batch"]), int(s.get("prefill", 0))
+    q_lens = [int(s["q_len"])] * B + ([extra] if extra else [])
+    kv_lens = [int(s["kv_len"])] * B + ([int(s.get("prefill_kv", extra))] if extra else [])
+    case = _paged_case(s, rng, q_lens, kv_lens)
     qo_indptr = np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int32)
-    q_dt = dt if dt != ml_dtypes.float8_e4m3fn else ml_dtypes.bfloat16
-    q = rng.standard_normal((int(qo_indptr[-1]), H * G, D)).astype(q_dt)
-    return dict(q=q, paged_kv_cache=cache, qo_indptr=qo_indptr, kv_indptr=kv_indptr,
-                kv_indices=kv_indices, kv_last_page_len=last, kv_layout=layout, causal=True)
+    return dict(case, qo_indptr=qo_indptr, causal=True)
 
 
 def _pf_run(i):
@@ -162,19 +161,10 @@ def _pf_ref(i):
     return batch_prefill_ref(**i)
 
 
-def _pf_visible(i):
-    """Keys each query sees (causal), summed: the attention FLOPs' count of (query, key) pairs."""
-    cache, layout = i["paged_kv_cache"], i["kv_layout"]
-    page = cache.shape[2] if layout == "NHD" else cache.shape[3]
-    pages = np.diff(i["kv_indptr"]).astype(np.int64)
-    kv = np.where(pages > 0, (pages - 1) * page + i["kv_last_page_len"], 0)
-    q = np.diff(i["qo_indptr"]).astype(np.int64)
-    return int((q * (kv - q) + q * (q + 1) // 2).sum())
-
-
 def _pf_flops(i):
+    from nki_kernels.paged_decode_attention.plan import causal_pairs
     HQ, D = i["q"].shape[1:]
-    return 4 * _pf_visible(i) * HQ * D
+    return 4 * causal_pairs(np.diff(i["qo_indptr"]), _kv_lens(i)[0]) * HQ * D
 
 
 KERNELS = {

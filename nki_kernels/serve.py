@@ -184,6 +184,7 @@ def _mixed_step(step, cfg, target, cache, rids, prompt_left, rng, out, check):
     Checked against the reference append and attention over the cache as it was before."""
     import simulate
     from nki_kernels.paged_decode_attention import batch_prefill, batch_prefill_ref
+    from nki_kernels.paged_decode_attention.plan import causal_pairs
     from nki_kernels.paged_kv_append import append_paged_kv_cache_ref, get_batch_indices_positions
     from nki_kernels.profile.cost_model import estimate
     H, HQ, D = cfg.kv_heads, cfg.kv_heads * cfg.group, cfg.head_dim
@@ -215,8 +216,7 @@ def _mixed_step(step, cfg, target, cache, rids, prompt_left, rng, out, check):
     costs = [estimate(t, target) for t in traces]
     cost = costs[-1]
     kv_tokens = int(kv_lens.sum())
-    q_lens = np.asarray(counts, np.int64)
-    visible = int((q_lens * (kv_lens - q_lens) + q_lens * (q_lens + 1) // 2).sum())
+    visible = causal_pairs(counts, kv_lens)
     min_bytes = _kv_bytes(kv_tokens, cfg) + 2 * _kv_bytes(Q, cfg) + 2 * q.nbytes
     floor = max(min_bytes / (cost.hw.hbm_bytes_per_s * cost.cores),
                 4 * visible * HQ * D / (cost.hw.tensor_peak_bf16 * cost.cores))

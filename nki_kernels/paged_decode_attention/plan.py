@@ -113,6 +113,13 @@ def _requests(kv_indptr, kv_lens, window_left, page_size) -> _Requests:
     return query_blocks(kv_indptr, L, np.ones_like(L), 1, window_left, True, page_size)
 
 
+def causal_pairs(q_lens, kv_lens) -> int:
+    """(query, key) pairs causal attention computes: request b's query i sees kv_len - q_len + i
+    + 1 keys (the count the FLOP floor of a prefill step is made of)."""
+    q, kv = np.asarray(q_lens, np.int64), np.asarray(kv_lens, np.int64)
+    return int((q * (kv - q) + q * (q + 1) // 2).sum())
+
+
 def query_blocks(kv_indptr, kv_lens, qo_lens, q_block, window_left, causal, page_size) -> _Requests:
     """Work items of ragged queries: request b's ``qo_lens[b]`` query tokens in blocks of
     ``q_block``, in request order (a decode request, q_len 1, is one item even with no keys).

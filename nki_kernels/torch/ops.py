@@ -169,15 +169,15 @@ def batch_prefill(q: Tensor, kv_cache: Tensor, qo_indptr: Tensor, kv_indptr: Ten
 def _append_rows(append_key, append_value, kv_cache, qo_indptr, kv_indptr, kv_indices,
                  kv_last_page_len, kv_layout):
     from nki_kernels.paged_kv_append import append_paged_kv_cache_ref, get_batch_indices_positions
-    indptr, last = to_numpy(kv_indptr).astype(np.int64), to_numpy(kv_last_page_len)
-    P = kv_cache.shape[2] if kv_layout == "NHD" else kv_cache.shape[3]
-    pages = np.diff(indptr)
-    kv_lens = np.where(pages > 0, (pages - 1) * P + last, 0).astype(np.int32)
-    batch, pos = get_batch_indices_positions(to_numpy(qo_indptr), kv_lens, append_key.shape[0])
-    cache = to_numpy(kv_cache)
+    from nki_kernels.paged_kv_append.checks import check_page_table
+    from nki_kernels.paged_kv_append.layout import geometry
+    cache, indices, indptr, last = (to_numpy(t) for t in (kv_cache, kv_indices, kv_indptr,
+                                                          kv_last_page_len))
+    kv_lens = check_page_table(indices, indptr, last, geometry(cache, kv_layout))
+    batch, pos = get_batch_indices_positions(to_numpy(qo_indptr), kv_lens.astype(np.int32),
+                                             append_key.shape[0])
     cache[...] = append_paged_kv_cache_ref(to_numpy(append_key), to_numpy(append_value), batch,
-                                           pos, cache, to_numpy(kv_indices), to_numpy(kv_indptr),
-                                           last, kv_layout)
+                                           pos, cache, indices, indptr, last, kv_layout)
 
 
 def _prefill_checks(q, kv_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, sinks,

@@ -48,6 +48,28 @@ def test_decode_and_scatter_match_references(rng, backend):
                                                                   update.astype(np.float32), w, 2, "circular"))
 
 
+def test_prefill_with_fused_write_matches_references(rng, backend):
+    """batch_prefill with append rows: the cache ends as the reference append leaves it and the
+    output is the reference attention over it, on both backends (a mixed batch)."""
+    from nki_kernels.paged_decode_attention import batch_prefill_ref
+    from nki_kernels.paged_kv_append import append_paged_kv_cache_ref, get_batch_indices_positions
+
+    from ..kernels.paged_decode_attention.test_prefill import make_prefill_case
+    q, cache, qo, ptr, idx, last, layout = make_prefill_case(rng, [3, 1], [9, 20], 4, 2, 2, 8)
+    key, value = (rng.standard_normal((4, 2, 8)).astype(np.float32) for _ in range(2))
+    batch, pos = get_batch_indices_positions(qo, np.array([9, 20], np.int32), 4)
+    want_cache = append_paged_kv_cache_ref(key, value, batch, pos, cache, idx, ptr, last)
+    cache_t = torch.from_numpy(cache.copy())
+    out, lse = torch.ops.nki_kernels.batch_prefill(
+        *as_torch([q, cache_t, qo, ptr, idx, last]), layout, True,
+        append_key=torch.from_numpy(key), append_value=torch.from_numpy(value))
+    np.testing.assert_array_equal(cache_t.numpy(), want_cache)
+    ref, ref_lse = batch_prefill_ref(q, want_cache, qo, ptr, idx, last, layout, causal=True,
+                                     return_lse=True)
+    np.testing.assert_allclose(out.numpy(), ref, atol=2e-5)
+    np.testing.assert_allclose(lse.numpy(), ref_lse, atol=2e-4)
+
+
 def test_bf16_tensors_round_trip(rng):
     args = make_decode_case(rng, [12], 4, 1, 2, 16, q_dtype=np.float32)
     q = torch.from_numpy(args[0]).to(torch.bfloat16)
