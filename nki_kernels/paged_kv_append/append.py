@@ -100,13 +100,14 @@ def reshape_and_cache(key, value, key_cache, value_cache, slot_mapping, kv_layou
     """vLLM-style write: token t goes to slot_mapping[t] = block * block_size + offset.
 
     Args:
-        key, value: [T, H, D]; key_cache, value_cache: [N, P, H, D] (NHD) / [N, H, P, D] (HND)
+        key, value: [T, H, D]; key_cache, value_cache: [N, P, H, D] (NHD) / [N, H, P, D] (HND),
+            or value_cache None and key_cache one fused [N, 2, P, H, D] / [N, 2, H, P, D] cache
         slot_mapping: [T] int32 or int64; a negative slot marks a padded token, which is skipped
             (``spare_page`` None) or written to the reserved page ``spare_page``.
         lnc: 1, or 2 on trn2 (LNC=2): one core writes K, the other V
     Raises ValueError for slots >= N * P or two tokens on one slot, before anything is written.
     """
-    cache = (key_cache, value_cache)
+    cache = key_cache if value_cache is None else (key_cache, value_cache)
     geo = geometry(cache, kv_layout)
     for name, a in (("key", key), ("value", value)):
         if not isinstance(a, np.ndarray) or a.shape[1:] != (geo.num_heads, geo.head_dim) or a.ndim != 3:
