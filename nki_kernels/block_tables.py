@@ -1,0 +1,125 @@
+"""Block-table entry points for the Trainium serving stacks' cache interface (vLLM-neuron,
+NxD Inference), next to FlashInfer's CSR page table that the kernels take.
+
+Block tables: ``block_tables [B, max_blocks]`` int32, row b listing request b's pages in order,
+padded with -1; ``seq_lens [B]`` int32 keys per request (cached tokens plus the step's new ones);
+``query_start_loc [B+1]`` int32 offsets of each request's new tokens in the packed rows (vLLM's
+name; FlashInfer's ``qo_indptr``). Request b uses the first ceil(seq_lens[b] / P) entries of its
+row; entries past them are ignored (they may be -1 or pages reserved ahead).
+
+Cache forms: the stacks keep K and V on a leading axis, ``kv_cache (2, N, H, P, D)`` ("HND",
+vLLM-neuron's and NxDI's) or ``(2, N, P, H, D)`` ("NHD"), or pass a (k_cache, v_cache) pair of
+4-D arrays. (FlashInfer's fused ``[N, 2, ...]`` form goes to the CSR entries directly.)
+NxDI's transposed K cache (``[N, H, D, P]``) is not supported yet.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from nki_kernels.paged_decode_attention import batch_decode, batch_prefill
+from nki_kernels.paged_kv_append import append_paged_kv_cache, get_batch_indices_positions
+from nki_kernels.paged_kv_append.checks import csr_counts, require_int32_vector
+
+
+def block_tables_to_csr(block_tables, seq_lens, page_size):
+    """(kv_indptr [B+1], kv_indices, kv_last_page_len [B]) int32 of block tables."""
+    if not isinstance(page_size, (int, np.integer)) or page_size < 1:
+        raise ValueError(f"page_size={page_size!r} must be a positive integer")
+    if not isinstance(block_tables, np.ndarray) or block_tables.ndim != 2 or block_tables.dtype != np.int32:
+        raise TypeError(f"block_tables must be a 2-D int32 array [B, max_blocks], got "
+                        f"{getattr(block_tables, 'dtype', type(block_tables).__name__)} "
+                        f"{getattr(block_tables, 'shape', '')}")
+    B, max_blocks = block_tables.shape
+    require_int32_vector("seq_lens", seq_lens, B)
+    if (seq_lens < 0).any():
+        b = int(np.flatnonzero(seq_lens < 0)[0])
+        raise ValueError(f"seq_lens[{b}]={seq_lens[b]} must be >= 0")
+    need = -(-seq_lens.astype(np.int64) // page_size)
+    if (need > max_blocks).any():
+        b = int(np.flatnonzero(need > max_blocks)[0])
+        raise ValueError(f"seq_lens[{b}]={seq_lens[b]} needs {need[b]} blocks of {page_size} but "
+                         f"block_tables has {max_blocks} columns")
+    used = np.arange(max_blocks)[None, :] < need[:, None]
+    if (block_tables[used] < 0).any():
+        b, j = (int(x[0]) for x in np.nonzero(used & (block_tables < 0)))
+        raise ValueError(f"block_tables[{b}, {j}]={block_tables[b, j]}: request {b} needs its "
+                         f"first {need[b]} entries ({seq_lens[b]} tokens); -1 may only pad "
+                         f"past them")
+    indptr = np.concatenate([[0], np.cumsum(need)]).astype(np.int32)
+    last = np.where(need > 0, seq_lens - (need - 1) * page_size, 0).astype(np.int32)
+    return indptr, block_tables[used].astype(np.int32), last
+
+
+def csr_to_block_tables(kv_indptr, kv_indices, kv_last_page_len, page_size, max_blocks=None):
+    """(block_tables [B, max_blocks] int32 padded with -1, seq_lens [B] int32) of a CSR page
+    table; ``max_blocks`` defaults to the longest request's page count."""
+    require_int32_vector("kv_indptr", kv_indptr, None)
+    counts = csr_counts("kv_indptr", kv_indptr)
+    B = counts.size
+    require_int32_vector("kv_last_page_len", kv_last_page_len, B)
+    require_int32_vector("kv_indices", kv_indices, None)
+    if kv_indices.size < kv_indptr[-1]:
+        raise ValueError(f"kv_indices has {kv_indices.size} entries but kv_indptr[-1]={kv_indptr[-1]}")
+    width = int(counts.max(initial=0)) if max_blocks is None else int(max_blocks)
+    if (counts > width).any():
+        b = int(np.flatnonzero(counts > width)[0])
+        raise ValueError(f"request {b} has {counts[b]} pages but max_blocks={width}")
+    tables = np.full((B, width), -1, np.int32)
+    for b in range(B):
+        tables[b, :counts[b]] = kv_indices[kv_indptr[b]:kv_indptr[b + 1]]
+    seq_lens = np.where(counts > 0, (counts - 1) * page_size + kv_last_page_len, 0)
+    return tables, seq_lens.astype(np.int32)
+
+
+def kv_pair(kv_cache):
+    """(k_cache, v_cache) of a serving stack's cache: a (2, N, ...) array or a (k, v) pair."""
+    if isinstance(kv_cache, (tuple, list)):
+        return tuple(kv_cache)
+    if not isinstance(kv_cache, np.ndarray) or kv_cache.ndim != 5 or kv_cache.shape[0] != 2:
+        raise ValueError(f"kv_cache shape {getattr(kv_cache, 'shape', None)} must be (2, N, H, P, D) "
+                         f"(HND) / (2, N, P, H, D) (NHD), or pass a (k_cache, v_cache) pair")
+    return kv_cache[0], kv_cache[1]
+
+
+def _page_size(k_cache, kv_layout):
+    if kv_layout not in ("NHD", "HND"):
+        raise ValueError(f"kv_layout={kv_layout!r} must be 'NHD' or 'HND'")
+    return int(k_cache.shape[1] if kv_layout == "NHD" else k_cache.shape[2])
+
+
+def append_kv_with_block_tables(key, value, kv_cache, block_tables, seq_lens, query_start_loc,
+                                kv_layout="HND", spare_page=None, lnc=1):
+    """Write each request's new K/V rows (the last q_len of its seq_lens tokens) into the cache.
+
+    key, value: [T, H, D] in the cache dtype, request b's rows query_start_loc[b]..[b+1]
+    (rows past query_start_loc[-1] are padding, not written); other arguments as the module
+    says; ``spare_page``, ``lnc`` as ``append_paged_kv_cache``. Writes in place, or raises
+    before writing anything.
+    """
+    pair = kv_pair(kv_cache)
+    indptr, indices, last = block_tables_to_csr(block_tables, seq_lens,
+                                                _page_size(pair[0], kv_layout))
+    require_int32_vector("query_start_loc", query_start_loc, seq_lens.size + 1)
+    csr_counts("query_start_loc", query_start_loc)
+    batch, positions = get_batch_indices_positions(query_start_loc, seq_lens, key.shape[0])
+    append_paged_kv_cache(key, value, batch, positions, pair, indices, indptr, last, kv_layout,
+                          spare_page=spare_page, lnc=lnc)
+
+
+def attention_with_block_tables(q, kv_cache, block_tables, seq_lens, query_start_loc=None,
+                                kv_layout="HND", causal=True, **options):
+    """Attention of each request's query tokens over its pages.
+
+    query_start_loc None: q [B, HQ, D], one token per request (decode, ``batch_decode``);
+    else q [Q, HQ, D] ragged by query_start_loc (``batch_prefill``, ``causal`` as there).
+    ``options``: sm_scale, logits_soft_cap, window_left, sinks, k_scale, v_scale, return_lse,
+    lnc, and with query_start_loc append_key / append_value (the fused write).
+    """
+    pair = kv_pair(kv_cache)
+    indptr, indices, last = block_tables_to_csr(block_tables, seq_lens,
+                                                _page_size(pair[0], kv_layout))
+    if query_start_loc is None:
+        return batch_decode(q, pair, indptr, indices, last, kv_layout, **options)
+    return batch_prefill(q, pair, query_start_loc, indptr, indices, last, kv_layout,
+                         causal=causal, **options)

@@ -1,0 +1,142 @@
+"""Block-table entry points (vLLM-neuron / NxDI) against the CSR ones: the same caches bit for
+bit, the same outputs, on randomised page tables, trn1 and trn2; conversions both ways; refusals
+by name."""
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from nki_kernels.block_tables import (append_kv_with_block_tables, attention_with_block_tables,
+                                      block_tables_to_csr, csr_to_block_tables)
+from nki_kernels.paged_decode_attention import batch_decode, batch_prefill, batch_prefill_ref
+from nki_kernels.paged_kv_append import append_paged_kv_cache, get_batch_indices_positions
+from nki_kernels.paged_kv_append import reshape_and_cache
+
+N, H, D = 40, 2, 16
+
+
+def _tables(rng, P, B=5, max_blocks=7):
+    """Random block tables (distinct pages, -1 or stale pages past each request's need)."""
+    seq_lens = rng.integers(0, max_blocks * P + 1, B).astype(np.int32)
+    pages = rng.permutation(N)[: B * max_blocks].reshape(B, max_blocks).astype(np.int32)
+    need = -(-seq_lens // P)
+    pad = np.arange(max_blocks)[None] >= need[:, None]
+    pages[pad & (rng.random(pages.shape) < 0.5)] = -1
+    return pages, seq_lens
+
+
+@pytest.mark.parametrize("P", [1, 3, 4])
+def test_conversion_round_trip(rng, P):
+    tables, seq_lens = _tables(rng, P)
+    indptr, indices, last = block_tables_to_csr(tables, seq_lens, P)
+    back, lens = csr_to_block_tables(indptr, indices, last, P, max_blocks=tables.shape[1])
+    assert np.array_equal(lens, seq_lens)
+    need = -(-seq_lens // P)
+    for b in range(tables.shape[0]):
+        assert np.array_equal(back[b, :need[b]], tables[b, :need[b]])
+        assert (back[b, need[b]:] == -1).all()
+    assert np.array_equal(np.diff(indptr), need) and ((last >= 1) | (need == 0)).all()
+    assert (last <= P).all()
+
+
+def _cache(rng, P, layout, dtype=np.float32):
+    shape = (2, N, H, P, D) if layout == "HND" else (2, N, P, H, D)
+    return rng.standard_normal(shape).astype(dtype)
+
+
+@pytest.mark.parametrize("layout", ["HND", "NHD"])
+@pytest.mark.parametrize("P", [3, 4])
+def test_append_matches_csr_and_slot_mapping_bit_for_bit(rng, target, layout, P):
+    tables, seq_lens = _tables(rng, P)
+    q_lens = np.minimum(seq_lens, rng.integers(0, 6, seq_lens.size)).astype(np.int32)
+    qsl = np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int32)
+    T = int(qsl[-1]) + 2                                   # two padding rows, not written
+    key = rng.standard_normal((T, H, D)).astype(np.float32)
+    value = rng.standard_normal((T, H, D)).astype(np.float32)
+    cache = _cache(rng, P, layout)
+    by_tables = cache.copy()
+    append_kv_with_block_tables(key, value, by_tables, tables, seq_lens, qsl, layout)
+    by_csr = cache.copy()
+    indptr, indices, last = block_tables_to_csr(tables, seq_lens, P)
+    batch, pos = get_batch_indices_positions(qsl, seq_lens, T)
+    append_paged_kv_cache(key, value, batch, pos, (by_csr[0], by_csr[1]), indices, indptr, last,
+                          layout)
+    by_slots = cache.copy()                                # slots straight from the tables
+    slots = np.full(T, -1, np.int64)
+    for b in range(seq_lens.size):
+        for j in range(q_lens[b]):
+            p = seq_lens[b] - q_lens[b] + j
+            slots[qsl[b] + j] = tables[b, p // P] * P + p % P
+    reshape_and_cache(key, value, by_slots[0], by_slots[1], slots, layout)
+    assert by_tables.tobytes() == by_csr.tobytes() == by_slots.tobytes()
+    assert q_lens.sum() == 0 or by_tables.tobytes() != cache.tobytes()
+
+
+@pytest.mark.parametrize("layout", ["HND", "NHD"])
+def test_attention_matches_csr_entries(rng, target, layout):
+    P = 4
+    tables, seq_lens = _tables(rng, P)
+    seq_lens = np.maximum(seq_lens, 1).astype(np.int32)
+    cache = _cache(rng, P, layout).astype(ml_dtypes.bfloat16)
+    pair = (cache[0], cache[1])
+    indptr, indices, last = block_tables_to_csr(tables, seq_lens, P)
+    B = seq_lens.size
+    q = rng.standard_normal((B, 4, D)).astype(ml_dtypes.bfloat16)
+    got = attention_with_block_tables(q, cache, tables, seq_lens, kv_layout=layout,
+                                      logits_soft_cap=3.0)
+    want = batch_decode(q, pair, indptr, indices, last, layout, logits_soft_cap=3.0)
+    assert np.array_equal(got.view(np.uint16), want.view(np.uint16))
+    q_lens = np.minimum(seq_lens, rng.integers(1, 5, B)).astype(np.int32)
+    qsl = np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int32)
+    qp = rng.standard_normal((int(qsl[-1]), 4, D)).astype(ml_dtypes.bfloat16)
+    got = attention_with_block_tables(qp, cache, tables, seq_lens, qsl, layout, window_left=5)
+    want = batch_prefill(qp, pair, qsl, indptr, indices, last, layout, causal=True, window_left=5)
+    assert np.array_equal(got.view(np.uint16), want.view(np.uint16))
+    ref = batch_prefill_ref(qp, pair, qsl, indptr, indices, last, layout, causal=True,
+                            window_left=5)
+    assert np.abs(got.astype(np.float32) - ref).max() < 2e-2
+
+
+def test_fused_write_through_block_tables_equals_append_then_attend(rng, target):
+    P, layout = 4, "HND"
+    tables, seq_lens = _tables(rng, P)
+    seq_lens = np.maximum(seq_lens, 3).astype(np.int32)
+    q_lens = np.full(seq_lens.size, 3, np.int32)
+    qsl = np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int32)
+    k, v = (rng.standard_normal((int(qsl[-1]), H, D)).astype(np.float32) for _ in range(2))
+    q = rng.standard_normal((int(qsl[-1]), 2, D)).astype(np.float32)
+    cache = _cache(rng, P, layout)
+    fused = cache.copy()
+    out = attention_with_block_tables(q, fused, tables, seq_lens, qsl, layout, append_key=k,
+                                      append_value=v)
+    apart = cache.copy()
+    append_kv_with_block_tables(k, v, apart, tables, seq_lens, qsl, layout)
+    want = attention_with_block_tables(q, apart, tables, seq_lens, qsl, layout)
+    assert fused.tobytes() == apart.tobytes()
+    assert np.array_equal(out, want)
+
+
+@pytest.mark.parametrize("tables,seq_lens,match", [
+    (np.array([[0, -1, 2]], np.int32), np.array([9], np.int32), r"block_tables\[0, 1\]=-1"),
+    (np.array([[0, 1]], np.int32), np.array([9], np.int32), "needs 3 blocks"),
+    (np.array([[0, 1]], np.int32), np.array([-1], np.int32), r"seq_lens\[0\]=-1"),
+    (np.array([[0, 1]], np.int64), np.array([1], np.int32), "2-D int32"),
+    (np.array([[0, 1]], np.int32), np.array([1], np.int64), "seq_lens dtype"),
+])
+def test_bad_block_tables_are_refused_by_name(tables, seq_lens, match):
+    with pytest.raises((ValueError, TypeError), match=match):
+        block_tables_to_csr(tables, seq_lens, 4)
+
+
+def test_bad_cache_form_and_nothing_written(rng):
+    cache = _cache(rng, 4, "HND")
+    with pytest.raises(ValueError, match=r"\(2, N, H, P, D\)"):
+        attention_with_block_tables(np.zeros((1, 2, D), np.float32), cache[0],
+                                    np.zeros((1, 1), np.int32), np.ones(1, np.int32))
+    before = cache.copy()
+    tables = np.array([[3, -1]], np.int32)
+    k = np.ones((2, H, D), np.float32)
+    with pytest.raises(ValueError, match=r"block_tables\[0, 1\]=-1"):   # 6 tokens, one page listed
+        append_kv_with_block_tables(k, k, cache, tables, np.array([6], np.int32),
+                                    np.array([0, 2], np.int32))
+    assert cache.tobytes() == before.tobytes()
