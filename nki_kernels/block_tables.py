@@ -89,13 +89,14 @@ def _page_size(k_cache, kv_layout):
 
 
 def append_kv_with_block_tables(key, value, kv_cache, block_tables, seq_lens, query_start_loc,
-                                kv_layout="HND", spare_page=None, lnc=1):
+                                kv_layout="HND", spare_page=None, lnc=1, k_scale=None,
+                                v_scale=None):
     """Write each request's new K/V rows (the last q_len of its seq_lens tokens) into the cache.
 
     key, value: [T, H, D] in the cache dtype, request b's rows query_start_loc[b]..[b+1]
     (rows past query_start_loc[-1] are padding, not written); other arguments as the module
-    says; ``spare_page``, ``lnc`` as ``append_paged_kv_cache``. Writes in place, or raises
-    before writing anything.
+    says; ``spare_page``, ``lnc``, ``k_scale`` / ``v_scale`` (fp8 quantize on write) as
+    ``append_paged_kv_cache``. Writes in place, or raises before writing anything.
     """
     pair = kv_pair(kv_cache)
     indptr, indices, last = block_tables_to_csr(block_tables, seq_lens,
@@ -104,7 +105,7 @@ def append_kv_with_block_tables(key, value, kv_cache, block_tables, seq_lens, qu
     csr_counts("query_start_loc", query_start_loc)
     batch, positions = get_batch_indices_positions(query_start_loc, seq_lens, key.shape[0])
     append_paged_kv_cache(key, value, batch, positions, pair, indices, indptr, last, kv_layout,
-                          spare_page=spare_page, lnc=lnc)
+                          spare_page=spare_page, lnc=lnc, k_scale=k_scale, v_scale=v_scale)
 
 
 def attention_with_block_tables(q, kv_cache, block_tables, seq_lens, query_start_loc=None,

@@ -12,6 +12,7 @@ from nki_kernels.launch_options import check_lnc
 from nki_kernels.paged_kv_append.layout import split_cache
 
 from .checks import check_batch_decode_inputs, soft_cap
+from .head_scales import fold_head_scales, scale_heads
 from .kernel import batch_decode_kernel
 from .plan import decode_work, make_layout
 
@@ -38,7 +39,8 @@ def batch_decode(q, paged_kv_cache, kv_indptr, kv_indices, kv_last_page_len, kv_
         kv_indptr [B+1], kv_indices, kv_last_page_len [B]: int32 CSR page table (FlashInfer)
         sm_scale: default 1/sqrt(D); logits_soft_cap: cap * tanh(logit / cap) if > 0;
         window_left: keep the last window_left + 1 keys (-1: all); sinks: [HQ] logits added to
-        the softmax denominator only; k_scale scales logits, v_scale the output.
+        the softmax denominator only; k_scale scales logits, v_scale the output (numbers, or
+        float arrays [H] per kv head, folded into q and the output: ``head_scales.py``).
         lnc: 1, or 2 to share the step between the two cores of a trn2 logical core (LNC=2):
             the step's chunks are cut into two halves of equal work, whole requests on either
             side and the request at the cut split between the cores (split-KV, partial states
@@ -50,6 +52,7 @@ def batch_decode(q, paged_kv_cache, kv_indptr, kv_indices, kv_last_page_len, kv_
     Compiles once per shape bucket (``nki_kernels.buckets``): the batch and the page-table length
     are padded to buckets, lengths reach the kernel as device data.
     """
+    q, k_scale, v_scale, post = fold_head_scales(q, paged_kv_cache, kv_layout, k_scale, v_scale)
     launch = prepare_decode(q, paged_kv_cache, kv_indptr, kv_indices, kv_last_page_len, kv_layout,
                             sm_scale, logits_soft_cap, window_left, sinks, k_scale, v_scale,
                             check_lnc(lnc))
@@ -57,7 +60,7 @@ def batch_decode(q, paged_kv_cache, kv_indptr, kv_indices, kv_last_page_len, kv_
     kernel = batch_decode_kernel if lnc == 1 else batch_decode_kernel[lnc]
     out, lse = kernel(launch.pad_queries(q), *cache_rows(paged_kv_cache, D), *launch.arrays,
                       *launch.statics)
-    out, lse = out[:B], lse[:B].reshape(B, HQ)
+    out, lse = scale_heads(out[:B], post), lse[:B].reshape(B, HQ)
     return (out, lse) if return_lse else out
 
 

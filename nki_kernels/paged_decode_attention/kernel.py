@@ -76,20 +76,21 @@ def batch_decode_kernel(q, k_rows, v_rows, meta, spans, kv_indices, tok_tab, row
 
 
 @nki.jit
-def append_attention_kernel(q, k_rows, v_rows, key, value, slots, counts, write, meta, spans,
+def append_attention_kernel(q, k_rows, v_rows, key, value, slots, counts, quant, write, meta, spans,
                             kv_indices, tok_tab, row_tab, sinks, num_kv_heads, page_size, strides,
                             token_pattern, scale, soft_cap, v_scale, mm_dtype):
     """Fused write: the step's new K/V rows are scattered into the cache first, then attention
-    reads them with the rest, in one launch. ``key``, ``value``, ``slots``, ``counts`` and
-    ``write`` = (token pattern, V offset, cache row elements) are paged_kv_append.kernel's
-    arguments over the same cache, viewed there as rows of a page entry's elements. Under LNC=2
+    reads them with the rest, in one launch. ``key``, ``value``, ``slots``, ``counts``, ``quant``
+    and ``write`` = (token pattern, V offset, cache row elements, quantization limit) are
+    paged_kv_append.kernel's arguments over the same cache, viewed there as rows of a page
+    entry's elements (wider rows are quantized on write when ``quant`` is given). Under LNC=2
     one core writes K and the other V, and both meet at a core barrier on each written tensor
     before reading."""
-    write_pattern, v_offset, row_elems = write
+    write_pattern, v_offset, row_elems, limit = write
     D = q.shape[2]
     as_entries = [None if t is None else t.reshape((t.shape[0] * D // row_elems, row_elems))
                   for t in (k_rows, v_rows)]
-    scatter_rows(*as_entries, key, value, slots, counts, write_pattern, v_offset)
+    scatter_rows(*as_entries, key, value, slots, counts, write_pattern, v_offset, quant, limit)
     if program_cores() == 2:
         for t in (k_rows,) if v_rows is None else (k_rows, v_rows):
             nisa.core_barrier(data=t, cores=(0, 1))

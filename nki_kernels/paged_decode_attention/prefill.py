@@ -16,6 +16,7 @@ from nki_kernels.paged_kv_append.checks import csr_counts, require_int32_vector
 
 from .checks import check_batch_decode_inputs, soft_cap
 from .decode import cache_rows, kernel_arguments
+from .head_scales import fold_head_scales, scale_heads
 from .kernel import append_attention_kernel, batch_decode_kernel
 from .prefill_append import append_arguments
 from .plan import query_blocks, split_work
@@ -40,7 +41,9 @@ def batch_prefill(q, paged_kv_cache, qo_indptr, kv_indptr, kv_indices, kv_last_p
             lnc: as ``batch_decode``
         append_key, append_value: [Q, H, D] in the cache dtype, or None: the new tokens' K/V,
             written into the cache (in place, as ``append_paged_kv_cache`` at each query token's
-            position kv_len - q_len + i) by the same launch before attention reads them
+            position kv_len - q_len + i) by the same launch before attention reads them; wider
+            rows into an fp8 cache are quantized on write with k_scale / v_scale (the scales
+            attention reads back with; numbers or float arrays [H] per kv head)
     Returns:
         out [Q, HQ, D] in q's dtype; with return_lse also lse [Q, HQ] float32, base 2.
     Work items are blocks of Qb query tokens of one request (Qb: the largest q_len rounded up to a
@@ -52,6 +55,8 @@ def batch_prefill(q, paged_kv_cache, qo_indptr, kv_indptr, kv_indices, kv_last_p
     decode, each bucketed.
     """
     cores = check_lnc(lnc)
+    write_scales = (k_scale, v_scale)
+    q, k_scale, v_scale, post = fold_head_scales(q, paged_kv_cache, kv_layout, k_scale, v_scale)
     prob, q_lens = check_batch_prefill_inputs(
         q, paged_kv_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, kv_layout, causal,
         sm_scale, logits_soft_cap, window_left, sinks, k_scale, v_scale)
@@ -59,7 +64,7 @@ def batch_prefill(q, paged_kv_cache, qo_indptr, kv_indptr, kv_indices, kv_last_p
     if append_key is not None or append_value is not None:
         arrays, write = append_arguments(append_key, append_value, paged_kv_cache, kv_layout,
                                          qo_indptr, kv_indptr, kv_indices, kv_last_page_len,
-                                         prob.kv_lens, q.shape[0])
+                                         prob.kv_lens, q.shape[0], *write_scales)
         writes = (*arrays, write)
     options = (paged_kv_cache, bool(causal), logits_soft_cap, window_left, sinks, k_scale,
                v_scale, cores)
@@ -67,6 +72,7 @@ def batch_prefill(q, paged_kv_cache, qo_indptr, kv_indptr, kv_indices, kv_last_p
     if not (single.any() and (q_lens > 1).any()):
         launch = plan_prefill(prob, q_lens, qo_indptr, kv_indptr, kv_indices, *options)
         out, lse = _run(launch, q, paged_kv_cache, writes, lnc)
+        out = scale_heads(out, post)
         return (out, lse) if return_lse else out
     # A mixed batch: the requests with one query run as decode (Qb = 1) after the others, whose
     # launch also writes every new row: blocks of Qb rows would cost them Qb x the tiles. Both
@@ -82,6 +88,7 @@ def batch_prefill(q, paged_kv_cache, qo_indptr, kv_indptr, kv_indices, kv_last_p
     lse = np.empty(q.shape[:2], np.float32)
     for rows, launch, group_writes in launches:
         out[rows], lse[rows] = _run(launch, q[rows], paged_kv_cache, group_writes, lnc)
+    out = scale_heads(out, post)
     return (out, lse) if return_lse else out
 
 

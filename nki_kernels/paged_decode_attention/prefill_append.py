@@ -9,17 +9,21 @@ from nki_kernels.buckets import pad_rows
 from nki_kernels.paged_kv_append.append import padded_slots
 from nki_kernels.paged_kv_append.batch_indices import get_batch_indices_positions
 from nki_kernels.paged_kv_append.checks import check_append_shapes, destination_slots
-from nki_kernels.paged_kv_append.layout import check_writable
+from nki_kernels.paged_kv_append.layout import check_writable, split_cache
+from nki_kernels.paged_kv_append.quantize import FP8_DTYPES, quant_table
 
 
 def append_plan(append_key, append_value, paged_kv_cache, kv_layout, qo_indptr, kv_indptr,
-                kv_indices, kv_last_page_len, kv_lens, total_q):
-    """Check the new rows; return the scatter's device tables (slots [Tb, 1], counts [1, 2]) and
-    its static ``write`` = (token pattern, V offset, cache row elements).
+                kv_indices, kv_last_page_len, kv_lens, total_q, k_scale=1.0, v_scale=1.0):
+    """Check the new rows; return the scatter's device tables (slots [Tb, 1], counts [1, 2],
+    quant [2, H*D] float32 or None) and its static ``write`` = (token pattern, V offset, cache
+    row elements, quantization limit).
 
-    append_key, append_value: [Q, H, D] in the cache dtype (arrays or shape-and-dtype stand-ins),
-    row t the K/V of query token t, which sits at position kv_len - q_len + i of its request
-    (the page table already counts it). Writability is the caller's to check."""
+    append_key, append_value: [Q, H, D] (arrays or shape-and-dtype stand-ins) in the cache dtype,
+    or wider rows for an fp8 cache, quantized on write with k_scale / v_scale (per tensor or
+    per kv head, ``paged_kv_append.quantize``); row t is the K/V of query token t, which sits at
+    position kv_len - q_len + i of its request (the page table already counts it).
+    Writability is the caller's to check."""
     if (append_key is None) != (append_value is None):
         raise ValueError("append_key and append_value go together: give both or neither")
     q_lens = np.diff(qo_indptr.astype(np.int64))
@@ -33,17 +37,22 @@ def append_plan(append_key, append_value, paged_kv_cache, kv_layout, qo_indptr, 
         if n != total_q:
             raise ValueError(f"{name} has {n} rows; it must have one per query token ({total_q})")
     batch, positions = get_batch_indices_positions(qo_indptr, kv_lens.astype(np.int32), total_q)
+    cache_dtype = split_cache(paged_kv_cache)[0].dtype
+    quantize = append_key.dtype != cache_dtype and cache_dtype.name in FP8_DTYPES
     geo = check_append_shapes(append_key, append_value, batch, positions, paged_kv_cache,
-                              kv_indices, kv_indptr, kv_last_page_len, kv_layout)
+                              kv_indices, kv_indptr, kv_last_page_len, kv_layout, quantize)
+    quant, limit = quant_table(k_scale if quantize else None, v_scale if quantize else None,
+                               cache_dtype, append_key.dtype, geo.num_heads, geo.head_dim)
     pages, entries, keep = destination_slots(batch, positions, kv_indices, kv_indptr, kv_lens, geo)
     slots, counts = padded_slots(geo.rows(pages, entries), None if keep.all() else keep, geo)
-    return slots, counts, (tuple(geo.token_pattern), geo.v_offset, geo.row_elems)
+    return slots, counts, quant, (tuple(geo.token_pattern), geo.v_offset, geo.row_elems, limit)
 
 
 def append_arguments(append_key, append_value, paged_kv_cache, *plan_args):
     """NumPy arrays: ``append_plan`` plus the writability and aliasing checks of the cache, and
-    the rows padded to the slot bucket: ((key, value, slots, counts), write)."""
-    slots, counts, write = append_plan(append_key, append_value, paged_kv_cache, *plan_args)
+    the rows padded to the slot bucket: ((key, value, slots, counts, quant), write)."""
+    slots, counts, quant, write = append_plan(append_key, append_value, paged_kv_cache,
+                                              *plan_args)
     key, value = check_writable(paged_kv_cache, (append_key, append_value))
     Tb = slots.shape[0]
-    return (pad_rows(key, Tb), pad_rows(value, Tb), slots, counts), write
+    return (pad_rows(key, Tb), pad_rows(value, Tb), slots, counts, quant), write

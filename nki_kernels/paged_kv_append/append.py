@@ -9,7 +9,8 @@ from nki_kernels.buckets import bucket, pad_rows
 from nki_kernels.launch_options import check_lnc
 
 from .kernel import P_MAX, SKIP_SLOT, paged_kv_scatter_kernel
-from .layout import CacheGeometry, check_writable, geometry, row_views
+from .layout import CacheGeometry, check_writable, geometry, row_views, split_cache
+from .quantize import quant_table
 
 
 def padded_slots(rows, keep, geo: CacheGeometry, spare_page=None):
@@ -47,8 +48,9 @@ def check_spare_page(spare_page, geo: CacheGeometry, used_pages=None):
 
 
 def scatter_tokens(append_key, append_value, paged_kv_cache, geo: CacheGeometry, rows, keep=None,
-                   spare_page=None, lnc=1):
-    """Launch the device kernel for tokens whose first K row is ``rows`` (``keep`` False = skip)."""
+                   spare_page=None, lnc=1, quant=(None, 0.0)):
+    """Launch the device kernel for tokens whose first K row is ``rows`` (``keep`` False = skip);
+    ``quant``: ``quantize.quant_table``'s (table, limit)."""
     if append_key.shape[0] == 0:
         return
     k_rows, v_rows = row_views(paged_kv_cache, geo)
@@ -56,12 +58,12 @@ def scatter_tokens(append_key, append_value, paged_kv_cache, geo: CacheGeometry,
     Tb = slots.shape[0]
     kernel = paged_kv_scatter_kernel if lnc == 1 else paged_kv_scatter_kernel[lnc]
     kernel(k_rows, v_rows, pad_rows(append_key, Tb), pad_rows(append_value, Tb), slots, counts,
-           geo.token_pattern, geo.v_offset)
+           geo.token_pattern, geo.v_offset, *quant)
 
 
 def append_paged_kv_cache(append_key, append_value, batch_indices, positions, paged_kv_cache,
                           kv_indices, kv_indptr, kv_last_page_len, kv_layout="NHD", spare_page=None,
-                          lnc=1):
+                          lnc=1, k_scale=None, v_scale=None):
     """Append T ragged K/V rows into a paged cache in place (FlashInfer semantics).
 
     Dimensions:  T appended tokens, B requests, N pages, P page_size, H kv heads, D head_dim
@@ -77,14 +79,20 @@ def append_paged_kv_cache(append_key, append_value, batch_indices, positions, pa
         spare_page: None (padding tokens of the shape bucket are dropped by ``oob_mode.skip``) or
             a reserved page id that no request owns (padding is written there instead)
         lnc: 1, or 2 on trn2 (LNC=2): one core writes K, the other V
+        k_scale, v_scale: None (rows in the cache dtype), or quantize on write into an fp8
+            cache: fp32/fp16/bf16 rows stored as rows / scale (a number, or float [H] per kv
+            head), clamped to the fp8 range (``quantize.py``)
     Semantics:   page = kv_indices[kv_indptr[b] + pos // P], entry = pos % P.
     Notes:       every index is validated on the host first (nothing is written on bad input);
         the host then turns (batch, position) into cache rows (as vLLM's slot_mapping) and the
         device kernel scatters. Computing rows on device from a device-resident page table is the
         way to skip the host round trip; here validation needs the values on the host anyway.
     """
+    quantize = k_scale is not None or v_scale is not None
     geo = check_append_shapes(append_key, append_value, batch_indices, positions, paged_kv_cache,
-                              kv_indices, kv_indptr, kv_last_page_len, kv_layout)
+                              kv_indices, kv_indptr, kv_last_page_len, kv_layout, quantize)
+    quant = quant_table(k_scale, v_scale, split_cache(paged_kv_cache)[0].dtype, append_key.dtype,
+                        geo.num_heads, geo.head_dim)
     lens = check_page_table(kv_indices, kv_indptr, kv_last_page_len, geo)
     check_spare_page(spare_page, geo, kv_indices[:kv_indptr[-1]])
     check_lnc(lnc)
@@ -92,11 +100,11 @@ def append_paged_kv_cache(append_key, append_value, batch_indices, positions, pa
     pages, entries, keep = destination_slots(batch_indices, positions, kv_indices, kv_indptr, lens,
                                              geo)
     scatter_tokens(append_key, append_value, paged_kv_cache, geo, geo.rows(pages, entries),
-                   keep=None if keep.all() else keep, spare_page=spare_page, lnc=lnc)
+                   keep=None if keep.all() else keep, spare_page=spare_page, lnc=lnc, quant=quant)
 
 
 def reshape_and_cache(key, value, key_cache, value_cache, slot_mapping, kv_layout="NHD",
-                      spare_page=None, lnc=1):
+                      spare_page=None, lnc=1, k_scale=None, v_scale=None):
     """vLLM-style write: token t goes to slot_mapping[t] = block * block_size + offset.
 
     Args:
@@ -105,6 +113,7 @@ def reshape_and_cache(key, value, key_cache, value_cache, slot_mapping, kv_layou
         slot_mapping: [T] int32 or int64; a negative slot marks a padded token, which is skipped
             (``spare_page`` None) or written to the reserved page ``spare_page``.
         lnc: 1, or 2 on trn2 (LNC=2): one core writes K, the other V
+        k_scale, v_scale: quantize on write into an fp8 cache, as ``append_paged_kv_cache``
     Raises ValueError for slots >= N * P or two tokens on one slot, before anything is written.
     """
     cache = key_cache if value_cache is None else (key_cache, value_cache)
@@ -112,10 +121,11 @@ def reshape_and_cache(key, value, key_cache, value_cache, slot_mapping, kv_layou
     for name, a in (("key", key), ("value", value)):
         if not isinstance(a, np.ndarray) or a.shape[1:] != (geo.num_heads, geo.head_dim) or a.ndim != 3:
             raise ValueError(f"{name} shape {getattr(a, 'shape', None)} must be [T, {geo.num_heads}, {geo.head_dim}]")
-        if a.dtype != key_cache.dtype:
+        if a.dtype != key_cache.dtype and k_scale is None and v_scale is None:
             raise TypeError(f"{name} dtype {a.dtype} must equal the cache dtype {key_cache.dtype}")
-    if key.shape != value.shape:
-        raise ValueError(f"key {key.shape} and value {value.shape} differ")
+    if key.shape != value.shape or key.dtype != value.dtype:
+        raise ValueError(f"key {key.shape} {key.dtype} and value {value.shape} {value.dtype} differ")
+    quant = quant_table(k_scale, v_scale, key_cache.dtype, key.dtype, geo.num_heads, geo.head_dim)
     if not isinstance(slot_mapping, np.ndarray) or slot_mapping.dtype not in (np.int32, np.int64):
         raise TypeError("slot_mapping must be a numpy int32 or int64 array")
     if slot_mapping.shape != (key.shape[0],):
@@ -132,4 +142,4 @@ def reshape_and_cache(key, value, key_cache, value_cache, slot_mapping, kv_layou
     check_spare_page(spare_page, geo, pages[keep])
     check_lnc(lnc)
     key, value = check_writable(cache, (key, value), ("key_cache", "value_cache"))
-    scatter_tokens(key, value, cache, geo, geo.rows(pages, entries), keep, spare_page, lnc)
+    scatter_tokens(key, value, cache, geo, geo.rows(pages, entries), keep, spare_page, lnc, quant)

@@ -24,7 +24,10 @@ def require_int32_vector(name: str, a, length=None):
 
 
 def check_append_shapes(append_key, append_value, batch_indices, positions, paged_kv_cache,
-                        kv_indices, kv_indptr, kv_last_page_len, kv_layout) -> CacheGeometry:
+                        kv_indices, kv_indptr, kv_last_page_len, kv_layout,
+                        quantize=False) -> CacheGeometry:
+    """Shapes and dtypes of an append (rows in the cache dtype, or with ``quantize`` wider rows
+    for an fp8 cache, checked by ``quantize.quant_table``)."""
     geo = geometry(paged_kv_cache, kv_layout)
     k_cache = split_cache(paged_kv_cache)[0]
     for name, a in (("append_key", append_key), ("append_value", append_value)):
@@ -33,8 +36,11 @@ def check_append_shapes(append_key, append_value, batch_indices, positions, page
         if a.shape[1:] != (geo.num_heads, geo.head_dim):
             raise ValueError(f"{name} shape {a.shape} must be [nnz, H={geo.num_heads}, D={geo.head_dim}] "
                              f"to match the cache")
-        if a.dtype != k_cache.dtype:
-            raise TypeError(f"{name} dtype {a.dtype} must equal the cache dtype {k_cache.dtype}")
+        if a.dtype != k_cache.dtype and not quantize:
+            hint = (" (pass k_scale and v_scale to quantize on write)"
+                    if k_cache.dtype.name.startswith("float8") else "")
+            raise TypeError(f"{name} dtype {a.dtype} must equal the cache dtype {k_cache.dtype}"
+                            f"{hint}")
     if append_key.shape != append_value.shape:
         raise ValueError(f"append_key {append_key.shape} and append_value {append_value.shape} differ")
     nnz = append_key.shape[0]

@@ -11,6 +11,10 @@ Args:
     counts: [1, 2] int32 @ HBM: real tokens, tiles of n holding them (runtime data)
     token_pattern: one token's K (or V) elements from its first, ``(step, num)`` pairs built by
         ``access_patterns.PagedKVLayout.token`` (NHD: one run of H*D; HND: H runs of D, P*D apart)
+    quant: None, or [2, H*D] float32 @ HBM: quantize on write (an fp8 cache, wider rows): element
+        e of a token's K (row 0) / V (row 1) is multiplied by quant[., e] (the reciprocal of its
+        head's scale), clamped to +-``limit`` (the cache dtype's largest finite value) and
+        rounded to the cache dtype, through SBUF (VectorE) instead of HBM to HBM
 Paths (units of work: 128-token tiles on trn2, tokens on trn1):
     NeuronCore-v3+ (trn2): per tile of n tokens, the slots are loaded to SBUF and K and V are
         copied HBM to HBM by one indirect DMA each (``vector_offset`` = the tile's slots on the
@@ -40,29 +44,58 @@ SKIP_SLOT = 2 ** 31 - 1
 
 
 @nki.jit
-def paged_kv_scatter_kernel(k_rows, v_rows, key, value, slots, counts, token_pattern, v_offset):
-    scatter_rows(k_rows, v_rows, key, value, slots, counts, token_pattern, v_offset)
+def paged_kv_scatter_kernel(k_rows, v_rows, key, value, slots, counts, token_pattern, v_offset,
+                            quant=None, limit=0.0):
+    scatter_rows(k_rows, v_rows, key, value, slots, counts, token_pattern, v_offset, quant, limit)
     return k_rows if v_rows is None else (k_rows, v_rows)
 
 
-def scatter_rows(k_rows, v_rows, key, value, slots, counts, token_pattern, v_offset):
+def scatter_rows(k_rows, v_rows, key, value, slots, counts, token_pattern, v_offset, quant=None,
+                 limit=0.0):
     """The kernel's body (arguments as above), for kernels that append before they read."""
     T = key.shape[0]
     n = min(P_MAX, T)
     token_elems = key.shape[1] * key.shape[2]
-    targets = ((key, k_rows, 0), (value, k_rows if v_rows is None else v_rows,
-                                  v_offset if v_rows is None else 0))
+    targets = ((key, k_rows, 0, 0), (value, k_rows if v_rows is None else v_rows,
+                                     v_offset if v_rows is None else 0, 1))
     if program_cores() == 2:                # LNC=2: core 0 writes K, core 1 writes V
         targets = targets[nl.program_id(0):nl.program_id(0) + 1]
-    if nisa.get_nc_version() >= 3:        # units: tiles of n tokens, one slot per partition
-        src_tiles = [(src.reshape((T // n, n * token_elems)), rows, offset)
-                     for src, rows, offset in targets]
+    tiles = nisa.get_nc_version() >= 3
+    # quantize on write: each target's reciprocal scales broadcast to its units' partitions
+    targets = [(src, rows, offset,
+                None if quant is None else _broadcast(quant, which, n if tiles else 1))
+               for src, rows, offset, which in targets]
+    if tiles:                              # v3+: tiles of n tokens, one slot per partition
+        src_tiles = [(src.reshape((T // n, n * token_elems)), rows, offset, inv)
+                     for src, rows, offset, inv in targets]
         _in_blocks(T // n, counts, 1, lambda first, per: _load_slots(slots, first, per, n),
                    lambda i, slot: _scatter_tile(i, slot, src_tiles, n, token_elems,
-                                                 token_pattern))
+                                                 token_pattern, limit))
     else:                                  # units: tokens, slots in one partition
         _in_blocks(T, counts, 0, lambda first, per: _load_slots(slots, first, per, 1),
-                   lambda t, slot: _scatter_token(t, slot, targets, token_pattern, token_elems))
+                   lambda t, slot: _scatter_token(t, slot, targets, token_pattern, token_elems,
+                                                  limit))
+
+
+def _broadcast(quant, which, n):
+    """Row ``which`` of ``quant`` [2, E] on n partitions: an SBUF [n, E] float32 tile."""
+    E = quant.shape[1]
+    tile = nl.ndarray((n, E), nl.float32, buffer=nl.sbuf, name="inv_scale")
+    nisa.dma_copy(dst=tile, src=quant.ap([[0, n], [1, E]], offset=which * E))
+    return tile
+
+
+def _quantized(src_ap, inv, rows_dtype, n, token_elems, limit):
+    """n tokens' rows (``src_ap`` [n, E] in HBM) scaled by ``inv`` [n, E], clamped to +-limit
+    and rounded to the cache dtype: an SBUF tile the write DMA reads."""
+    raw = nl.ndarray((n, token_elems), src_ap.dtype, buffer=nl.sbuf, name="new_rows")
+    nisa.dma_copy(dst=raw, src=src_ap)
+    scaled = nl.ndarray((n, token_elems), nl.float32, buffer=nl.sbuf, name="scaled_rows")
+    nisa.tensor_tensor(dst=scaled, data1=raw, data2=inv, op=nl.multiply)
+    out = nl.ndarray((n, token_elems), rows_dtype, buffer=nl.sbuf, name="quantized_rows")
+    nisa.tensor_scalar(dst=out, data=scaled, op0=nl.minimum, operand0=limit, op1=nl.maximum,
+                       operand1=-limit)
+    return out
 
 
 UNITS_PER_ITERATION = {3: 8, 2: 64}     # by NeuronCore version: tiles (v3+) or tokens (v2)
@@ -106,20 +139,25 @@ def _load_slots(slots, block, per, n):
     return tile
 
 
-def _scatter_tile(i, slot, src_tiles, n, token_elems, token_pattern):
+def _scatter_tile(i, slot, src_tiles, n, token_elems, token_pattern, limit):
     """Tile i (its slots in ``slot`` [n, 1]): one indirect HBM-to-HBM write per K / V (rows of
-    padded or skipped tokens are neither read nor written)."""
-    for src, rows, offset in src_tiles:
+    padded or skipped tokens are neither read nor written), or SBUF to HBM when quantized."""
+    for src, rows, offset, inv in src_tiles:
         row_elems = rows.shape[1]
         dst = rows.ap([[row_elems, n], *token_pattern], offset=offset, vector_offset=slot,
                       indirect_dim=0)
-        nisa.dma_copy(dst=dst, src=src.ap([[token_elems, n], [1, token_elems]], scalar_offset=i,
-                                          indirect_dim=0), oob_mode=nisa.oob_mode.skip)
+        rows_in = src.ap([[token_elems, n], [1, token_elems]], scalar_offset=i, indirect_dim=0)
+        if inv is not None:
+            rows_in = _quantized(rows_in, inv, rows.dtype, n, token_elems, limit)
+        nisa.dma_copy(dst=dst, src=rows_in, oob_mode=nisa.oob_mode.skip)
 
 
-def _scatter_token(t, slot, targets, token_pattern, token_elems):
-    """Token t (its slot in ``slot`` [1, 1]): its K and V rows HBM to HBM at that slot."""
-    for src, rows, offset in targets:
+def _scatter_token(t, slot, targets, token_pattern, token_elems, limit):
+    """Token t (its slot in ``slot`` [1, 1]): its K and V rows HBM to HBM at that slot (through
+    SBUF when quantized)."""
+    for src, rows, offset, inv in targets:
         dst = rows.ap([[0, 1], *token_pattern], offset=offset, scalar_offset=slot, indirect_dim=0)
-        nisa.dma_copy(dst=dst, src=src.ap([[token_elems, 1], [1, token_elems]], scalar_offset=t,
-                                          indirect_dim=0), oob_mode=nisa.oob_mode.skip)
+        rows_in = src.ap([[token_elems, 1], [1, token_elems]], scalar_offset=t, indirect_dim=0)
+        if inv is not None:
+            rows_in = _quantized(rows_in, inv, rows.dtype, 1, token_elems, limit)
+        nisa.dma_copy(dst=dst, src=rows_in, oob_mode=nisa.oob_mode.skip)

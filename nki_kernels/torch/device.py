@@ -91,13 +91,14 @@ def prefill_device(q, kv_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_l
                              logits_soft_cap, window_left, _host(sinks), 1.0, 1.0)
     writes = ()
     if append_key is not None or append_value is not None:
-        slots, counts, write = append_plan(
+        slots, counts, quant, write = append_plan(
             None if append_key is None else _meta(append_key),
             None if append_value is None else _meta(append_value), _meta(kv_cache), kv_layout,
             qo, _host(kv_indptr), _host(kv_indices), _host(kv_last_page_len), launch.kv_lens,
             q.shape[0])
         writes = (pad_rows(append_key, slots.shape[0]), pad_rows(append_value, slots.shape[0]),
-                  _dev(slots, q), _dev(counts, q), write)
+                  _dev(slots, q), _dev(counts, q), None if quant is None else _dev(quant, q),
+                  write)
     kernel = append_attention_kernel if writes else batch_decode_kernel
     out, lse = kernel(launch.pad_queries(q), kv_cache.reshape(-1, q.shape[2]), None, *writes,
                       *(_dev(a, q) for a in launch.arrays), *launch.statics)
