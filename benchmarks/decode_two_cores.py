@@ -15,7 +15,7 @@ import argparse
 import ml_dtypes
 import numpy as np
 
-import simulate
+from nki_kernels import simulate
 from nki_kernels.paged_decode_attention import batch_decode
 from nki_kernels.profile import estimate
 

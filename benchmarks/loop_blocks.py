@@ -16,7 +16,7 @@ import sys
 
 import numpy as np
 
-import simulate
+from nki_kernels import simulate
 from nki_kernels.paged_decode_attention import kernel as decode_kernel
 from nki_kernels.paged_decode_attention import plan
 from nki_kernels.paged_kv_append import kernel as append_kernel

@@ -110,7 +110,7 @@ def main(argv=None) -> int:
     parser.add_argument("--checkpoint", help="a local model directory or cached hub name")
     parser.add_argument("--target", choices=("trn1", "trn2"), default="trn2")
     args = parser.parse_args(argv)
-    import simulate
+    from nki_kernels import simulate
 
     ok = True
     with simulate.use_target(args.target):

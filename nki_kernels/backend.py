@@ -40,7 +40,7 @@ def _select():
                           f"repository on a trn/inf instance")
     if real is not None:
         return "nki", real, real.language, real.isa
-    import simulate
+    from nki_kernels import simulate
     modules = simulate.build_modules()
     return "sim", modules["nki"], simulate.nl, simulate.nisa
 

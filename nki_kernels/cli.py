@@ -51,7 +51,7 @@ def _simulate(spec, inputs, target):
         t0 = time.perf_counter()
         out = spec.run(inputs)
         return out, time.perf_counter() - t0, None
-    import simulate
+    from nki_kernels import simulate
     with simulate.use_target(target), simulate.tracing() as traces:
         t0 = time.perf_counter()
         out = spec.run(inputs)

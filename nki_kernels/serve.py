@@ -96,7 +96,7 @@ def _kv_bytes(tokens, cfg):
 
 
 def replay(cfg: ServeConfig = ServeConfig(), target: str = "trn2", check=True) -> ServeTrace:
-    import simulate
+    from nki_kernels import simulate
     from nki_kernels.paged_decode_attention import batch_decode, batch_decode_kernel, batch_decode_ref
     from nki_kernels.paged_kv_append import paged_kv_scatter_kernel
     from nki_kernels.paged_kv_append.page_table import PagedKVCache
@@ -182,7 +182,7 @@ def _mixed_step(step, cfg, target, cache, rids, prompt_left, rng, out, check):
     """One chunked-prefill step: request r feeds min(prompt left, chunk) prompt tokens, or one
     decode token; one ``batch_prefill`` launch writes every new token's K/V and attends causally.
     Checked against the reference append and attention over the cache as it was before."""
-    import simulate
+    from nki_kernels import simulate
     from nki_kernels.paged_decode_attention import batch_prefill, batch_prefill_ref
     from nki_kernels.paged_decode_attention.plan import causal_pairs
     from nki_kernels.paged_kv_append import append_paged_kv_cache_ref, get_batch_indices_positions

@@ -2,14 +2,20 @@
 
 Use it directly::
 
-    from simulate import nl, nisa, jit, simulate
+    from nki_kernels.simulate import nl, nisa, jit, simulate
     out = simulate(my_kernel, target="trn1")(x)
 
 or let it stand in for ``nki`` so unmodified kernels run on a CPU::
 
-    import simulate; simulate.install()
+    from nki_kernels import simulate; simulate.install()
     import nki, nki.language as nl, nki.isa as nisa
 """
+
+if __name__ == "simulate":       # imported by its old top-level name (a source checkout on sys.path)
+    raise ImportError("the simulate package installs as nki_kernels.simulate: "
+                      "`from nki_kernels import simulate` (the top-level name `simulate` is "
+                      "not used: it collides with other PyPI packages)")
+
 
 from . import isa as nisa
 from . import language as nl

@@ -16,7 +16,7 @@ from typing import Optional
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
-import access_patterns as aps
+from nki_kernels import access_patterns as aps
 
 from . import context
 from .errors import OutOfBoundsError, ValidationError

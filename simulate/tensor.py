@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-import access_patterns as aps
+from nki_kernels import access_patterns as aps
 
 from . import context, dtypes
 from .errors import AccessError, OutOfBoundsError, ValidationError

@@ -9,7 +9,7 @@ import zlib
 import numpy as np
 import pytest
 
-import simulate
+from nki_kernels import simulate
 
 SIM_TARGETS = ("trn1", "trn2")
 

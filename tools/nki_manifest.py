@@ -60,8 +60,8 @@ def main(argv=None):
     args = parser.parse_args(argv)
     commit = subprocess.run(["git", "-C", args.sdk, "rev-parse", "HEAD"], capture_output=True,
                             text=True).stdout.strip() or "unknown"
-    from simulate import manifest
-    from simulate.nki_module import build_modules
+    from nki_kernels.simulate import manifest
+    from nki_kernels.simulate.nki_module import build_modules
     entries = read_stubs(args.sdk, commit)
     modules = build_modules()
     for e in entries:

@@ -27,7 +27,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from simulate.collectives import ReplicaGroup  # noqa: E402  (nki.collectives.ReplicaGroup)
+from nki_kernels.simulate.collectives import ReplicaGroup  # noqa: E402  (nki.collectives.ReplicaGroup)
 
 BF16 = ml_dtypes.bfloat16
 LIB = "nkilib_src.nkilib."
@@ -200,7 +200,7 @@ def _flatten(result):
 
 
 def run_case(case: Case):
-    import simulate
+    from nki_kernels import simulate
     if case.static.get("dtype") in ("float32", "bfloat16"):
         case.static["dtype"] = getattr(sys.modules["nki.language"], case.static["dtype"])
     rng = np.random.default_rng(0)
@@ -243,7 +243,7 @@ def main(argv=None):
                                 text=True).stdout.strip() or "unknown"
     except OSError:
         commit = "unknown"
-    import simulate
+    from nki_kernels import simulate
     simulate.install()
     print(f"nki-library at {root} (commit {commit})")
     passed = failed = 0

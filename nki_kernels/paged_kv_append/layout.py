@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from access_patterns import PagedKVLayout
+from nki_kernels.access_patterns import PagedKVLayout
 
 LAYOUTS = ("NHD", "HND")
 

@@ -133,7 +133,7 @@ def estimate(trace, target: str = None, hw: Hardware = None, **overrides) -> Est
     hw = hw or hardware(target or trace.target.name, **overrides)
     nc_version = trace.target.nc_version if trace.target is not None else 3
     if target is not None:
-        from simulate.targets import get_target
+        from nki_kernels.simulate.targets import get_target
         nc_version = get_target(target).nc_version
     two_cores = nc_version >= 3
     pids = sorted({e.program_id for e in trace} | {p for _, p in trace.iteration_starts})

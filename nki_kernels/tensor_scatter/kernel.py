@@ -24,7 +24,7 @@ A write that wraps would be two static patterns if w were known at trace time; i
 
 from __future__ import annotations
 
-from access_patterns import permute, sequence_rows, tile
+from nki_kernels.access_patterns import permute, sequence_rows, tile
 from nki_kernels.backend import nki, nisa, nl
 from nki_kernels.kernel_dtypes import dtype_bytes
 

@@ -6,7 +6,7 @@ import math
 
 import numpy as np
 
-import access_patterns as aps
+from nki_kernels import access_patterns as aps
 
 from .. import context
 from ..access import Resolved, resolve

@@ -9,7 +9,7 @@ indices untouched. Row ``w`` of an indirect side pairs with row ``w`` (dim 0) of
 from __future__ import annotations
 
 
-import access_patterns as aps
+from nki_kernels import access_patterns as aps
 
 from .. import context, dtypes
 from ..access import Resolved, resolve

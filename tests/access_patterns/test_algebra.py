@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from access_patterns import AccessPattern, compose, permute, reinterpret, split, tile
+from nki_kernels.access_patterns import AccessPattern, compose, permute, reinterpret, split, tile
 
 shapes = st.lists(st.integers(1, 6), min_size=1, max_size=4)
 

@@ -5,7 +5,7 @@ import itertools
 import numpy as np
 import pytest
 
-from access_patterns import PagedKVLayout, contiguous_run, page_rows, scatter_write
+from nki_kernels.access_patterns import PagedKVLayout, contiguous_run, page_rows, scatter_write
 
 
 def _numbered_cache(N, P, H, D, layout, fused):
@@ -78,6 +78,6 @@ def test_paged_layout_token_patterns_address_the_cache(layout, fused):
 def test_sequence_rows_are_rows_of_every_prefix():
     outer, M, rows, inner = 3, 7, 4, 5
     arr = np.arange(outer * M * inner).reshape(outer, M, inner)
-    from access_patterns import sequence_rows
+    from nki_kernels.access_patterns import sequence_rows
     ap = sequence_rows(outer, M, rows, inner).with_offset(2 * inner)        # from row 2
     np.testing.assert_array_equal(ap.indices(), arr[:, 2:2 + rows])

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from access_patterns import (AccessPattern, AccessPatternError, check_bounds, check_not_nested,
+from nki_kernels.access_patterns import (AccessPattern, AccessPatternError, check_bounds, check_not_nested,
                              check_partition_rule, coalesce, contiguous_run, reinterpret_count)
 
 

@@ -9,7 +9,7 @@ import pytest
 pytest.importorskip("transformers")
 torch = pytest.importorskip("torch")
 
-import simulate  # noqa: E402
+from nki_kernels import simulate  # noqa: E402
 from examples import hf_continuous_batching as example  # noqa: E402
 
 # what each model must exercise: Llama full-attention pages shared by a common prefix; gpt-oss a

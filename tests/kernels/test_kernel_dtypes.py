@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from nki_kernels.kernel_dtypes import dtype_bytes
-from simulate import nl
+from nki_kernels.simulate import nl
 
 NAMES = ["bool_", "int8", "uint8", "float8_e4m3", "float8_e4m3fn", "float8_e5m2", "float8_e8m0fnu",
          "int16", "uint16", "float16", "bfloat16", "int32", "uint32", "float32"]

@@ -35,7 +35,7 @@ def test_every_source_is_named_and_every_tolerance_stated():
 def test_calibration_kernel_matches_its_reference(order, target):
     """The Mamba workload computes what it claims (odd sequence length, two channel tiles)."""
     import numpy as np
-    import simulate
+    from nki_kernels import simulate
     args = mamba_inputs(np.random.default_rng(3), 2, 256, 37, 3)
     with simulate.use_target(target):
         out = simulate.simulate(mamba_kernel)(*args, order)

@@ -5,10 +5,10 @@ import json
 import numpy as np
 import pytest
 
-import simulate
+from nki_kernels import simulate
 from nki_kernels.cli import main
 from nki_kernels.profile import TRN2, chrome_trace, estimate, hardware, instruction_seconds, png_timeline
-from simulate.trace import Operand, Trace
+from nki_kernels.simulate.trace import Operand, Trace
 
 
 def op(buffer, shape, dtype="float32"):
@@ -88,7 +88,7 @@ def test_hbm_to_hbm_copy_is_never_faster_than_its_hbm_traffic():
     """Regression: a DRAM-to-DRAM append was modelled below the HBM floor (0.9x)."""
     import numpy as np
 
-    import simulate
+    from nki_kernels import simulate
     from nki_kernels.profile.cost_model import estimate
 
     @simulate.jit

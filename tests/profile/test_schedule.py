@@ -3,11 +3,11 @@
 import numpy as np
 import pytest
 
-import simulate
+from nki_kernels import simulate
 from nki_kernels.profile import TRN1, TRN2, estimate
 from nki_kernels.profile.cost_model import compute_seconds
 from nki_kernels.profile.schedule import descriptor_seconds, dma_transfer_seconds
-from simulate.trace import Operand, Trace
+from nki_kernels.simulate.trace import Operand, Trace
 
 SB, HB = 1, 2          # buffer idents: an SBUF tile [128, 512] fp32, an HBM tensor
 
@@ -169,7 +169,7 @@ def test_two_cores_are_scheduled_apart():
 
 
 def test_device_loop_tiles_are_one_buffer_and_unrolled_tiles_are_not():
-    from simulate import nisa, nl
+    from nki_kernels.simulate import nisa, nl
 
     @simulate.jit
     def kernel(x):
@@ -210,8 +210,8 @@ def test_bounds_hold_on_every_kernel(target):
 
 
 def test_depends_on_edges_are_kept_and_checked():
-    from simulate import nisa, nl
-    from simulate.errors import ValidationError
+    from nki_kernels.simulate import nisa, nl
+    from nki_kernels.simulate.errors import ValidationError
 
     @simulate.jit
     def kernel(x):

@@ -60,7 +60,7 @@ def test_chunked_prefill_replay_mixes_prefill_and_decode(target):
     """prefill_chunk: prompts fed 48 tokens per step alongside other requests' decode tokens, one
     fused write + attention launch per step, each step checked (cache bytes against the reference
     append, outputs against the reference attention); every launch shape is a bucket."""
-    import simulate
+    from nki_kernels import simulate
     from nki_kernels.serve import _mixed_kernels
     trace = replay(ServeConfig(steps=14, max_batch=4, arrival_per_step=0.3, prompt_lens=(5, 200),
                                output_lens=(2, 12), seed=3, prefill_chunk=48), target)

@@ -2,8 +2,8 @@
 
 import numpy as np
 
-import simulate
-from simulate import jit, nisa, nl
+from nki_kernels import simulate
+from nki_kernels.simulate import jit, nisa, nl
 
 
 def run(body, *arrays, target=None):

@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-import simulate
-from simulate import jit, nisa, nl
+from nki_kernels import simulate
+from nki_kernels.simulate import jit, nisa, nl
 
 
 def loop_gather(flat, pattern, offset):

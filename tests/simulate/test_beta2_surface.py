@@ -8,8 +8,8 @@ import sys
 import numpy as np
 import pytest
 
-import simulate
-from simulate import jit, nisa, nl
+from nki_kernels import simulate
+from nki_kernels.simulate import jit, nisa, nl
 
 from .isa_util import run, sb
 

@@ -4,10 +4,10 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from simulate import jit, nisa, nl, per_rank, simulate
-from simulate import collectives as cc
-from simulate.errors import ValidationError
-from simulate.lnc import SynchronizationError
+from nki_kernels.simulate import jit, nisa, nl, per_rank, simulate
+from nki_kernels.simulate import collectives as cc
+from nki_kernels.simulate.errors import ValidationError
+from nki_kernels.simulate.lnc import SynchronizationError
 
 RANKS = 4
 

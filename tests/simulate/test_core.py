@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-import simulate
-from simulate import jit, nisa, nl
+from nki_kernels import simulate
+from nki_kernels.simulate import jit, nisa, nl
 
 
 def test_partition_dim_rules():
@@ -155,7 +155,7 @@ def test_dma_rules():
 
 
 def test_an_input_returned_whole_is_the_callers_own_array():
-    from simulate import jit, nisa, nl
+    from nki_kernels.simulate import jit, nisa, nl
 
     @jit
     def bump(x):
@@ -172,7 +172,7 @@ def test_an_input_returned_whole_is_the_callers_own_array():
 
 
 def test_unknown_jit_options_are_refused():
-    from simulate import jit
+    from nki_kernels.simulate import jit
     import pytest
 
     def k(x):

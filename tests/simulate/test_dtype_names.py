@@ -4,7 +4,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from simulate import jit, nisa, nl
+from nki_kernels.simulate import jit, nisa, nl
 
 
 def test_nl_dtypes_are_names_that_compare_with_numpy():

@@ -6,8 +6,8 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-import simulate
-from simulate import nisa, nl
+from nki_kernels import simulate
+from nki_kernels.simulate import nisa, nl
 
 from .isa_util import events, randn, run, sb
 

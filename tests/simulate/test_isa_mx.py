@@ -5,8 +5,8 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-import simulate
-from simulate import nisa, nl
+from nki_kernels import simulate
+from nki_kernels.simulate import nisa, nl
 
 from .isa_util import run, sb
 
@@ -108,7 +108,7 @@ def test_mx_is_v4_only_and_checks_layout(rng, platform, scale_rows, match):
 
 
 def test_matmul_mx_reads_fp4_nibbles_low_first_and_applies_scales(rng):
-    from simulate import dtypes
+    from nki_kernels.simulate import dtypes
     K, M, N = 32, 2, 3
     fp4 = rng.choice([0.5, 1.0, 1.5, 2.0, 3.0, -4.0, 6.0, -0.5], size=(K, N, 4))
     codes = fp4.astype(ml_dtypes.float4_e2m1fn).view(np.uint8) & 0xF

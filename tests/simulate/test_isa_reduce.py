@@ -4,8 +4,8 @@ bn_stats/bn_aggr, max8."""
 import numpy as np
 import pytest
 
-import simulate
-from simulate import nisa, nl
+from nki_kernels import simulate
+from nki_kernels.simulate import nisa, nl
 
 from .isa_util import events, randn, run, sb
 

@@ -4,8 +4,8 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-import simulate
-from simulate import jit, nl
+from nki_kernels import simulate
+from nki_kernels.simulate import jit, nl
 
 from .isa_util import events, randn
 

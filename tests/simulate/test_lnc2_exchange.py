@@ -4,9 +4,9 @@ a partner that never arrives is an error naming the line, not a hang."""
 import numpy as np
 import pytest
 
-import simulate
-from simulate import jit, nisa, nl
-from simulate.lnc import SynchronizationError
+from nki_kernels import simulate
+from nki_kernels.simulate import jit, nisa, nl
+from nki_kernels.simulate.lnc import SynchronizationError
 
 
 @jit

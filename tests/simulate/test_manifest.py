@@ -2,7 +2,7 @@
 
 import copy
 
-from simulate import manifest
+from nki_kernels.simulate import manifest
 
 
 def test_manifest_matches_the_simulator():

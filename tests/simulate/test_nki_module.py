@@ -7,7 +7,7 @@ import types
 import numpy as np
 import pytest
 
-import simulate
+from nki_kernels import simulate
 
 
 def test_foreign_kernel_runs_unchanged(rng):
@@ -22,7 +22,7 @@ def test_foreign_kernel_runs_unchanged(rng):
 
 
 def test_nl_convenience_ops(rng):
-    from simulate import jit, nl
+    from nki_kernels.simulate import jit, nl
 
     @jit
     def k(a, b):

@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from simulate import jit, nisa, nl
-from simulate.errors import CapacityError
+from nki_kernels.simulate import jit, nisa, nl
+from nki_kernels.simulate.errors import CapacityError
 
 BANK = 2048
 

@@ -5,7 +5,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from simulate import jit, nisa, nl
+from nki_kernels.simulate import jit, nisa, nl
 
 BF16 = ml_dtypes.bfloat16
 

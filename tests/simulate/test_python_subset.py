@@ -5,8 +5,8 @@ import enum
 import numpy as np
 import pytest
 
-from simulate import jit, nisa, nl
-from simulate.subset import SubsetError
+from nki_kernels.simulate import jit, nisa, nl
+from nki_kernels.simulate.subset import SubsetError
 
 X = np.zeros((4, 4), np.float32)
 

@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-import simulate
-from simulate import jit, nisa, nl
+from nki_kernels import simulate
+from nki_kernels.simulate import jit, nisa, nl
 
 
 @jit

@@ -57,7 +57,7 @@ class Figure:
 def _hbm_to_sbuf(trace, partitions: int, elems: int, tile: int, start: int = 0):
     """Add one HBM->SBUF DMA of ``partitions`` rows x ``elems`` fp32, one contiguous run per
     row, into SBUF tile ``tile`` from element ``start`` of one HBM tensor."""
-    from simulate.trace import Operand
+    from nki_kernels.simulate.trace import Operand
 
     nbytes = partitions * elems * 4
     dst = Operand("dst", "t", "sbuf", "float32", (partitions, elems),
@@ -72,8 +72,8 @@ def dma_stream_bandwidth(target: str, bytes_per_partition: int, partitions: int 
                          count: int = 32) -> float:
     """Achieved bytes/s of ``count`` independent HBM->SBUF DMAs of ``partitions`` rows, one
     contiguous run of ``bytes_per_partition`` each, in the schedule."""
-    import simulate
-    from simulate.trace import Trace
+    from nki_kernels import simulate
+    from nki_kernels.simulate.trace import Trace
     from ..cost_model import estimate
 
     trace = Trace(simulate.get_target(target))
@@ -85,8 +85,8 @@ def dma_stream_bandwidth(target: str, bytes_per_partition: int, partitions: int 
 
 def single_dma_rate(target: str, bytes_per_partition: int, partitions: int) -> float:
     """Bytes/s one DMA moves once started (its fixed latency excluded)."""
-    import simulate
-    from simulate.trace import Trace
+    from nki_kernels import simulate
+    from nki_kernels.simulate.trace import Trace
     from ..schedule import dma_transfer_seconds
 
     e = _hbm_to_sbuf(Trace(simulate.get_target(target)), partitions, bytes_per_partition // 4, 2)
@@ -97,7 +97,7 @@ def single_dma_rate(target: str, bytes_per_partition: int, partitions: int) -> f
 
 def modelled_cycles(target: str, build) -> float:
     """Cycles the model gives the one compute instruction ``build()`` issues in a kernel."""
-    import simulate
+    from nki_kernels import simulate
     from ..cost_model import compute_seconds, _cycles
 
     @simulate.jit
@@ -116,7 +116,7 @@ def modelled_cycles(target: str, build) -> float:
 
 def _matmul(dtype, n):
     def build():
-        from simulate import nisa, nl
+        from nki_kernels.simulate import nisa, nl
         s = nl.ndarray((128, 128), dtype, buffer=nl.sbuf)
         m = nl.ndarray((128, n), dtype, buffer=nl.sbuf)
         nisa.memset(dst=s, value=0.0)
@@ -128,7 +128,7 @@ def _matmul(dtype, n):
 
 def _activation(n):
     def build():
-        from simulate import nisa, nl
+        from nki_kernels.simulate import nisa, nl
         x = nl.ndarray((128, n), nl.float32, buffer=nl.sbuf)
         nisa.memset(dst=x, value=0.0)
         nisa.activation(dst=x, op=nl.exp, data=x)
@@ -137,7 +137,7 @@ def _activation(n):
 
 def _tensor_tensor(n):
     def build():
-        from simulate import nisa, nl
+        from nki_kernels.simulate import nisa, nl
         x = nl.ndarray((128, n), nl.float32, buffer=nl.sbuf)
         nisa.memset(dst=x, value=0.0)
         nisa.tensor_tensor(dst=x, data1=x, data2=x, op=nl.add)
@@ -146,7 +146,7 @@ def _tensor_tensor(n):
 
 def _iota(n):
     def build():
-        from simulate import nisa, nl
+        from nki_kernels.simulate import nisa, nl
         x = nl.ndarray((128, n), nl.int32, buffer=nl.sbuf)
         nisa.iota(dst=x, pattern=[[1, n]], offset=0, channel_multiplier=0)
     return build
@@ -157,7 +157,7 @@ def _iota(n):
 def mamba_seconds(order: str, channels: int, seq: int = 512, state: int = 16, batch: int = 1,
                   target: str = "trn1") -> float:
     """Modelled time of the Mamba kernel (mamba.py) on random inputs; checks the result."""
-    import simulate
+    from nki_kernels import simulate
     from ..cost_model import estimate
     from .mamba import mamba_inputs, mamba_kernel, mamba_ref
 

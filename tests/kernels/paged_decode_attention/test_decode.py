@@ -4,7 +4,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-import simulate
+from nki_kernels import simulate
 from nki_kernels.paged_decode_attention import batch_decode, batch_decode_ref
 
 from .conftest import assert_close, make_decode_case

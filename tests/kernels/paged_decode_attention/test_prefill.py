@@ -5,7 +5,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-import simulate
+from nki_kernels import simulate
 from nki_kernels.paged_decode_attention import batch_decode, batch_decode_kernel
 from nki_kernels.paged_decode_attention.plan import query_blocks
 from nki_kernels.paged_decode_attention.prefill import batch_prefill, query_block

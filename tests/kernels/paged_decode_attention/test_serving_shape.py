@@ -4,7 +4,7 @@ grow with batch or length, work that does, and LNC=2."""
 import numpy as np
 import pytest
 
-import simulate
+from nki_kernels import simulate
 from nki_kernels.buckets import BucketPolicy, set_bucket_policy
 from nki_kernels.paged_decode_attention import batch_decode, batch_decode_kernel, batch_decode_ref
 

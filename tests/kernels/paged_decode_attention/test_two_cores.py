@@ -6,7 +6,7 @@ from collections import Counter
 import numpy as np
 import pytest
 
-import simulate
+from nki_kernels import simulate
 from nki_kernels.paged_decode_attention import batch_decode, batch_decode_ref
 from nki_kernels.profile import estimate
 from nki_kernels.paged_decode_attention.plan import (BOUNDARY, C0, C1, END, FIRST, ITEM_COST_CHUNKS,

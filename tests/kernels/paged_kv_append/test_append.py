@@ -4,7 +4,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-import simulate
+from nki_kernels import simulate
 from nki_kernels.paged_kv_append import (append_paged_kv_cache, append_paged_kv_cache_ref,
                                          get_batch_indices_positions, reshape_and_cache)
 

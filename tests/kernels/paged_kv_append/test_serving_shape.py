@@ -4,7 +4,7 @@ and padding sent to a reserved spare page instead of relying on oob_mode.skip.""
 import numpy as np
 import pytest
 
-import simulate
+from nki_kernels import simulate
 from nki_kernels.paged_kv_append import append_paged_kv_cache, paged_kv_scatter_kernel
 from nki_kernels.paged_kv_append.append import reshape_and_cache
 

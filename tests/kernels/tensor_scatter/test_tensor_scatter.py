@@ -6,7 +6,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-import simulate
+from nki_kernels import simulate
 from nki_kernels.tensor_scatter import tensor_scatter, tensor_scatter_, tensor_scatter_ref
 
 
