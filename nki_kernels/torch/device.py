@@ -41,15 +41,19 @@ def _dev(a, like):
 
 
 def append_device(append_key, append_value, batch_indices, positions, kv_cache, kv_indices,
-                  kv_indptr, kv_last_page_len, kv_layout):
+                  kv_indptr, kv_last_page_len, kv_layout, k_scale=None, v_scale=None):
     from nki_kernels.paged_kv_append.checks import (check_append_shapes, check_page_table,
                                                     destination_slots)
     from nki_kernels.buckets import pad_rows
     from nki_kernels.paged_kv_append.append import padded_slots
     from nki_kernels.paged_kv_append.kernel import paged_kv_scatter_kernel
     idx = [_host(t) for t in (batch_indices, positions, kv_indices, kv_indptr, kv_last_page_len)]
+    from nki_kernels.paged_kv_append.quantize import quant_table
+    quantize = k_scale is not None or v_scale is not None
     geo = check_append_shapes(_meta(append_key), _meta(append_value), idx[0], idx[1], _meta(kv_cache),
-                              idx[2], idx[3], idx[4], kv_layout)
+                              idx[2], idx[3], idx[4], kv_layout, quantize)
+    quant, limit = quant_table(k_scale, v_scale, _meta(kv_cache).dtype, _meta(append_key).dtype,
+                               geo.num_heads, geo.head_dim)
     lens = check_page_table(idx[2], idx[3], idx[4], geo)
     pages, entries, keep = destination_slots(idx[0], idx[1], idx[2], idx[3], lens, geo)
     slots, counts = padded_slots(geo.rows(pages, entries), None if keep.all() else keep, geo)
@@ -57,17 +61,18 @@ def append_device(append_key, append_value, batch_indices, positions, kv_cache, 
     rows = kv_cache.view(-1, geo.row_elems)
     written = paged_kv_scatter_kernel(rows, None, pad_rows(append_key, Tb),
                                       pad_rows(append_value, Tb), _dev(slots, kv_cache),
-                                      _dev(counts, kv_cache), geo.token_pattern, geo.v_offset)
+                                      _dev(counts, kv_cache), geo.token_pattern, geo.v_offset,
+                                      _dev(quant, kv_cache), limit)
     _keep(written, rows)
 
 
 def decode_device(q, kv_cache, kv_indptr, kv_indices, kv_last_page_len, kv_layout, sm_scale,
-                  logits_soft_cap, window_left, sinks):
+                  logits_soft_cap, window_left, sinks, k_scale=1.0, v_scale=1.0):
     from nki_kernels.paged_decode_attention.decode import prepare_decode
     from nki_kernels.paged_decode_attention.kernel import batch_decode_kernel
     launch = prepare_decode(_meta(q), _meta(kv_cache), _host(kv_indptr), _host(kv_indices),
                             _host(kv_last_page_len), kv_layout, sm_scale, logits_soft_cap,
-                            window_left, _host(sinks), 1.0, 1.0)
+                            window_left, _host(sinks), k_scale, v_scale)
     B, HQ, D = q.shape
     out, lse = batch_decode_kernel(launch.pad_queries(q.contiguous()), kv_cache.reshape(-1, D), None,
                                    *(_dev(a, q) for a in launch.arrays), *launch.statics)
@@ -76,7 +81,7 @@ def decode_device(q, kv_cache, kv_indptr, kv_indices, kv_last_page_len, kv_layou
 
 def prefill_device(q, kv_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, kv_layout,
                    causal, sm_scale, logits_soft_cap, window_left, sinks, append_key,
-                   append_value):
+                   append_value, k_scale=1.0, v_scale=1.0):
     """batch_prefill on device tensors: the host plans (checks, work items, row maps), q is
     gathered into its padded blocks and the output scattered back with torch indexing on the
     device, and the kernel (with the fused write when append rows are given) runs there."""
@@ -88,14 +93,14 @@ def prefill_device(q, kv_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_l
     qo = _host(qo_indptr)
     launch = prepare_prefill(_meta(q), _meta(kv_cache), qo, _host(kv_indptr), _host(kv_indices),
                              _host(kv_last_page_len), kv_layout, causal, sm_scale,
-                             logits_soft_cap, window_left, _host(sinks), 1.0, 1.0)
+                             logits_soft_cap, window_left, _host(sinks), k_scale, v_scale)
     writes = ()
     if append_key is not None or append_value is not None:
         slots, counts, quant, write = append_plan(
             None if append_key is None else _meta(append_key),
             None if append_value is None else _meta(append_value), _meta(kv_cache), kv_layout,
             qo, _host(kv_indptr), _host(kv_indices), _host(kv_last_page_len), launch.kv_lens,
-            q.shape[0])
+            q.shape[0], k_scale, v_scale)
         writes = (pad_rows(append_key, slots.shape[0]), pad_rows(append_value, slots.shape[0]),
                   _dev(slots, q), _dev(counts, q), None if quant is None else _dev(quant, q),
                   write)

@@ -64,20 +64,29 @@ def _check_arguments(first: str, tensors: dict, written: tuple = ()) -> None:
 @torch.library.custom_op("nki_kernels::append_paged_kv_cache", mutates_args=("kv_cache",))
 def append_paged_kv_cache(append_key: Tensor, append_value: Tensor, batch_indices: Tensor,
                           positions: Tensor, kv_cache: Tensor, kv_indices: Tensor, kv_indptr: Tensor,
-                          kv_last_page_len: Tensor, kv_layout: str = "NHD") -> None:
+                          kv_last_page_len: Tensor, kv_layout: str = "NHD",
+                          k_scale: Optional[float] = None, v_scale: Optional[float] = None) -> None:
+    """With k_scale / v_scale, wider rows are quantized into an fp8 cache (per-tensor scales)."""
     _append_checks(append_key, append_value, batch_indices, positions, kv_cache, kv_indices,
                    kv_indptr, kv_last_page_len)
     if _on_neuron(kv_cache):
         from .device import append_on_neuron
         return append_on_neuron(append_key, append_value, batch_indices, positions, kv_cache,
-                                kv_indices, kv_indptr, kv_last_page_len, kv_layout)
+                                kv_indices, kv_indptr, kv_last_page_len, kv_layout, k_scale,
+                                v_scale)
     from nki_kernels.paged_kv_append import append_paged_kv_cache as run, append_paged_kv_cache_ref
     args = [to_numpy(t) for t in (append_key, append_value, batch_indices, positions, kv_cache,
                                   kv_indices, kv_indptr, kv_last_page_len)]
     if get_backend() == "ref":
+        if k_scale is not None or v_scale is not None:
+            from nki_kernels.paged_kv_append.quantize import quant_table, quantize_ref
+            cache = args[4]
+            quant_table(k_scale, v_scale, cache.dtype, args[0].dtype, 1, 1)   # the same checks
+            args[0], args[1] = (quantize_ref(a, s, cache.dtype)
+                                for a, s in ((args[0], k_scale), (args[1], v_scale)))
         to_numpy(kv_cache)[...] = append_paged_kv_cache_ref(*args, kv_layout)
     else:
-        run(*args, kv_layout)                         # writes kv_cache's memory in place
+        run(*args, kv_layout, k_scale=k_scale, v_scale=v_scale)   # writes kv_cache in place
 
 
 def _append_checks(append_key, append_value, batch_indices, positions, kv_cache, kv_indices,
@@ -101,7 +110,7 @@ def _scatter_checks(past_cache, update, write_indices):
 
 @append_paged_kv_cache.register_fake
 def _(append_key, append_value, batch_indices, positions, kv_cache, kv_indices, kv_indptr,
-      kv_last_page_len, kv_layout="NHD"):
+      kv_last_page_len, kv_layout="NHD", k_scale=None, v_scale=None):
     _append_checks(append_key, append_value, batch_indices, positions, kv_cache, kv_indices,
                    kv_indptr, kv_last_page_len)
     return None
@@ -111,24 +120,26 @@ def _(append_key, append_value, batch_indices, positions, kv_cache, kv_indices, 
 def batch_decode(q: Tensor, kv_cache: Tensor, kv_indptr: Tensor, kv_indices: Tensor,
                  kv_last_page_len: Tensor, kv_layout: str = "NHD", sm_scale: Optional[float] = None,
                  logits_soft_cap: float = 0.0, window_left: int = -1,
-                 sinks: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
+                 sinks: Optional[Tensor] = None, k_scale: float = 1.0,
+                 v_scale: float = 1.0) -> Tuple[Tensor, Tensor]:
     _decode_checks(q, kv_cache, kv_indptr, kv_indices, kv_last_page_len, sinks)
     if _on_neuron(q):
         from .device import decode_on_neuron
         return decode_on_neuron(q, kv_cache, kv_indptr, kv_indices, kv_last_page_len, kv_layout,
-                                sm_scale, logits_soft_cap, window_left, sinks)
+                                sm_scale, logits_soft_cap, window_left, sinks, k_scale, v_scale)
     from nki_kernels.paged_decode_attention import batch_decode as run, batch_decode_ref
     fn = batch_decode_ref if get_backend() == "ref" else run
     out, lse = fn(to_numpy(q), to_numpy(kv_cache), to_numpy(kv_indptr), to_numpy(kv_indices),
                   to_numpy(kv_last_page_len), kv_layout, sm_scale=sm_scale,
                   logits_soft_cap=logits_soft_cap, window_left=window_left,
-                  sinks=None if sinks is None else to_numpy(sinks), return_lse=True)
+                  sinks=None if sinks is None else to_numpy(sinks), k_scale=k_scale,
+                  v_scale=v_scale, return_lse=True)
     return to_torch(out).clone(), torch.from_numpy(np.ascontiguousarray(lse, np.float32)).clone()
 
 
 @batch_decode.register_fake
 def _(q, kv_cache, kv_indptr, kv_indices, kv_last_page_len, kv_layout="NHD", sm_scale=None,
-      logits_soft_cap=0.0, window_left=-1, sinks=None):
+      logits_soft_cap=0.0, window_left=-1, sinks=None, k_scale=1.0, v_scale=1.0):
     _decode_checks(q, kv_cache, kv_indptr, kv_indices, kv_last_page_len, sinks)
     return torch.empty_like(q), q.new_empty(q.shape[:2], dtype=torch.float32)
 
@@ -139,26 +150,30 @@ def batch_prefill(q: Tensor, kv_cache: Tensor, qo_indptr: Tensor, kv_indptr: Ten
                   causal: bool = True, sm_scale: Optional[float] = None,
                   logits_soft_cap: float = 0.0, window_left: int = -1,
                   sinks: Optional[Tensor] = None, append_key: Optional[Tensor] = None,
-                  append_value: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
+                  append_value: Optional[Tensor] = None, k_scale: float = 1.0,
+                  v_scale: float = 1.0) -> Tuple[Tensor, Tensor]:
     """Ragged queries (q [Q, HQ, D], request b's rows qo_indptr[b]..) over the paged cache; with
     append_key/append_value [Q, H, D] the step's K/V are written into ``kv_cache`` first by the
-    same launch (the only case in which the op mutates it). Returns out [Q, HQ, D], lse [Q, HQ]."""
+    same launch (the only case in which the op mutates it; wider rows into an fp8 cache are
+    quantized with k_scale / v_scale, which attention reads back with). Returns out [Q, HQ, D],
+    lse [Q, HQ]."""
     _prefill_checks(q, kv_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, sinks,
                     append_key, append_value)
     if _on_neuron(q):
         from .device import prefill_on_neuron
         return prefill_on_neuron(q, kv_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len,
                                  kv_layout, causal, sm_scale, logits_soft_cap, window_left, sinks,
-                                 append_key, append_value)
+                                 append_key, append_value, k_scale, v_scale)
     from nki_kernels.paged_decode_attention import batch_prefill as run, batch_prefill_ref
     np_ = lambda t: None if t is None else to_numpy(t)      # noqa: E731
     args = [np_(t) for t in (q, kv_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len)]
     options = dict(causal=causal, sm_scale=sm_scale, logits_soft_cap=logits_soft_cap,
-                   window_left=window_left, sinks=np_(sinks), return_lse=True)
+                   window_left=window_left, sinks=np_(sinks), k_scale=k_scale,
+                   v_scale=v_scale, return_lse=True)
     if get_backend() == "ref":
         if append_key is not None:                  # the reference of the write: the append's
             _append_rows(append_key, append_value, kv_cache, qo_indptr, kv_indptr, kv_indices,
-                         kv_last_page_len, kv_layout)
+                         kv_last_page_len, kv_layout, k_scale, v_scale)
         out, lse = batch_prefill_ref(*args, kv_layout, **options)
     else:
         out, lse = run(*args, kv_layout, append_key=np_(append_key),
@@ -167,7 +182,7 @@ def batch_prefill(q: Tensor, kv_cache: Tensor, qo_indptr: Tensor, kv_indptr: Ten
 
 
 def _append_rows(append_key, append_value, kv_cache, qo_indptr, kv_indptr, kv_indices,
-                 kv_last_page_len, kv_layout):
+                 kv_last_page_len, kv_layout, k_scale, v_scale):
     from nki_kernels.paged_kv_append import append_paged_kv_cache_ref, get_batch_indices_positions
     from nki_kernels.paged_kv_append.checks import check_page_table
     from nki_kernels.paged_kv_append.layout import geometry
@@ -176,8 +191,12 @@ def _append_rows(append_key, append_value, kv_cache, qo_indptr, kv_indptr, kv_in
     kv_lens = check_page_table(indices, indptr, last, geometry(cache, kv_layout))
     batch, pos = get_batch_indices_positions(to_numpy(qo_indptr), kv_lens.astype(np.int32),
                                              append_key.shape[0])
-    cache[...] = append_paged_kv_cache_ref(to_numpy(append_key), to_numpy(append_value), batch,
-                                           pos, cache, indices, indptr, last, kv_layout)
+    key, value = to_numpy(append_key), to_numpy(append_value)
+    if key.dtype != cache.dtype:                    # quantize on write (fp8 cache)
+        from nki_kernels.paged_kv_append.quantize import quantize_ref
+        key, value = quantize_ref(key, k_scale, cache.dtype), quantize_ref(value, v_scale, cache.dtype)
+    cache[...] = append_paged_kv_cache_ref(key, value, batch, pos, cache, indices, indptr, last,
+                                           kv_layout)
 
 
 def _prefill_checks(q, kv_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, sinks,
@@ -191,7 +210,7 @@ def _prefill_checks(q, kv_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_
 @batch_prefill.register_fake
 def _(q, kv_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, kv_layout="NHD",
       causal=True, sm_scale=None, logits_soft_cap=0.0, window_left=-1, sinks=None,
-      append_key=None, append_value=None):
+      append_key=None, append_value=None, k_scale=1.0, v_scale=1.0):
     _prefill_checks(q, kv_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, sinks,
                     append_key, append_value)
     return torch.empty_like(q), q.new_empty(q.shape[:2], dtype=torch.float32)
