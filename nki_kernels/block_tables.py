@@ -75,6 +75,9 @@ def csr_to_block_tables(kv_indptr, kv_indices, kv_last_page_len, page_size, max_
 def kv_pair(kv_cache):
     """(k_cache, v_cache) of a serving stack's cache: a (2, N, ...) array or a (k, v) pair."""
     if isinstance(kv_cache, (tuple, list)):
+        if len(kv_cache) != 2 or any(not isinstance(a, np.ndarray) or a.ndim != 4 for a in kv_cache):
+            raise ValueError("a kv_cache pair must be (k_cache, v_cache): two 4-D arrays "
+                             "[N, H, P, D] (HND) / [N, P, H, D] (NHD)")
         return tuple(kv_cache)
     if not isinstance(kv_cache, np.ndarray) or kv_cache.ndim != 5 or kv_cache.shape[0] != 2:
         raise ValueError(f"kv_cache shape {getattr(kv_cache, 'shape', None)} must be (2, N, H, P, D) "

@@ -61,3 +61,6 @@ def test_token_table():
     indptr, indices, last = token_table([np.array([7, 3]), np.array([], int), np.array([9])])
     assert indptr.tolist() == [0, 2, 2, 3] and indices.tolist() == [7, 3, 9]
     assert last.tolist() == [1, 0, 1]
+    assert {a.dtype for a in (indptr, indices, last)} == {np.dtype(np.int32)}
+    big = token_table([np.array([2 ** 31 - 2], np.int64)])[1]          # int64 rows, int32 out
+    assert big.dtype == np.int32 and big.tolist() == [2 ** 31 - 2]

@@ -117,6 +117,8 @@ def test_fused_write_through_block_tables_equals_append_then_attend(rng, target)
 
 
 @pytest.mark.parametrize("tables,seq_lens,match", [
+    (np.array([[0], [1]], np.int32), np.array([0, -2], np.int32), r"seq_lens\[1\]=-2"),
+    (np.array([[0, 1], [2, 3]], np.int32), np.array([8, 9], np.int32), r"seq_lens\[1\]=9 needs 3"),
     (np.array([[0, -1, 2]], np.int32), np.array([9], np.int32), r"block_tables\[0, 1\]=-1"),
     (np.array([[0, 1]], np.int32), np.array([9], np.int32), "needs 3 blocks"),
     (np.array([[0, 1]], np.int32), np.array([-1], np.int32), r"seq_lens\[0\]=-1"),
@@ -140,3 +142,105 @@ def test_bad_cache_form_and_nothing_written(rng):
         append_kv_with_block_tables(k, k, cache, tables, np.array([6], np.int32),
                                     np.array([0, 2], np.int32))
     assert cache.tobytes() == before.tobytes()
+
+
+def test_conversions_keep_int32_and_empty_or_full_requests():
+    tables = np.array([[3, 4], [-1, -1], [5, -1]], np.int32)
+    seq_lens = np.array([8, 0, 1], np.int32)               # one request fills both columns
+    indptr, indices, last = block_tables_to_csr(tables, seq_lens, 4)
+    assert indptr.tolist() == [0, 2, 2, 3] and indices.tolist() == [3, 4, 5]
+    assert last.tolist() == [4, 0, 1]
+    assert {a.dtype for a in (indptr, indices, last)} == {np.dtype(np.int32)}
+    back, lens = csr_to_block_tables(indptr, indices, last, 4)          # width = longest
+    assert back.tolist() == tables.tolist() and lens.tolist() == seq_lens.tolist()
+    assert back.dtype == np.int32 and lens.dtype == np.int32
+    none, zero = csr_to_block_tables(np.zeros(2, np.int32), np.zeros(0, np.int32),
+                                     np.zeros(1, np.int32), 4)
+    assert none.shape == (1, 0) and zero.tolist() == [0]
+
+
+@pytest.mark.parametrize("args,error,match", [
+    ((np.array([0, 2], np.int64), np.array([1, 2], np.int32), np.array([3], np.int32)),
+     TypeError, "kv_indptr dtype"),
+    ((np.array([0, 2], np.int32), np.array([1, 2], np.int32), np.array([3, 1], np.int32)),
+     ValueError, "kv_last_page_len has 2 entries, expected 1"),
+    ((np.array([0, 2], np.int32), np.array([1], np.int32), np.array([3], np.int32)),
+     ValueError, r"kv_indices has 1 entries but kv_indptr\[-1\]=2"),
+    ((np.array([0, 2], np.int32), np.array([[1, 2]], np.int32), np.array([3], np.int32)),
+     ValueError, "kv_indices must be 1-D"),
+    ((np.array([1, 2], np.int32), np.array([1, 2], np.int32), np.array([3], np.int32)),
+     ValueError, r"kv_indptr\[0\]=1 must be 0"),
+])
+def test_bad_csr_is_refused_by_name(args, error, match):
+    with pytest.raises(error, match=match):
+        csr_to_block_tables(*args, 4)
+
+
+def test_max_blocks_smaller_than_a_request_is_refused():
+    indptr = np.array([0, 2, 5], np.int32)                 # request 0 fits exactly, 1 does not
+    with pytest.raises(ValueError, match="request 1 has 3 pages but max_blocks=2"):
+        csr_to_block_tables(indptr, np.arange(5, dtype=np.int32), np.array([1, 2], np.int32), 4,
+                            max_blocks=2)
+
+
+@pytest.mark.parametrize("pair", [(np.zeros((N, H, 4, D)),) * 3, (np.zeros((N, H, 4, D)), 1),
+                                  (np.zeros((N, H, 4, D)), np.zeros((2, N, H, 4, D)))])
+def test_bad_pairs_refused(pair):
+    with pytest.raises(ValueError, match=r"kv_cache pair must be \(k_cache, v_cache\)"):
+        attention_with_block_tables(np.zeros((1, 2, D), np.float32), pair,
+                                    np.zeros((1, 1), np.int32), np.ones(1, np.int32))
+
+
+@pytest.mark.parametrize("page_size", [0, 2.0, None])
+def test_bad_page_size(page_size):
+    with pytest.raises(ValueError, match="page_size"):
+        block_tables_to_csr(np.zeros((1, 1), np.int32), np.ones(1, np.int32), page_size)
+
+
+def test_block_tables_message_names_shape_and_dtype():
+    with pytest.raises(TypeError, match=r"got int64 \(1, 2\)"):
+        block_tables_to_csr(np.zeros((1, 2), np.int64), np.ones(1, np.int32), 4)
+    with pytest.raises(TypeError, match="got list"):
+        block_tables_to_csr([[0, 1]], np.ones(1, np.int32), 4)
+    with pytest.raises(ValueError, match="seq_lens has 2 entries, expected 1"):
+        block_tables_to_csr(np.zeros((1, 2), np.int32), np.ones(2, np.int32), 4)
+
+
+@pytest.mark.parametrize("cache", [np.zeros((3, N, H, 4, D), np.float32),
+                                   np.zeros((2, N, H, 4), np.float32), [np.zeros(3)] * 3])
+def test_cache_forms_refused(cache):
+    tables, lens = np.zeros((1, 1), np.int32), np.ones(1, np.int32)
+    with pytest.raises(ValueError, match=r"kv_cache shape .* must be \(2, N, H, P, D\)|"
+                                         r"kv_cache pair must be \(k_cache, v_cache\)"):
+        attention_with_block_tables(np.zeros((1, 2, D), np.float32), cache, tables, lens)
+
+
+@pytest.mark.parametrize("qsl,error,match", [
+    (np.array([0, 2], np.int32), ValueError, "query_start_loc has 2 entries, expected 3"),
+    (np.array([0, 2, 1], np.int32), ValueError, "query_start_loc must be non-decreasing"),
+    (np.array([0, 1, 2], np.int64), TypeError, "query_start_loc dtype"),
+])
+def test_bad_query_start_loc_refused(rng, qsl, error, match):
+    cache = _cache(rng, 4, "HND")
+    k = np.zeros((2, H, D), np.float32)
+    with pytest.raises(error, match=match):
+        append_kv_with_block_tables(k, k, cache, np.array([[0], [1]], np.int32),
+                                    np.array([1, 1], np.int32), qsl)
+
+
+def test_default_layout_is_hnd_and_spare_page_reaches_the_append(rng, target):
+    """The stacks' form is HND by default; padding rows go to the spare page when given."""
+    cache = _cache(rng, 4, "HND")
+    k = rng.standard_normal((3, H, D)).astype(np.float32)
+    tables = np.array([[2, -1]], np.int32)
+    qsl = np.array([0, 2], np.int32)                       # row 2 is padding
+    written = cache.copy()
+    append_kv_with_block_tables(k, k, written, tables, np.array([2], np.int32), qsl,
+                                spare_page=7)
+    assert np.array_equal(written[0, 2, :, :2].transpose(1, 0, 2), k[:2])
+    assert not np.array_equal(written[0, 7], cache[0, 7])            # the padding row landed there
+    out = attention_with_block_tables(np.ones((1, 2, D), np.float32), written, tables,
+                                      np.array([2], np.int32))
+    want = attention_with_block_tables(np.ones((1, 2, D), np.float32), written, tables,
+                                       np.array([2], np.int32), kv_layout="HND")
+    assert np.array_equal(out, want)
