@@ -1,0 +1,96 @@
+"""Mutation testing (mutmut 3) of chosen modules against chosen tests, in a scratch copy.
+
+    python3 tools/mutation_run.py --modules nki_kernels/block_tables.py \
+        --tests tests/kernels/test_block_tables.py [--children 2] [--keep DIR]
+
+mutmut copies only the mutated files into its ``mutants/`` tree, and this repository's package
+imports its neighbours (and the simulator beside it), so the script lists everything else as
+``also_copy``: the other files of each mutated file's directory one by one (a whole directory
+would overwrite the mutants) and every other directory whole. It runs in a clone of HEAD, so
+the working tree is untouched, then prints killed / timed-out / survived counts, the score
+(killed and timed out over all) and each survivor's diff line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections import Counter
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def also_copy(files: list[str], mutated: set[str]) -> list[str]:
+    """Paths to copy beside the mutants: siblings of mutated files one by one, the rest whole."""
+    dirs = {os.path.dirname(m) for m in mutated}
+    tops = {f.split("/")[0] for f in files if "/" in f}
+    out = set()
+    for f in files:
+        if f in mutated:
+            continue
+        parent = os.path.dirname(f)
+        if parent in dirs:
+            out.add(f)
+        elif not any(d == parent or d.startswith(parent + "/") for d in dirs if parent):
+            # the highest directory holding no mutated file, below a top directory
+            parts = f.split("/")
+            for depth in range(1, len(parts) + 1):
+                prefix = "/".join(parts[:depth])
+                if not any(d == prefix or d.startswith(prefix + "/") for d in dirs):
+                    out.add(prefix)
+                    break
+    return sorted(p for p in out if p.split("/")[0] in tops or "/" not in p)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--modules", nargs="+", required=True)
+    parser.add_argument("--tests", nargs="+", required=True)
+    parser.add_argument("--children", type=int, default=2)
+    parser.add_argument("--keep", help="run in this directory (kept) instead of a temporary one")
+    args = parser.parse_args(argv)
+    work = Path(args.keep or tempfile.mkdtemp(prefix="mutation-"))
+    if work.exists() and any(work.iterdir()):
+        shutil.rmtree(work)
+    subprocess.run(["git", "clone", "-q", str(ROOT), str(work)], check=True)
+    files = subprocess.run(["git", "ls-files"], cwd=work, capture_output=True, text=True,
+                           check=True).stdout.split()
+    files = [f for f in files if not f.startswith((".", "mutants/"))]
+    copy = also_copy(files, set(args.modules))
+    quote = lambda items: "[" + ", ".join(f'"{i}"' for i in items) + "]"  # noqa: E731
+    with open(work / "pyproject.toml", "a") as f:
+        f.write(f"\n[tool.mutmut]\npaths_to_mutate = {quote(args.modules)}\n"
+                f"tests_dir = {quote(args.tests)}\nalso_copy = {quote(copy)}\n")
+    run = subprocess.run(["mutmut", "run", "--max-children", str(args.children)], cwd=work,
+                         capture_output=True, text=True)
+    if run.returncode:
+        print(run.stdout[-2000:], run.stderr[-2000:], file=sys.stderr)
+        return run.returncode
+    results = subprocess.run(["mutmut", "results", "--all", "true"], cwd=work,
+                             capture_output=True, text=True).stdout.splitlines()
+    status = Counter(line.rsplit(":", 1)[1].strip() for line in results if ":" in line)
+    total = sum(status.values())
+    detected = status["killed"] + status["timeout"]
+    print(f"{total} mutants: {status['killed']} killed, {status['timeout']} timed out, "
+          f"{status['survived']} survived, {total - detected - status['survived']} other; "
+          f"score {100 * detected / max(total, 1):.1f}%")
+    for line in results:
+        if line.endswith("survived"):
+            name = line.rsplit(":", 1)[0].strip()
+            diff = subprocess.run(["mutmut", "show", name], cwd=work, capture_output=True,
+                                  text=True).stdout
+            change = [d for d in diff.splitlines() if re.match(r"^\+\s", d)]
+            print(f"  {name}: {change[-1][1:].strip() if change else '?'}")
+    if not args.keep:
+        shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
