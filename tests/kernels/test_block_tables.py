@@ -68,7 +68,10 @@ def test_append_matches_csr_and_slot_mapping_bit_for_bit(rng, target, layout, P)
             p = seq_lens[b] - q_lens[b] + j
             slots[qsl[b] + j] = tables[b, p // P] * P + p % P
     reshape_and_cache(key, value, by_slots[0], by_slots[1], slots, layout)
+    by_pair = (cache[0].copy(), cache[1].copy())           # separate K/V caches
+    append_kv_with_block_tables(key, value, by_pair, tables, seq_lens, qsl, layout)
     assert by_tables.tobytes() == by_csr.tobytes() == by_slots.tobytes()
+    assert np.stack(by_pair).tobytes() == by_tables.tobytes()
     assert q_lens.sum() == 0 or by_tables.tobytes() != cache.tobytes()
 
 
@@ -86,6 +89,9 @@ def test_attention_matches_csr_entries(rng, target, layout):
                                       logits_soft_cap=3.0)
     want = batch_decode(q, pair, indptr, indices, last, layout, logits_soft_cap=3.0)
     assert np.array_equal(got.view(np.uint16), want.view(np.uint16))
+    separate = attention_with_block_tables(q, (cache[0].copy(), cache[1].copy()), tables, seq_lens,
+                                           kv_layout=layout, logits_soft_cap=3.0)
+    assert np.array_equal(separate.view(np.uint16), want.view(np.uint16))
     q_lens = np.minimum(seq_lens, rng.integers(1, 5, B)).astype(np.int32)
     qsl = np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int32)
     qp = rng.standard_normal((int(qsl[-1]), 4, D)).astype(ml_dtypes.bfloat16)
@@ -154,6 +160,9 @@ def test_conversions_keep_int32_and_empty_or_full_requests():
     back, lens = csr_to_block_tables(indptr, indices, last, 4)          # width = longest
     assert back.tolist() == tables.tolist() and lens.tolist() == seq_lens.tolist()
     assert back.dtype == np.int32 and lens.dtype == np.int32
+    empty, lens0 = csr_to_block_tables(np.zeros(1, np.int32), np.zeros(0, np.int32),
+                                       np.zeros(0, np.int32), 4)           # no requests at all
+    assert empty.shape == (0, 0) and lens0.shape == (0,)
     none, zero = csr_to_block_tables(np.zeros(2, np.int32), np.zeros(0, np.int32),
                                      np.zeros(1, np.int32), 4)
     assert none.shape == (1, 0) and zero.tolist() == [0]
@@ -164,8 +173,10 @@ def test_conversions_keep_int32_and_empty_or_full_requests():
      TypeError, "kv_indptr dtype"),
     ((np.array([0, 2], np.int32), np.array([1, 2], np.int32), np.array([3, 1], np.int32)),
      ValueError, "kv_last_page_len has 2 entries, expected 1"),
-    ((np.array([0, 2], np.int32), np.array([1], np.int32), np.array([3], np.int32)),
-     ValueError, r"kv_indices has 1 entries but kv_indptr\[-1\]=2"),
+    ((np.array([0, 1, 3], np.int32), np.array([1, 2], np.int32), np.array([3, 1], np.int32)),
+     ValueError, r"kv_indices has 2 entries but kv_indptr\[-1\]=3"),
+    ((np.array([0, 2], np.int32), np.array([1, 2], np.int32), np.array([3], np.int32)[None]),
+     ValueError, "kv_last_page_len must be 1-D"),
     ((np.array([0, 2], np.int32), np.array([[1, 2]], np.int32), np.array([3], np.int32)),
      ValueError, "kv_indices must be 1-D"),
     ((np.array([1, 2], np.int32), np.array([1, 2], np.int32), np.array([3], np.int32)),
