@@ -43,7 +43,8 @@ def nki_paged_attention_forward(module, query, key, value, attention_mask, scali
                                 dropout=0.0, sliding_window=None, softcap=None, s_aux=None,
                                 **kwargs):
     """transformers' attention interface: query [1, HQ, Q, D], key / value [1, H, Q, D] (the step's
-    packed tokens) -> (out [1, Q, HQ, D], None)."""
+    packed tokens) -> (out [1, Q, HQ, D], None). ``sliding_window`` (the module's) is not read:
+    the layer's cache group decides, as it does for transformers' own paths."""
     cache = kwargs.get("cache")
     if cache is None or "write_index" not in kwargs:
         raise ValueError("nki_paged_flash attention runs under continuous batching "
