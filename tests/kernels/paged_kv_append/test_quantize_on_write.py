@@ -152,3 +152,26 @@ def test_bad_quantization_is_refused_before_any_write(rng, kwargs, cache_dtype, 
         append_paged_kv_cache(k, k, np.zeros(3, np.int32), np.arange(3, dtype=np.int32), cache,
                               pages, indptr, last, **kwargs)
     assert cache.tobytes() == before
+
+
+def test_two_cores_quantize_the_same_bytes(rng):
+    """LNC=2 (trn2): one core quantizes K, the other V, over two 128-token tiles; the fused
+    write of batch_prefill gives the same cache."""
+    from nki_kernels import simulate
+    k = _rows(rng, 200, ml_dtypes.bfloat16, 3.0)
+    v = _rows(rng, 200, ml_dtypes.bfloat16, 0.5)
+    pages = rng.permutation(60)[:50].astype(np.int32)
+    indptr, last = np.array([0, 50], np.int32), np.array([4], np.int32)
+    batch, pos = np.zeros(200, np.int32), np.arange(200, dtype=np.int32)
+    ks, vs = np.array([0.1, 0.2], np.float32), 0.3
+    caches = [np.zeros((60, 2, P, H, D), E4M3) for _ in range(3)]
+    with simulate.use_target("trn2"):
+        append_paged_kv_cache(k, v, batch, pos, caches[0], pages, indptr, last, k_scale=ks,
+                              v_scale=vs)
+        append_paged_kv_cache(k, v, batch, pos, caches[1], pages, indptr, last, k_scale=ks,
+                              v_scale=vs, lnc=2)
+        q = _rows(rng, 200, ml_dtypes.bfloat16, 1.0)
+        batch_prefill(q, caches[2], np.array([0, 200], np.int32), indptr, pages, last,
+                      causal=True, k_scale=ks, v_scale=vs, append_key=k, append_value=v, lnc=2)
+    assert caches[0].tobytes() == caches[1].tobytes() == caches[2].tobytes()
+    assert np.count_nonzero(caches[0].view(np.uint8)) > 0
