@@ -8,9 +8,9 @@ import numpy as np
 from nki_kernels.buckets import pad_rows
 from nki_kernels.paged_kv_append.append import padded_slots
 from nki_kernels.paged_kv_append.batch_indices import get_batch_indices_positions
-from nki_kernels.paged_kv_append.checks import check_append_shapes, destination_slots
+from nki_kernels.paged_kv_append.checks import check_append_rows, destination_slots
 from nki_kernels.paged_kv_append.layout import check_writable, split_cache
-from nki_kernels.paged_kv_append.quantize import FP8_DTYPES, quant_table
+from nki_kernels.paged_kv_append.quantize import FP8_DTYPES
 
 
 def append_plan(append_key, append_value, paged_kv_cache, kv_layout, qo_indptr, kv_indptr,
@@ -39,10 +39,9 @@ def append_plan(append_key, append_value, paged_kv_cache, kv_layout, qo_indptr, 
     batch, positions = get_batch_indices_positions(qo_indptr, kv_lens.astype(np.int32), total_q)
     cache_dtype = split_cache(paged_kv_cache)[0].dtype
     quantize = append_key.dtype != cache_dtype and cache_dtype.name in FP8_DTYPES
-    geo = check_append_shapes(append_key, append_value, batch, positions, paged_kv_cache,
-                              kv_indices, kv_indptr, kv_last_page_len, kv_layout, quantize)
-    quant, limit = quant_table(k_scale if quantize else None, v_scale if quantize else None,
-                               cache_dtype, append_key.dtype, geo.num_heads, geo.head_dim)
+    geo, (quant, limit) = check_append_rows(
+        append_key, append_value, batch, positions, paged_kv_cache, kv_indices, kv_indptr,
+        kv_last_page_len, kv_layout, k_scale if quantize else None, v_scale if quantize else None)
     pages, entries, keep = destination_slots(batch, positions, kv_indices, kv_indptr, kv_lens, geo)
     slots, counts = padded_slots(geo.rows(pages, entries), None if keep.all() else keep, geo)
     return slots, counts, quant, (tuple(geo.token_pattern), geo.v_offset, geo.row_elems, limit)

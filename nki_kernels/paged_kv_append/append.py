@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from .checks import check_append_shapes, check_page_table, destination_slots
+from .checks import check_append_rows, check_page_table, destination_slots
 from nki_kernels.buckets import bucket, pad_rows
 from nki_kernels.launch_options import check_lnc
 
 from .kernel import P_MAX, SKIP_SLOT, paged_kv_scatter_kernel
-from .layout import CacheGeometry, check_writable, geometry, row_views, split_cache
+from .layout import CacheGeometry, check_writable, geometry, row_views
 from .quantize import quant_table
 
 
@@ -88,11 +88,9 @@ def append_paged_kv_cache(append_key, append_value, batch_indices, positions, pa
         device kernel scatters. Computing rows on device from a device-resident page table is the
         way to skip the host round trip; here validation needs the values on the host anyway.
     """
-    quantize = k_scale is not None or v_scale is not None
-    geo = check_append_shapes(append_key, append_value, batch_indices, positions, paged_kv_cache,
-                              kv_indices, kv_indptr, kv_last_page_len, kv_layout, quantize)
-    quant = quant_table(k_scale, v_scale, split_cache(paged_kv_cache)[0].dtype, append_key.dtype,
-                        geo.num_heads, geo.head_dim)
+    geo, quant = check_append_rows(append_key, append_value, batch_indices, positions,
+                                   paged_kv_cache, kv_indices, kv_indptr, kv_last_page_len,
+                                   kv_layout, k_scale, v_scale)
     lens = check_page_table(kv_indices, kv_indptr, kv_last_page_len, geo)
     check_spare_page(spare_page, geo, kv_indices[:kv_indptr[-1]])
     check_lnc(lnc)

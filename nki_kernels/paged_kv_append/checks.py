@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from .layout import CacheGeometry, geometry, split_cache
+from .quantize import quant_table
 
 
 def require_int32_vector(name: str, a, length=None):
@@ -52,6 +53,19 @@ def check_append_shapes(append_key, append_value, batch_indices, positions, page
     require_int32_vector("kv_last_page_len", kv_last_page_len, kv_indptr.shape[0] - 1)
     require_int32_vector("kv_indices", kv_indices)
     return geo
+
+
+def check_append_rows(append_key, append_value, batch_indices, positions, paged_kv_cache,
+                      kv_indices, kv_indptr, kv_last_page_len, kv_layout, k_scale=None,
+                      v_scale=None):
+    """``check_append_shapes`` plus the rows' quantization: (geo, (quant table, limit)) as
+    ``quantize.quant_table`` gives it; scales None: the rows are in the cache dtype."""
+    quantize = k_scale is not None or v_scale is not None
+    geo = check_append_shapes(append_key, append_value, batch_indices, positions, paged_kv_cache,
+                              kv_indices, kv_indptr, kv_last_page_len, kv_layout, quantize)
+    quant = quant_table(k_scale, v_scale, split_cache(paged_kv_cache)[0].dtype, append_key.dtype,
+                        geo.num_heads, geo.head_dim)
+    return geo, quant
 
 
 def csr_counts(name: str, indptr) -> np.ndarray:

@@ -42,18 +42,15 @@ def _dev(a, like):
 
 def append_device(append_key, append_value, batch_indices, positions, kv_cache, kv_indices,
                   kv_indptr, kv_last_page_len, kv_layout, k_scale=None, v_scale=None):
-    from nki_kernels.paged_kv_append.checks import (check_append_shapes, check_page_table,
+    from nki_kernels.paged_kv_append.checks import (check_append_rows, check_page_table,
                                                     destination_slots)
     from nki_kernels.buckets import pad_rows
     from nki_kernels.paged_kv_append.append import padded_slots
     from nki_kernels.paged_kv_append.kernel import paged_kv_scatter_kernel
     idx = [_host(t) for t in (batch_indices, positions, kv_indices, kv_indptr, kv_last_page_len)]
-    from nki_kernels.paged_kv_append.quantize import quant_table
-    quantize = k_scale is not None or v_scale is not None
-    geo = check_append_shapes(_meta(append_key), _meta(append_value), idx[0], idx[1], _meta(kv_cache),
-                              idx[2], idx[3], idx[4], kv_layout, quantize)
-    quant, limit = quant_table(k_scale, v_scale, _meta(kv_cache).dtype, _meta(append_key).dtype,
-                               geo.num_heads, geo.head_dim)
+    geo, (quant, limit) = check_append_rows(_meta(append_key), _meta(append_value), idx[0], idx[1],
+                                            _meta(kv_cache), idx[2], idx[3], idx[4], kv_layout,
+                                            k_scale, v_scale)
     lens = check_page_table(idx[2], idx[3], idx[4], geo)
     pages, entries, keep = destination_slots(idx[0], idx[1], idx[2], idx[3], lens, geo)
     slots, counts = padded_slots(geo.rows(pages, entries), None if keep.all() else keep, geo)
