@@ -20,6 +20,7 @@ import numpy as np
 from nki_kernels.paged_decode_attention import batch_decode, batch_prefill
 from nki_kernels.paged_kv_append import append_paged_kv_cache, get_batch_indices_positions
 from nki_kernels.paged_kv_append.checks import csr_counts, require_int32_vector
+from nki_kernels.paged_kv_append.layout import geometry
 
 
 def block_tables_to_csr(block_tables, seq_lens, page_size):
@@ -85,12 +86,6 @@ def kv_pair(kv_cache):
     return kv_cache[0], kv_cache[1]
 
 
-def _page_size(k_cache, kv_layout):
-    if kv_layout not in ("NHD", "HND"):
-        raise ValueError(f"kv_layout={kv_layout!r} must be 'NHD' or 'HND'")
-    return int(k_cache.shape[1] if kv_layout == "NHD" else k_cache.shape[2])
-
-
 def append_kv_with_block_tables(key, value, kv_cache, block_tables, seq_lens, query_start_loc,
                                 kv_layout="HND", spare_page=None, lnc=1, k_scale=None,
                                 v_scale=None):
@@ -103,7 +98,7 @@ def append_kv_with_block_tables(key, value, kv_cache, block_tables, seq_lens, qu
     """
     pair = kv_pair(kv_cache)
     indptr, indices, last = block_tables_to_csr(block_tables, seq_lens,
-                                                _page_size(pair[0], kv_layout))
+                                                geometry(pair, kv_layout).page_size)
     require_int32_vector("query_start_loc", query_start_loc, seq_lens.size + 1)
     csr_counts("query_start_loc", query_start_loc)
     batch, positions = get_batch_indices_positions(query_start_loc, seq_lens, key.shape[0])
@@ -122,7 +117,7 @@ def attention_with_block_tables(q, kv_cache, block_tables, seq_lens, query_start
     """
     pair = kv_pair(kv_cache)
     indptr, indices, last = block_tables_to_csr(block_tables, seq_lens,
-                                                _page_size(pair[0], kv_layout))
+                                                geometry(pair, kv_layout).page_size)
     if query_start_loc is None:
         return batch_decode(q, pair, indptr, indices, last, kv_layout, **options)
     return batch_prefill(q, pair, query_start_loc, indptr, indices, last, kv_layout,
