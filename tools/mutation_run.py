@@ -5,8 +5,8 @@
 
 mutmut copies only the mutated files into its ``mutants/`` tree, and this repository's package
 imports its neighbours (and the simulator beside it), so the script lists everything else as
-``also_copy``: the other files of each mutated file's directory one by one (a whole directory
-would overwrite the mutants) and every other directory whole. It runs in a clone of HEAD, so
+``also_copy``: each directory that holds no mutated file whole, and the other files beside
+the mutants one by one (copying their directory would overwrite the mutants). It runs in a clone of HEAD, so
 the working tree is untouched, then prints killed / timed-out / survived counts, the score
 (killed and timed out over all) and each survivor's diff line.
 """
@@ -14,7 +14,6 @@ the working tree is untouched, then prints killed / timed-out / survived counts,
 from __future__ import annotations
 
 import argparse
-import os
 import re
 import shutil
 import subprocess
@@ -27,25 +26,18 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def also_copy(files: list[str], mutated: set[str]) -> list[str]:
-    """Paths to copy beside the mutants: siblings of mutated files one by one, the rest whole."""
-    dirs = {os.path.dirname(m) for m in mutated}
-    tops = {f.split("/")[0] for f in files if "/" in f}
+    """Paths to copy beside the mutants: for each other file, its shallowest ancestor (or the
+    file itself) that holds no mutated file, so no copy overwrites a mutant."""
+    holders = {"/".join(m.split("/")[:depth]) for m in mutated
+               for depth in range(1, len(m.split("/")))}
     out = set()
     for f in files:
         if f in mutated:
             continue
-        parent = os.path.dirname(f)
-        if parent in dirs:
-            out.add(f)
-        elif not any(d == parent or d.startswith(parent + "/") for d in dirs if parent):
-            # the highest directory holding no mutated file, below a top directory
-            parts = f.split("/")
-            for depth in range(1, len(parts) + 1):
-                prefix = "/".join(parts[:depth])
-                if not any(d == prefix or d.startswith(prefix + "/") for d in dirs):
-                    out.add(prefix)
-                    break
-    return sorted(p for p in out if p.split("/")[0] in tops or "/" not in p)
+        parts = f.split("/")
+        out.add(next("/".join(parts[:depth]) for depth in range(1, len(parts) + 1)
+                     if "/".join(parts[:depth]) not in holders))
+    return sorted(out)
 
 
 def main(argv=None) -> int:
