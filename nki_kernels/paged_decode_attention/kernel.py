@@ -33,37 +33,41 @@ Tiling per work item and group of kv heads (rows R = heads x G x Qb <= 128 on pa
 j's rows ordered (query token, g); each row masked to its own keys): scores[R, T]
 accumulate one matmul per head in PSUM fp32 (stationary = that head's qT zero-padded to R columns,
 moving = K^T made on TensorE, D > 128 in 128-row K-tiles), one online softmax for the whole group
-(VectorE max, ScalarE exp with fused row sum, running rescale), out[R, D] accumulates P^T masked to
-each head's columns @ V of that head.
+(VectorE max, ScalarE exp with fused row sum, running rescale), and P @ V per head as
+(V_j stationary, head j's columns of P^T moving) into head j's columns of a [D, R] PSUM tile,
+transposed back once per step. Each loop body is software-pipelined in program order (gathers
+two steps ahead, scores one step ahead, the cache rows of a whole block of chunks made up front),
+so every engine has the next step's work queued while the current one finishes.
 """
 
 from __future__ import annotations
 
 from nki_kernels.backend import nki, nisa, nl
+from nki_kernels.kernel_dtypes import dtype_bytes
 from nki_kernels.launch_options import program_cores
 from nki_kernels.paged_kv_append.kernel import scatter_rows
 
 from .kernel_cursor import (Geometry, advance, block_bounds, query_of_row, request_bounds,
                             start_cursor, token_validity)
-from .kernel_load import ROW_LIMIT, load_chunk_indirect, load_chunk_pages
-from .kernel_softmax import (block_queries, column_masks, finalize, init_state, mask_bias,
-                             merge_with_partner, online_update, padded_queries)
+from .kernel_load import (ROW_LIMIT, KVTile, block_rows, group_entry_rows, group_size,
+                          load_chunk_indirect, load_chunk_pages, load_group_indirect)
+from .kernel_softmax import (block_queries, chunk_scores, finalize, init_state,
+                             mask_bias, merge_with_partner, padded_queries, softmax_step)
 from .plan import (BOUNDARY, C0, C1, CHUNK_BLOCKS, END, FIRST, FULL_HI, FULL_LO, META_COLS, OUT,
                    SPAN_COLS)
 
 
-# Chunks folded per softmax step when blocks of queries fill several tiles per chunk (prefill):
-# 4 x 128 keys of fp32 scores fill one 2 KiB PSUM bank, and the fixed cost of every softmax
-# instruction is paid once per 512 keys instead of per 128 (chunked prefill 1k over 1k on trn2:
-# VectorE 1.86 -> 1.15 ms). One tile per chunk (decode, speculative verify) keeps one chunk per
-# step: it waits on its gathers, and a wider step only lengthens the pipeline's fill and drain in
-# every loop iteration (decode 32 x 4096 on trn2: 6.28 -> 7.63 ms; verify 32 x 4 x 4096:
-# 11.35 -> 12.66 ms at width 4).
+# Chunks per softmax step: a mask-free block gathered several tokens per partition takes one
+# step per gather (kernel_load.group_size: 4 x 128 keys of fp32 scores fill one 2 KiB PSUM bank,
+# so the fixed cost of every softmax instruction is paid once per 512 keys); chunks gathered one
+# at a time (masked chunks, NeuronCore-v2, pages over 128) fold FOLD_WIDTH per step only when
+# blocks of queries fill several tiles per chunk (prefill), else one.
 FOLD_WIDTH = 4
 # Mask-free chunks handled per device-loop iteration, largest block first (plan.CHUNK_BLOCKS):
 # a loop iteration costs a scheduling barrier (~9 us, nki_kernels/profile) plus the pipeline's
-# fill, several times one chunk's work, so long requests take 16 chunks (2048 tokens) per
-# iteration and the remainder at most 3 + 1 + 1 (benchmarks/loop_blocks.py has the sweep).
+# fill, several times one chunk's work, so long requests take 32 chunks (4096 tokens) per
+# iteration and the remainder in blocks of 8, 4, 2, 1 (benchmarks/loop_blocks.py has the sweep:
+# decode 8 x 4096 on trn2 1002 us at 16 chunks per iteration, 860 us at 32).
 
 
 @nki.jit
@@ -119,17 +123,18 @@ def attention(q, k_rows, v_rows, meta, spans, kv_indices, tok_tab, row_tab, sink
     groups = [(h0, min(per_group, H - h0)) for h0 in range(0, H, per_group)]
     R = per_group * GQ
     row_q = None if Qb == 1 else query_of_row(row_tab, R)
-    sizes, by_size = [], []                        # distinct heads per tile (1 or 2), their masks
-    for _, n in groups:
-        if n not in sizes:
-            sizes.append(n)
-            by_size.append(column_masks(T, n, GQ, mm_dtype))
-    masks = [by_size[sizes.index(n)] for _, n in groups]      # each group's (shared) masks
     iota_rt = nl.ndarray((R, T), nl.int32, buffer=nl.sbuf, name="iota_rt")
     nisa.iota(dst=iota_rt, pattern=[[1, T]], offset=0, channel_multiplier=0)
     # OCP fp8 (e4m3fn) is a matmul input from NeuronCore-v4 only: V is converted per chunk before.
     convert_v = k_rows.dtype == nl.float8_e4m3fn and nisa.get_nc_version() < nisa.nc_version.gen4
-    consts = (geo, G, sources, groups, masks, iota_rt, indirect, convert_v)
+    v_dtype = mm_dtype if convert_v else None
+    consts = (geo, G, sources, groups, iota_rt, indirect, v_dtype)
+    # mask-free blocks (whole pages, rows computed on device) gather several tokens per partition
+    blocked = indirect and page_size <= 128
+    gathered = {size: group_size(geo, size, dtype_bytes(k_rows.dtype)) if blocked else 1
+                for size in CHUNK_BLOCKS}
+    entry_rows = {g: group_entry_rows(tok_tab, geo, g) for g in sorted(set(gathered.values()))
+                  if blocked}
 
     def attend(i):
         """Work item i: (its output row, the softmax state of each head group over its chunks)."""
@@ -148,22 +153,40 @@ def attention(q, k_rows, v_rows, meta, spans, kv_indices, tok_tab, row_tab, sink
         states = [init_state(n * GQ, D) for _, n in groups]
         cursor = start_cursor(meta, i, tok_sb, R)
         def chunks(count, masked):
-            """Loop body: ``count`` chunks folded WIDTH at a time (one softmax step over a
-            [rows, WIDTH*T] score tile), software-pipelined: the next group's gathers are issued
-            before this group's compute, so engines in program order overlap them."""
-            width = min(count, FOLD_WIDTH if len(groups) > 1 and Qb > 1 else 1)
-
-            def load():
-                return [_load_chunk(consts, kv_indices, cursor, bounds, masked)
-                        for _ in range(width)]
+            """Loop body: ``count`` chunks, ``width`` per softmax step (one [rows, width*T]
+            score tile), software-pipelined in program order: gathers run two steps ahead and
+            scores one step ahead of the softmax, so TensorE makes the next scores while VectorE
+            and ScalarE finish this step, and the DMAs overlap both. A mask-free block's cache
+            rows are made up front and its gathers take ``group`` tokens per partition (one
+            softmax step per gather)."""
+            group = 1 if masked else gathered[count]
+            width = group if group > 1 else min(count, FOLD_WIDTH if len(groups) > 1 and Qb > 1
+                                                else 1)
+            steps = count // width
 
             def body(c):
-                ahead = load()
-                for g in range(count // width):
-                    current = ahead
-                    if g + 1 < count // width:
-                        ahead = load()
-                    _fold_chunks(consts, current, q_pads, states, scale, soft_cap, mm_dtype)
+                rows = (block_rows(kv_indices, cursor, count, geo, group, entry_rows[group])
+                        if blocked and not masked else None)
+
+                def load(g):
+                    if group > 1:
+                        return [(views, None) for views in
+                                load_group_indirect(sources, rows[:, g:g + 1], geo, group,
+                                                    v_dtype)]
+                    return [_load_chunk(consts, kv_indices, cursor, bounds, masked,
+                                        None if rows is None else rows[:, k:k + 1])
+                            for k in range(g * width, (g + 1) * width)]
+
+                loads = [load(g) for g in range(min(2, steps))]
+                scores = [_score_chunks(consts, loads[0], q_pads, scale, soft_cap, mm_dtype)]
+                for g in range(steps):
+                    if g + 2 < steps:
+                        loads.append(load(g + 2))
+                    if g + 1 < steps:
+                        scores.append(_score_chunks(consts, loads[g + 1], q_pads, scale,
+                                                    soft_cap, mm_dtype))
+                    _fold_chunks(consts, loads[g], scores[g], states, mm_dtype)
+                    loads[g] = scores[g] = None      # their tiles are free from here on
             return body
 
         # mask-free chunks in blocks of CHUNK_BLOCKS[0] per loop iteration (each iteration pays
@@ -196,40 +219,46 @@ def attention(q, k_rows, v_rows, meta, spans, kv_indices, tok_tab, row_tab, sink
     return out, lse
 
 
-def _load_chunk(consts, kv_indices, cursor, bounds, masked):
-    """Gather the cursor's chunk (K and V tiles [T, H*D], the mask bias when masked), then
-    advance the cursor."""
-    geo, G, sources, groups, masks, iota_rt, indirect, convert_v = consts
+def _load_chunk(consts, kv_indices, cursor, bounds, masked, rows=None):
+    """Gather the cursor's chunk ((K, V) KVTile pair of tiles [T, H*D], the mask bias when
+    masked), then advance the cursor; ``rows``: the chunk's cache rows from ``block_rows``
+    (which advanced the cursor already)."""
+    geo, G, sources, groups, iota_rt, indirect, v_dtype = consts
     T, H, D = geo.T, geo.H, geo.D
     valid_t = token_validity(cursor, bounds) if masked else None
     tiles = [nl.ndarray((T, H * D), sources[0][0].dtype, buffer=nl.sbuf, name=n)
              for n in ("k_sb", "v_sb")]
     if indirect:
-        load_chunk_indirect(tiles, sources, kv_indices, cursor, valid_t, geo)
+        load_chunk_indirect(tiles, sources, kv_indices, cursor, valid_t, geo, rows)
     else:
         load_chunk_pages(tiles, sources, kv_indices, cursor, bounds, valid_t, geo)
     bias = mask_bias(cursor, bounds, iota_rt) if masked else None
-    advance(cursor, geo.page_size)
-    return tiles, bias
+    if rows is None:
+        advance(cursor, geo.page_size)
+    if v_dtype is not None:        # fp8 V as a matmul input before NeuronCore-v4: converted
+        v_mm = nl.ndarray((T, H * D), v_dtype, buffer=nl.sbuf, name="v_mm")
+        nisa.tensor_copy(dst=v_mm, src=tiles[1])
+        tiles[1] = v_mm
+    return tuple(KVTile(t, 0, D) for t in tiles), bias
 
 
-def _fold_chunks(consts, loaded, q_pads, states, scale, soft_cap, mm_dtype):
-    """Fold loaded chunks (one or FOLD_WIDTH side by side) into every head group's state."""
-    geo, G, sources, groups, masks, iota_rt, indirect, convert_v = consts
-    k_tiles = [tiles[0] for tiles, _ in loaded]
-    v_tiles = [tiles[1] for tiles, _ in loaded]
+def _score_chunks(consts, loaded, q_pads, scale, soft_cap, mm_dtype):
+    """Each head group's scores [rows, W*T] of loaded chunks (W side by side)."""
+    geo, G, sources, groups, iota_rt, indirect, v_dtype = consts
+    k_tiles = [views[0] for views, _ in loaded]
     bias = loaded[0][1]                       # masked chunks are folded one at a time
-    if convert_v:
-        converted = []
-        for v in v_tiles:
-            v_mm = nl.ndarray((geo.T, geo.H * geo.D), mm_dtype, buffer=nl.sbuf, name="v_mm")
-            nisa.tensor_copy(dst=v_mm, src=v)
-            converted.append(v_mm)
-        v_tiles = converted
-    for (h0, n), state, pads, group_masks in zip(groups, states, q_pads, masks):
-        online_update(state, pads, group_masks, k_tiles, v_tiles, h0, geo.D,
-                      None if bias is None else bias[0:state[0].shape[0], :], scale, soft_cap,
-                      mm_dtype)
+    return [chunk_scores(pads, k_tiles, h0, geo.D,
+                         None if bias is None else bias[0:pads[0][0].shape[1], :],
+                         scale, soft_cap, mm_dtype)
+            for (h0, n), pads in zip(groups, q_pads)]
+
+
+def _fold_chunks(consts, loaded, scores, states, mm_dtype):
+    """Fold loaded chunks and their scores into every head group's state."""
+    geo, G, sources, groups, iota_rt, indirect, v_dtype = consts
+    v_tiles = [views[1] for views, _ in loaded]
+    for (h0, n), state, s in zip(groups, states, scores):
+        softmax_step(state, s, n, v_tiles, h0, geo.D, mm_dtype)
 
 
 def _load_q(q, b, mm_dtype):

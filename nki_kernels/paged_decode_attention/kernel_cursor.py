@@ -103,16 +103,18 @@ def start_cursor(meta, b, tok_sb, R):
     return {"pos": pos, "slot": slot, "entry": entry, "start": meta_broadcast(meta, b, POS0, R, "start")}
 
 
-def advance(cursor, page_size):
-    """Move the cursor one chunk on: T tokens = T // P whole pages (P <= 128), or 128 entries of
-    one page, wrapping to the next slot at the page end (P a multiple of 128)."""
+def advance(cursor, page_size, chunks=1):
+    """Move the cursor ``chunks`` chunks on: T tokens each = T // P whole pages (P <= 128), or
+    (one chunk only) 128 entries of one page, wrapping to the next slot at the page end (P a
+    multiple of 128)."""
     T = cursor["pos"].shape[0]
     for key in ("pos", "start"):
-        nisa.tensor_scalar(dst=cursor[key], data=cursor[key], op0=nl.add, operand0=T)
+        nisa.tensor_scalar(dst=cursor[key], data=cursor[key], op0=nl.add, operand0=T * chunks)
     if page_size <= 128:
         nisa.tensor_scalar(dst=cursor["slot"], data=cursor["slot"], op0=nl.add,
-                           operand0=T // page_size)
+                           operand0=T // page_size * chunks)
         return
+    assert chunks == 1, "chunks inside a page advance one at a time"
     entry, slot = cursor["entry"], cursor["slot"]
     wrap = nl.ndarray((T, 1), nl.int32, buffer=nl.sbuf, name="wrap")
     nisa.tensor_scalar(dst=entry, data=entry, op0=nl.add, operand0=T)

@@ -14,24 +14,21 @@ Only the request's own tokens are read. Two paths, both driven by the cursor of 
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 from nki_kernels.backend import nisa, nl
 
-from .kernel_cursor import drop_invalid
+from .kernel_cursor import advance, drop_invalid
 
 ROW_LIMIT = 2 ** 24      # fp32 represents every integer below this exactly
 
 
-def load_chunk_indirect(tiles, sources, kv_indices, cursor, valid_t, geo):
-    """tiles: K and V [T, H*D] in SBUF; sources: (rows [R, D] @ HBM, element offset) per tile."""
-    T, D, H = geo.T, geo.D, geo.H
-    page = nl.ndarray((T, 1), nl.int32, buffer=nl.sbuf, name="page")
-    nisa.dma_copy(dst=page, src=kv_indices.ap([[1, T], [1, 1]], vector_offset=cursor["slot"],
-                                              indirect_dim=0), oob_mode=nisa.oob_mode.skip)
-    row = nl.ndarray((T, 1), nl.int32, buffer=nl.sbuf, name="row")
-    nisa.tensor_scalar(dst=row, data=cursor["entry"], op0=nl.multiply, operand0=geo.entry_stride)
-    rowp = nl.ndarray((T, 1), nl.int32, buffer=nl.sbuf, name="row_page")
-    nisa.tensor_scalar(dst=rowp, data=page, op0=nl.multiply, operand0=geo.rows_per_page)
-    nisa.tensor_tensor(dst=row, data1=row, data2=rowp, op=nl.add)
+def load_chunk_indirect(tiles, sources, kv_indices, cursor, valid_t, geo, row=None):
+    """tiles: K and V [T, H*D] in SBUF; sources: (rows [R, D] @ HBM, element offset) per tile;
+    row: the chunk's [T, 1] cache rows when ``block_rows`` made them, else made here."""
+    T, D = geo.T, geo.D
+    if row is None:
+        row = _chunk_rows(kv_indices, cursor, geo)
     if valid_t is not None:
         drop_invalid(row, row, valid_t)
     for tile, (rows, offset) in zip(tiles, sources):
@@ -40,6 +37,122 @@ def load_chunk_indirect(tiles, sources, kv_indices, cursor, valid_t, geo):
         src = rows.ap([[D, T], *geo.token_pattern], offset=offset, vector_offset=row,
                       indirect_dim=0)
         nisa.dma_copy(dst=tile, src=src, oob_mode=nisa.oob_mode.skip)
+
+
+def _chunk_rows(kv_indices, cursor, geo):
+    """[T, 1] int32 cache row of each token of the cursor's chunk. The chunk starts on a page
+    boundary (or inside one page), so one DMA at its first slot (a scalar offset: hardware DGE on
+    v3+) repeats each of its nslots page ids on span partitions: no per-token gather."""
+    T = geo.T
+    span, nslots, _ = piece(geo)
+    page = nl.ndarray((T, 1), nl.int32, buffer=nl.sbuf, name="page")
+    nisa.dma_copy(dst=page, src=kv_indices.ap([[1, nslots], [0, span], [1, 1]],
+                                              scalar_offset=cursor["slot"][0:1, :], indirect_dim=0))
+    row = nl.ndarray((T, 1), nl.int32, buffer=nl.sbuf, name="row")
+    nisa.tensor_scalar(dst=row, data=cursor["entry"], op0=nl.multiply, operand0=geo.entry_stride)
+    nisa.tensor_scalar(dst=page, data=page, op0=nl.multiply, operand0=geo.rows_per_page, op1=nl.add,
+                       operand1=row)
+    return page
+
+
+class KVTile(NamedTuple):
+    """One chunk's K or V in SBUF: T tokens on partitions; head h's D elements start at column
+    ``base + h * head_stride`` of ``tile`` (a chunk of its own: base 0, stride D; one of the
+    ``group`` chunks of a grouped gather: see ``group_columns``)."""
+
+    tile: object
+    base: int
+    head_stride: int
+
+    def head(self, h, d0, dp):
+        col = self.base + h * self.head_stride + d0
+        return self.tile[:, col:col + dp]
+
+
+GROUP_TILE_BYTES = 8192      # SBUF bytes per partition of one grouped K (or V) gather
+PSUM_BANK_BYTES = 2048       # per partition: a softmax step's fp32 scores fit one bank
+
+
+def group_size(geo, count, elem_bytes):
+    """Tokens per partition of one gather of a mask-free block of ``count`` chunks: the largest
+    power of two dividing ``count`` and the page size (a partition's tokens are consecutive
+    entries of one page, so they are one contiguous run per head, or one run in all for NHD)
+    whose K tile fits GROUP_TILE_BYTES and whose scores fit one PSUM bank. 1 when the token
+    layout is neither NHD- nor HND-like."""
+    if len(geo.token_pattern) > 2 or geo.page_size > 128:
+        return 1
+    g = 1
+    while (count % (2 * g) == 0 and geo.page_size % (2 * g) == 0
+           and 2 * g * geo.H * geo.D * elem_bytes <= GROUP_TILE_BYTES
+           and 2 * g * geo.T * 4 <= PSUM_BANK_BYTES):
+        g *= 2
+    return g
+
+
+def group_columns(geo, group):
+    """(per-partition DMA pattern, token column stride, head column stride) of a gather of
+    ``group`` consecutive entries per partition: the levels ordered by falling stride, so a
+    partition's elements are as few runs as possible (NHD: tokens outer, one run; HND: heads
+    outer, one run of group*D per head)."""
+    D, es = geo.D, geo.entry_stride
+    levels = sorted([(es * D, group)] + [tuple(lv) for lv in geo.token_pattern],
+                    key=lambda lv: -lv[0])
+    if len(geo.token_pattern) == 1:                   # heads contiguous in a token (NHD)
+        return levels, geo.H * D, D
+    if levels[0][1] == geo.H and levels[0] != (es * D, group):    # heads outer (HND)
+        return levels, D, group * D
+    return levels, geo.H * D, D                       # entries outer
+
+
+def group_entry_rows(tok_tab, geo, group):
+    """[T, 1] int32: the row offset inside its page of partition p's first token in a grouped
+    gather, ((p * group) % P) * entry_stride, read from the host token table (once per launch)."""
+    T, P = geo.T, geo.page_size
+    rows = nl.ndarray((T, 1), nl.int32, buffer=nl.sbuf, name="group_entry")
+    nisa.dma_copy(dst=rows, src=tok_tab.ap([[0, T * group // P], [2 * group, P // group], [1, 1]],
+                                           offset=1))
+    nisa.tensor_scalar(dst=rows, data=rows, op0=nl.multiply, operand0=geo.entry_stride)
+    return rows
+
+
+def block_rows(kv_indices, cursor, count, geo, group, entry_rows):
+    """[T, count // group] int32 cache rows of the first token of each partition for the
+    cursor's next ``count`` whole-page chunks (P <= 128) gathered ``group`` tokens per partition
+    (column q: tokens q*T*group + p*group ..), made with one page-id DMA and one VectorE
+    instruction for the whole block, so no gather waits on a page-id load behind the previous
+    gathers. ``entry_rows``: ``group_entry_rows``. Advances the cursor past the block."""
+    T, P = geo.T, geo.page_size
+    n = count // group
+    per = T * group // P                   # pages per gather
+    pages = nl.ndarray((T, n), nl.int32, buffer=nl.sbuf, name="block_pages")
+    nisa.dma_copy(dst=pages, src=kv_indices.ap([[1, per], [0, P // group], [per, n]],
+                                               scalar_offset=cursor["slot"][0:1, :],
+                                               indirect_dim=0))
+    nisa.tensor_scalar(dst=pages, data=pages, op0=nl.multiply, operand0=geo.rows_per_page,
+                       op1=nl.add, operand1=entry_rows)
+    advance(cursor, P, count)
+    return pages
+
+
+def load_group_indirect(sources, row, geo, group, mm_dtype=None):
+    """Gather ``group`` chunks, ``group`` consecutive tokens per partition (row: [T, 1] cache
+    row of each partition's first token), as K and V tiles [T, group*H*D]; returns, per chunk
+    g, its (K, V) KVTile pair (chunk g = token g of every partition: an order of the block's
+    tokens, which mask-free softmax steps do not depend on). V is converted to ``mm_dtype``
+    when given."""
+    T, D, H = geo.T, geo.D, geo.H
+    levels, token_cols, head_cols = group_columns(geo, group)
+    tiles = []
+    for (rows, offset), name in zip(sources, ("k_group", "v_group")):
+        tile = nl.ndarray((T, group * H * D), rows.dtype, buffer=nl.sbuf, name=name)
+        nisa.dma_copy(dst=tile, src=rows.ap([[D, T], *levels], offset=offset, vector_offset=row,
+                                            indirect_dim=0))
+        tiles.append(tile)
+    if mm_dtype is not None:
+        v_mm = nl.ndarray((T, group * H * D), mm_dtype, buffer=nl.sbuf, name="v_mm")
+        nisa.tensor_copy(dst=v_mm, src=tiles[1])
+        tiles[1] = v_mm
+    return [tuple(KVTile(t, g * token_cols, head_cols) for t in tiles) for g in range(group)]
 
 
 def piece(geo):

@@ -10,6 +10,9 @@ rescale exp(m_old - m_new) = 0 when one arrives.
 from __future__ import annotations
 
 from nki_kernels.backend import nisa, nl
+from nki_kernels.kernel_dtypes import dtype_bytes
+
+from .kernel_load import PSUM_BANK_BYTES
 
 NEG_BIG = -3.4028235e38
 LN_TO_LOG2 = 1.4426950408889634
@@ -84,17 +87,6 @@ def block_queries(q, t0, h0, n, G, Qb, mm_dtype):
     return pads
 
 
-def column_masks(T, n, G, dtype):
-    """[T, n*G] tiles, one per head j of a group: 1 in columns j*G..(j+1)*G, else 0."""
-    masks = []
-    for j in range(n):
-        m = nl.ndarray((T, n * G), dtype, buffer=nl.sbuf, name="col_mask")
-        nisa.memset(dst=m, value=0.0)
-        nisa.memset(dst=m[:, j * G:(j + 1) * G], value=1.0)
-        masks.append(m)
-    return masks
-
-
 def transpose_dtype(dtype):
     """PSUM dtype of a TensorE transpose: the input's from NeuronCore-v3 (16-bit PE transpose
     mode); fp32 on NeuronCore-v2, where a transpose is an ordinary fp32-accumulating matmul."""
@@ -103,37 +95,49 @@ def transpose_dtype(dtype):
 
 def _scores(q_pads, k_tiles, h0, D, mm_dtype):
     """PSUM [n*G, W*T] fp32 for W chunks of T keys side by side (W*T fp32 <= one 2 KiB bank):
-    row block j = queries of head h0+j against K of head h0+j (K^T made on TensorE in <= 128-row
-    pieces; zero-padded stationaries keep the heads apart), chunk c in columns c*T.."""
-    T = k_tiles[0].shape[0]
+    row block j = queries of head h0+j against K of head h0+j (zero-padded stationaries keep the
+    heads apart), chunk c in columns c*T.. K^T is made on TensorE in <= 128-row pieces: the
+    transposes of as many heads as fill one PSUM bank go side by side into one tile, evicted by
+    two instructions (ScalarE and VectorE halves) instead of one per head, and all of a chunk's
+    transposes are issued before its matmuls, so TensorE never waits on one eviction at a time."""
+    T = k_tiles[0].tile.shape[0]
     R = q_pads[0][0].shape[1]
+    n = len(q_pads)
     s_ps = nl.ndarray((R, len(k_tiles) * T), nl.float32, buffer=nl.psum, name="s_ps")
     for c, k_sb in enumerate(k_tiles):
+        t_dtype = transpose_dtype(k_sb.tile.dtype)
+        per = max(1, min(n, PSUM_BANK_BYTES // (T * dtype_bytes(t_dtype))))
+        kT = {}
+        for k, d0 in enumerate(range(0, D, 128)):
+            dp = min(128, D - d0)
+            for j0 in range(0, n, per):
+                m = min(per, n - j0)
+                kT_ps = nl.ndarray((dp, m * T), t_dtype, buffer=nl.psum, name="kT_ps")
+                for i in range(m):
+                    nisa.nc_transpose(dst=kT_ps[:, i * T:(i + 1) * T],
+                                      data=k_sb.head(h0 + j0 + i, d0, dp))
+                kT_sb = nl.ndarray((dp, m * T), mm_dtype, buffer=nl.sbuf, name="kT")
+                half = m // 2 * T
+                if half:
+                    nisa.tensor_copy(dst=kT_sb[:, half:], src=kT_ps[:, half:])
+                nisa.activation(dst=kT_sb[:, 0:half or m * T], op=nl.copy,
+                                data=kT_ps[:, 0:half or m * T])
+                for i in range(m):
+                    kT[(j0 + i, k)] = kT_sb[:, i * T:(i + 1) * T]
         for j, parts in enumerate(q_pads):
-            h = h0 + j
-            for k, d0 in enumerate(range(0, D, 128)):
-                dp = min(128, D - d0)
-                kT_ps = nl.ndarray((dp, T), transpose_dtype(k_sb.dtype), buffer=nl.psum,
-                                   name="kT_ps")
-                nisa.nc_transpose(dst=kT_ps, data=k_sb[:, h * D + d0:h * D + d0 + dp])
-                kT = nl.ndarray((dp, T), mm_dtype, buffer=nl.sbuf, name="kT")
-                nisa.activation(dst=kT, op=nl.copy, data=kT_ps)   # evict on ScalarE: VectorE is busier
-                nisa.nc_matmul(dst=s_ps[:, c * T:(c + 1) * T], stationary=parts[k], moving=kT,
-                               accumulate=(j, k) != (0, 0))
+            for k in range(len(parts)):
+                nisa.nc_matmul(dst=s_ps[:, c * T:(c + 1) * T], stationary=parts[k],
+                               moving=kT[(j, k)], accumulate=(j, k) != (0, 0))
     return s_ps
 
 
-def online_update(state, q_pads, col_masks, k_tiles, v_tiles, h0, D, bias, scale, soft_cap,
-                  mm_dtype):
-    """Fold W chunks (K / V tiles [T, H*D] each, side by side in one score tile) into the state
-    of a head group (rows n*G), updating the state tiles in place (a device loop's body reuses
-    its own buffers every iteration). One softmax step for all W chunks: VectorE: bias add, row
-    max, running max, one column mask per head, two rescales; ScalarE: scaling, exp with the row
-    sum, alpha, PSUM evictions; the fixed cost of each instruction is paid once per W chunks."""
-    negm, l, acc = state
-    T = k_tiles[0].shape[0]
-    R, WT = q_pads[0][0].shape[1], len(k_tiles) * T
+def chunk_scores(q_pads, k_tiles, h0, D, bias, scale, soft_cap, mm_dtype):
+    """SBUF [n*G, W*T] fp32 scores of W chunks (K tiles [T, H*D] each) for a head group: scaled,
+    soft-capped, plus the mask bias. The first half of a softmax step, issued one step ahead of
+    the second (``softmax_step``) so TensorE makes the next scores while VectorE and ScalarE
+    work on these."""
     s_ps = _scores(q_pads, k_tiles, h0, D, mm_dtype)
+    R, WT = s_ps.shape
     s = _f32((R, WT), "s")
     nisa.activation(dst=s, op=nl.copy, data=s_ps, scale=float(scale))
     if soft_cap > 0:
@@ -141,10 +145,22 @@ def online_update(state, q_pads, col_masks, k_tiles, v_tiles, h0, D, bias, scale
         nisa.tensor_scalar(dst=s, data=s, op0=nl.multiply, operand0=float(soft_cap))
     if bias is not None:
         nisa.tensor_tensor(dst=s, data1=s, data2=bias, op=nl.add)
+    return s
+
+
+def softmax_step(state, s, heads, v_tiles, h0, D, p_dtype):
+    """Fold scores ``s`` [R, W*T] (``chunk_scores``) of W chunks with V tiles [T, H*D] into the
+    state of a group of ``heads`` kv heads (rows R), updating the state tiles in place (a device
+    loop's body reuses its own buffers every iteration). P is ``p_dtype`` (the matmul dtype).
+    One softmax step for all W chunks: VectorE: row max, running max, two rescales; ScalarE: exp
+    with the row sum, alpha, the P^T evictions; the fixed cost of each instruction is paid once
+    per W chunks."""
+    negm, l, acc = state
+    T = v_tiles[0].tile.shape[0]
+    R, WT = s.shape
     negm_new = _f32((R, 1), "neg_m")
     nisa.tensor_reduce(dst=negm_new, op=nl.maximum, data=s, axis=1, negate=True)
     nisa.tensor_tensor(dst=negm_new, data1=negm_new, data2=negm, op=nl.minimum)
-    p_dtype = col_masks[0].dtype
     p = nl.ndarray((R, WT), p_dtype, buffer=nl.sbuf, name="p")
     row_sum, alpha = _f32((R, 1), "row_sum"), _f32((R, 1), "alpha")
     nisa.activation(dst=p, op=nl.exp, data=s, bias=negm_new, reduce_op=nl.add, reduce_res=row_sum,
@@ -152,23 +168,48 @@ def online_update(state, q_pads, col_masks, k_tiles, v_tiles, h0, D, bias, scale
     nisa.activation(dst=alpha, op=nl.exp, data=negm, bias=negm_new, scale=-1.0)  # e^(m_old - m_new)
     nisa.scalar_tensor_tensor(dst=l, data=l, op0=nl.multiply, operand0=alpha, op1=nl.add,
                               operand1=row_sum)
-    pv = nl.ndarray((R, D), nl.float32, buffer=nl.psum, name="pv_ps")
-    for c, v_sb in enumerate(v_tiles):
+    pTs = []
+    for c in range(len(v_tiles)):
         pT_ps = nl.ndarray((T, R), transpose_dtype(p_dtype), buffer=nl.psum, name="pT_ps")
         nisa.nc_transpose(dst=pT_ps, data=p[:, c * T:(c + 1) * T])
         pT = nl.ndarray((T, R), p_dtype, buffer=nl.sbuf, name="pT")
         nisa.activation(dst=pT, op=nl.copy, data=pT_ps)
-        for j, mask in enumerate(col_masks):
-            h = h0 + j
-            pT_j = pT
-            if len(col_masks) > 1:    # one head per tile: its mask is all ones, nothing to mask
-                pT_j = nl.ndarray((T, R), p_dtype, buffer=nl.sbuf, name="pT_head")
-                nisa.tensor_tensor(dst=pT_j, data1=pT, data2=mask, op=nl.multiply)  # head h only
-            nisa.nc_matmul(dst=pv, stationary=pT_j, moving=v_sb[:, h * D:(h + 1) * D],
-                           accumulate=(c, j) != (0, 0))
+        pTs.append(pT)
+    pv = (_pv_one_head if heads == 1 else _pv_heads)(pTs, v_tiles, h0, D, R // heads)
     nisa.scalar_tensor_tensor(dst=acc, data=acc, op0=nl.multiply, operand0=alpha, op1=nl.add,
                               operand1=pv)
     nisa.tensor_copy(dst=negm, src=negm_new)   # state lives in tiles made before the loop
+
+
+def _pv_one_head(pTs, v_tiles, h0, D, rows):
+    """PSUM [R, D] fp32 = P @ V of one kv head: P^T [T, R] stationary, V moving, per chunk."""
+    R = pTs[0].shape[1]
+    pv = nl.ndarray((R, D), nl.float32, buffer=nl.psum, name="pv_ps")
+    for c, (pT, v_sb) in enumerate(zip(pTs, v_tiles)):
+        nisa.nc_matmul(dst=pv, stationary=pT, moving=v_sb.head(h0, 0, D), accumulate=c != 0)
+    return pv
+
+
+def _pv_heads(pTs, v_tiles, h0, D, rows):
+    """PSUM [R, D] fp32 = P @ V for a tile of several kv heads (``rows`` score rows each) without
+    masking P per head: V of head j is the stationary and head j's columns of P^T [T, rows] the
+    moving operand, so (P_j V_j)^T lands in head j's columns of a [D, R] PSUM tile (free-dim
+    slices; partition slices of one head's rows would not start on a legal partition); one
+    eviction and one fp32 transpose per 128 rows of D bring it back to [R, D]."""
+    R = pTs[0].shape[1]
+    pv = nl.ndarray((R, D), nl.float32, buffer=nl.psum, name="pv_ps")
+    for d0 in range(0, D, 128):
+        dp = min(128, D - d0)
+        pvT_ps = nl.ndarray((dp, R), nl.float32, buffer=nl.psum, name="pvT_ps")
+        for j in range(R // rows):
+            cols = slice(j * rows, (j + 1) * rows)
+            for c, (pT, v_sb) in enumerate(zip(pTs, v_tiles)):
+                nisa.nc_matmul(dst=pvT_ps[:, cols], stationary=v_sb.head(h0 + j, d0, dp),
+                               moving=pT[:, cols], accumulate=c != 0)
+        pvT = _f32((dp, R), "pvT")
+        nisa.activation(dst=pvT, op=nl.copy, data=pvT_ps)
+        nisa.nc_transpose(dst=pv[:, d0:d0 + dp], data=pvT)
+    return pv
 
 
 def finalize(state, out, lse, sinks, b, h0, G, Qb, v_scale):

@@ -78,9 +78,9 @@ def test_program_size_is_independent_of_lengths_and_work_follows_them(rng, targe
     assert executed[0] == executed[1] > sizes[0]    # 4 chunks per request in both steps
     assert read[0] == read[1]                        # same 401-token window in both
     chunk_loops = [l for l in trace.loops if l["depth"] == 1]
-    # per request: masked first chunk, blocks of 16, 4 and 2 mask-free chunks (one block of 2
+    # per request: masked first chunk, blocks of 32, 8, 4 and 2 mask-free chunks (one block of 2
     # here), single chunks (none left), masked last chunk
-    assert [l["iterations"] for l in chunk_loops] == [1, 0, 0, 1, 0, 1] * 2
+    assert [l["iterations"] for l in chunk_loops] == [1, 0, 0, 0, 1, 0, 1] * 2
 
 
 def test_padded_batch_rows_do_no_work(rng):
@@ -91,20 +91,20 @@ def test_padded_batch_rows_do_no_work(rng):
     outer = [l for l in trace.loops if l["depth"] == 0]
     assert [l["iterations"] for l in outer] == [5]
     chunk_loops = [l for l in trace.loops if l["depth"] == 1]
-    assert len(chunk_loops) == 5 * 6
+    assert len(chunk_loops) == 5 * 7
     assert sum(l["iterations"] for l in chunk_loops) == 5
 
 
 def test_long_requests_take_mask_free_chunks_in_blocks(rng, target):
-    """A request of 42 chunks (the last partial, so masked): 41 mask-free chunks run as 2 blocks
-    of 16, 2 of 4, none of 2 and 1 single chunk; the output matches the reference."""
+    """A request of 42 chunks (the last partial, so masked): 41 mask-free chunks run as 1 block
+    of 32, 1 of 8, none of 4 or 2 and 1 single chunk; the output matches the reference."""
     from nki_kernels.paged_decode_attention.kernel import CHUNK_BLOCKS
-    assert CHUNK_BLOCKS == (16, 4, 2, 1)
+    assert CHUNK_BLOCKS == (32, 8, 4, 2, 1)
     args = FixedCache(rng, pages=400).step([41 * 128 + 5])
     out, lse = batch_decode(*args, return_lse=True)
     trace = simulate.last_trace()
     chunk_loops = [l["iterations"] for l in trace.loops if l["depth"] == 1]
-    assert chunk_loops == [0, 2, 2, 0, 1, 1]
+    assert chunk_loops == [0, 1, 1, 0, 0, 1, 1]
     ref, ref_lse = batch_decode_ref(*args, return_lse=True)
     np.testing.assert_allclose(out, ref, rtol=2e-5, atol=2e-5)
     np.testing.assert_allclose(lse, ref_lse, rtol=2e-5, atol=2e-5)

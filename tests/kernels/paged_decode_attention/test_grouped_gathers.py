@@ -1,0 +1,78 @@
+"""Mask-free blocks on NeuronCore-v3+ gather several consecutive tokens per partition
+(kernel_load.group_size) and fold them in one softmax step; the tokens' order inside a step is
+not the sequence order, so layouts, page sizes, head dims and dtypes must all land each head's
+columns right. Long requests make blocks of 32, 8, 4, 2 and single chunks occur."""
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from nki_kernels import simulate
+from nki_kernels.paged_decode_attention import batch_decode, batch_decode_ref
+from nki_kernels.paged_decode_attention.kernel_cursor import Geometry
+from nki_kernels.paged_decode_attention.kernel_load import group_columns, group_size
+
+from .conftest import assert_close, make_decode_case
+
+
+def _gathers(trace):
+    """(rows, columns) of each indirect K/V gather's SBUF destination."""
+    return [e.operands[0].shape for e in trace
+            if e.op == "dma_copy" and any(o.indirect == "vector" for o in e.operands)]
+
+
+# chunk lengths: 32 + 8 + 2 + 1 mask-free chunks and a masked tail (page sizes <= 128), or
+# shorter ones so every block size below 32 occurs
+LENS = [43 * 128 + 5, 15 * 128, 3 * 128 + 77]
+
+
+@pytest.mark.parametrize("layout", ["NHD", "HND"])
+@pytest.mark.parametrize("page_size, H, D", [(16, 8, 128), (2, 2, 64), (48, 3, 256), (128, 1, 32),
+                                             (1, 2, 64)])
+@pytest.mark.parametrize("fused", [True, False])
+def test_grouped_gathers_match_reference(rng, layout, page_size, H, D, fused):
+    lens = [n if page_size != 48 else n - n % 96 + 50 for n in LENS]
+    args = make_decode_case(rng, lens, page_size, H, 4, D, layout=layout, fused=fused)
+    with simulate.use_target("trn2"):
+        out, lse = batch_decode(*args, return_lse=True)
+        shapes = _gathers(simulate.last_trace())
+    ref, ref_lse = batch_decode_ref(*args, return_lse=True)
+    assert_close(out, ref, lse, ref_lse)
+    T = 128 if page_size != 48 else 96
+    widest = max(c for _, c in shapes) // (H * D)
+    expected = 1                     # a power of two dividing P, <= 8 KiB of fp32, <= 512 keys
+    while (page_size % (2 * expected) == 0 and 2 * expected * H * D * 4 <= 8192
+           and 2 * expected * T <= 512):
+        expected *= 2
+    assert widest == expected and all(r == T for r, _ in shapes)
+
+
+@pytest.mark.parametrize("kv_dtype", [ml_dtypes.bfloat16, ml_dtypes.float8_e4m3fn])
+def test_grouped_gathers_low_precision(rng, kv_dtype):
+    """bf16 and fp8 caches (fp8 V converted for the matmul after the grouped gather)."""
+    q_dtype = ml_dtypes.bfloat16
+    args = make_decode_case(rng, LENS, 16, 2, 4, 128, q_dtype=q_dtype, kv_dtype=kv_dtype)
+    with simulate.use_target("trn2"):
+        out = batch_decode(*args)
+        shapes = _gathers(simulate.last_trace())
+    assert max(c for _, c in shapes) == 4 * 2 * 128
+    assert_close(out, batch_decode_ref(*args), dtype=np.dtype(kv_dtype).name)
+
+
+def test_group_size_rules():
+    def geo(P, H, D, pattern):
+        return Geometry(min(128, 128 // P * P) if P <= 128 else 128, P, 0, H, D, H, pattern)
+
+    nhd = geo(16, 8, 128, ((1, 8 * 128),))
+    assert group_size(nhd, 32, 2) == 4          # 4 x 2 KiB fills the 8 KiB tile; 512 keys fit PSUM
+    assert group_size(nhd, 32, 4) == 2          # fp32: 4 KiB per token
+    assert group_size(nhd, 2, 2) == 2           # a block of 2 chunks
+    assert group_size(nhd, 1, 2) == 1
+    assert group_size(geo(2, 8, 128, ((1, 1024),)), 32, 2) == 2     # tokens stay inside a page
+    assert group_size(geo(256, 8, 128, ((1, 1024),)), 32, 2) == 1   # pages over 128: chunk-wise
+    hnd = geo(16, 8, 128, ((16 * 128, 8), (1, 128)))
+    levels, token_cols, head_cols = group_columns(hnd._replace(entry_stride=1), 4)
+    assert levels == [(16 * 128, 8), (128, 4), (1, 128)]       # one run of 4 tokens per head
+    assert (token_cols, head_cols) == (128, 512)
+    levels, token_cols, head_cols = group_columns(nhd._replace(entry_stride=8), 4)
+    assert levels == [(1024, 4), (1, 1024)] and (token_cols, head_cols) == (1024, 128)
