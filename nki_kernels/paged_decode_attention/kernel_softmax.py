@@ -98,37 +98,45 @@ def _scores(q_pads, k_tiles, h0, D, mm_dtype):
     row block j = queries of head h0+j against K of head h0+j (zero-padded stationaries keep the
     heads apart), chunk c in columns c*T.. K^T is made on TensorE in <= 128-row pieces: the
     transposes of as many heads as fill one PSUM bank go side by side into one tile, evicted by
-    two instructions (ScalarE and VectorE halves) instead of one per head, and all of a chunk's
-    transposes are issued before its matmuls, so TensorE never waits on one eviction at a time."""
+    two instructions (ScalarE and VectorE halves) instead of one per head, and every chunk's
+    transposes are issued before the first matmul, so TensorE transposes the next chunk while
+    the last one's K^T is evicted instead of waiting for it."""
     T = k_tiles[0].tile.shape[0]
     R = q_pads[0][0].shape[1]
     n = len(q_pads)
+    kTs = [_k_transposed(k, h0, n, D, mm_dtype) for k in k_tiles]
     s_ps = nl.ndarray((R, len(k_tiles) * T), nl.float32, buffer=nl.psum, name="s_ps")
-    for c, k_sb in enumerate(k_tiles):
-        t_dtype = transpose_dtype(k_sb.tile.dtype)
-        per = max(1, min(n, PSUM_BANK_BYTES // (T * dtype_bytes(t_dtype))))
-        kT = {}
-        for k, d0 in enumerate(range(0, D, 128)):
-            dp = min(128, D - d0)
-            for j0 in range(0, n, per):
-                m = min(per, n - j0)
-                kT_ps = nl.ndarray((dp, m * T), t_dtype, buffer=nl.psum, name="kT_ps")
-                for i in range(m):
-                    nisa.nc_transpose(dst=kT_ps[:, i * T:(i + 1) * T],
-                                      data=k_sb.head(h0 + j0 + i, d0, dp))
-                kT_sb = nl.ndarray((dp, m * T), mm_dtype, buffer=nl.sbuf, name="kT")
-                half = m // 2 * T
-                if half:
-                    nisa.tensor_copy(dst=kT_sb[:, half:], src=kT_ps[:, half:])
-                nisa.activation(dst=kT_sb[:, 0:half or m * T], op=nl.copy,
-                                data=kT_ps[:, 0:half or m * T])
-                for i in range(m):
-                    kT[(j0 + i, k)] = kT_sb[:, i * T:(i + 1) * T]
+    for c, kT in enumerate(kTs):
         for j, parts in enumerate(q_pads):
             for k in range(len(parts)):
                 nisa.nc_matmul(dst=s_ps[:, c * T:(c + 1) * T], stationary=parts[k],
                                moving=kT[(j, k)], accumulate=(j, k) != (0, 0))
     return s_ps
+
+
+def _k_transposed(k_sb, h0, n, D, mm_dtype):
+    """{(j, k): K^T [dp, T] in SBUF} of heads h0..h0+n-1 and 128-row pieces k of the head dim."""
+    T = k_sb.tile.shape[0]
+    t_dtype = transpose_dtype(k_sb.tile.dtype)
+    per = max(1, min(n, PSUM_BANK_BYTES // (T * dtype_bytes(t_dtype))))
+    kT = {}
+    for k, d0 in enumerate(range(0, D, 128)):
+        dp = min(128, D - d0)
+        for j0 in range(0, n, per):
+            m = min(per, n - j0)
+            kT_ps = nl.ndarray((dp, m * T), t_dtype, buffer=nl.psum, name="kT_ps")
+            for i in range(m):
+                nisa.nc_transpose(dst=kT_ps[:, i * T:(i + 1) * T],
+                                  data=k_sb.head(h0 + j0 + i, d0, dp))
+            kT_sb = nl.ndarray((dp, m * T), mm_dtype, buffer=nl.sbuf, name="kT")
+            half = m // 2 * T
+            if half:
+                nisa.tensor_copy(dst=kT_sb[:, half:], src=kT_ps[:, half:])
+            nisa.activation(dst=kT_sb[:, 0:half or m * T], op=nl.copy,
+                            data=kT_ps[:, 0:half or m * T])
+            for i in range(m):
+                kT[(j0 + i, k)] = kT_sb[:, i * T:(i + 1) * T]
+    return kT
 
 
 def chunk_scores(q_pads, k_tiles, h0, D, bias, scale, soft_cap, mm_dtype):

@@ -40,7 +40,7 @@ class Hardware:
     min_ii_cycles: int = 64       # minimum initiation interval, Vector/Scalar [ISA]
     static_overhead_cycles: int = 60      # SBUF/PSUM access overhead per instruction [ISA]
     gpsimd_start_cycles: int = 150        # GpSimd start-up [ISA]
-    matmul_init_cycles: int = 64  # MM_INIT_LATENCY [ISA]
+    matmul_init_cycles: int = 64  # MM_INIT_LATENCY: least interval between matmuls [ARCH]
     fp32_matmul_factor: int = 4   # fp32 matmul is 4x slower than bf16 [ISA]
     reciprocal_factor: int = 8    # VectorE reciprocal ~8 N cycles [ISA]
     dependent_vector_cycles: int = 100    # a VectorE instruction reading the one just before [ISA]

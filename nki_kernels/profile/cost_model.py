@@ -6,8 +6,11 @@ Per instruction (``instruction_seconds``):
   b / (b + dma_descriptor_bytes), and never faster than its HBM reads plus writes at HBM
   bandwidth (an HBM-to-HBM copy moves its bytes twice); plus a fixed semaphore-to-start latency
   and, for dynamic or indirect DMAs, descriptor generation (``schedule``).
-- TensorE matmul: matmul_init + max(min(64, M), N) cycles (x4 with fp32 inputs); transpose
-  max(P, min(64, F)).
+- TensorE matmul: its initiation interval max(MM_INIT_LATENCY, min(64, M), N) cycles (x4 with
+  fp32 inputs): the ISA's max(min(64, N_stationary), N_moving), floored at the 64-cycle
+  turnaround the architecture guide gives back-to-back MultiplyMoving instructions (TensorE is
+  pipelined: the init latency overlaps the previous instruction, it is not added to it);
+  transpose max(P, min(64, F)).
 - VectorE: static overhead + max(MIN_II, N) for one-input ops, 2N for tensor_tensor, 8N reciprocal.
 - ScalarE: static overhead + max(MIN_II, N) (+ MIN_II when it also reduces).
 - GpSimd: start-up + N.
@@ -39,7 +42,7 @@ def _cycles(e, hw: Hardware) -> Tuple[float, float]:
         if e.op == "nc_matmul":
             m = e.details.get("M", 1)
             factor = hw.fp32_matmul_factor if e.operands[2].dtype == "float32" else 1
-            return hw.matmul_init_cycles + max(min(64, m), n) * factor, hw.tensor_hz
+            return max(hw.matmul_init_cycles, min(64, m), n) * factor, hw.tensor_hz
         return max(e.partitions, min(64, n)), hw.tensor_hz
     if e.engine == "gpsimd":
         return hw.gpsimd_start_cycles + n, hw.gpsimd_hz

@@ -37,7 +37,12 @@ def test_compute_costs_hand_computed():
                    operands=(op("psum", (128, 512)), op("sbuf", (128, 128), "bfloat16"),
                              op("sbuf", (128, 512), "bfloat16")),
                    partitions=128, free_elems=512, flops=2 * 128 * 128 * 512, details={"M": 128})
-    assert instruction_seconds(mm, TRN2) == pytest.approx((64 + 512) / 2.4e9)   # init + N cycles
+    assert instruction_seconds(mm, TRN2) == pytest.approx(512 / 2.4e9)    # interval: max(N, 64)
+    short = trace.add(op="nc_matmul", engine="tensor", program_id=(0,),
+                      operands=(op("psum", (128, 4)), op("sbuf", (128, 128), "bfloat16"),
+                                op("sbuf", (128, 4), "bfloat16")),
+                      partitions=128, free_elems=4, details={"M": 128})
+    assert instruction_seconds(short, TRN2) == pytest.approx(64 / 2.4e9)   # MM_INIT_LATENCY
     act = trace.add(op="activation", engine="scalar", program_id=(0,), operands=(op("sbuf", (128, 10)),),
                     partitions=128, free_elems=10, details={"reduce": True})
     assert instruction_seconds(act, TRN2) == pytest.approx((60 + 64 + 64) / 1.2e9)   # MIN_II dominates

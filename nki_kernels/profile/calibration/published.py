@@ -12,6 +12,9 @@ Sources:
   DMA bandwidth per NeuronCore (trn1 272 GB/s, trn2 368 GB/s) at >= 4 KiB per partition, "approaches
   peak" at >= 2 KiB, "a small fraction of peak" below 256 B; 16 engines, 8 partitions each.
 - [ISA] the Beta 1 ISA reference's estimated instruction costs (see constants.py).
+- [ARCH] the NeuronCore-v2 architecture guide (``nki/guides/architecture/trainium_inferentia2_arch.rst``):
+  back-to-back MultiplyMoving instructions issue every max(N, MM_INIT_LATENCY) cycles, N the
+  moving free size, MM_INIT_LATENCY 64; fp32 inputs about 4x.
 - [MAMBA] the NKI fused-Mamba tutorial (``nki/guides/tutorials/fused_mamba.rst``): measured
   device time of mamba_v1 at [batch 1, seq 512, channels 256, state 16] = 172.93 us; of mamba_v1
   with 4096 channels = 2.34 ms; of mamba_v2 (loop reordering) with 4096 channels = 1.61 ms. fp32.
@@ -185,9 +188,11 @@ def _figures() -> List[Figure]:
                    peak / 16, "B/s", lambda t=target: single_dma_rate(t, 4096, 4), 0.0, "<="),
         ]
     figs += [
-        Figure("nc_matmul bf16 128x128 @ 128x512: MM_INIT + N cycles", "[ISA]", 64 + 512,
+        Figure("nc_matmul bf16 128x128 @ 128x512: max(N, MM_INIT_LATENCY)", "[ARCH]", 512,
                "cycles", lambda: modelled_cycles("trn1", _matmul("bfloat16", 512)), 0.0),
-        Figure("nc_matmul fp32 128x128 @ 128x512: x4", "[ISA]", 64 + 4 * 512, "cycles",
+        Figure("nc_matmul bf16 128x128 @ 128x32: MM_INIT_LATENCY 64", "[ARCH]", 64,
+               "cycles", lambda: modelled_cycles("trn1", _matmul("bfloat16", 32)), 0.0),
+        Figure("nc_matmul fp32 128x128 @ 128x512: x4", "[ARCH]", 4 * 512, "cycles",
                lambda: modelled_cycles("trn1", _matmul("float32", 512)), 0.0),
         Figure("activation N=1024: static overhead + N", "[ISA]", 60 + 1024, "cycles",
                lambda: modelled_cycles("trn1", _activation(1024)), 0.0),
