@@ -226,20 +226,27 @@ def _load_chunk(consts, kv_indices, cursor, bounds, masked, rows=None):
     geo, G, sources, groups, iota_rt, indirect, v_dtype = consts
     T, H, D = geo.T, geo.H, geo.D
     valid_t = token_validity(cursor, bounds) if masked else None
-    tiles = [nl.ndarray((T, H * D), sources[0][0].dtype, buffer=nl.sbuf, name=n)
-             for n in ("k_sb", "v_sb")]
-    if indirect:
-        load_chunk_indirect(tiles, sources, kv_indices, cursor, valid_t, geo, rows)
+    dtype = sources[0][0].dtype
+    if not indirect and sources[0][0] is sources[1][0]:      # fused cache: one DMA per page
+        kv = nl.ndarray((T, 2 * H * D), dtype, buffer=nl.sbuf, name="kv_sb")
+        load_chunk_pages([kv], sources, kv_indices, cursor, bounds, valid_t, geo)
+        views = [KVTile(kv, 0, D), KVTile(kv, H * D, D)]
     else:
-        load_chunk_pages(tiles, sources, kv_indices, cursor, bounds, valid_t, geo)
+        tiles = [nl.ndarray((T, H * D), dtype, buffer=nl.sbuf, name=n) for n in ("k_sb", "v_sb")]
+        if indirect:
+            load_chunk_indirect(tiles, sources, kv_indices, cursor, valid_t, geo, rows)
+        else:
+            load_chunk_pages(tiles, sources, kv_indices, cursor, bounds, valid_t, geo)
+        views = [KVTile(t, 0, D) for t in tiles]
     bias = mask_bias(cursor, bounds, iota_rt) if masked else None
     if rows is None:
         advance(cursor, geo.page_size)
     if v_dtype is not None:        # fp8 V as a matmul input before NeuronCore-v4: converted
         v_mm = nl.ndarray((T, H * D), v_dtype, buffer=nl.sbuf, name="v_mm")
-        nisa.tensor_copy(dst=v_mm, src=tiles[1])
-        tiles[1] = v_mm
-    return tuple(KVTile(t, 0, D) for t in tiles), bias
+        for h in range(H):
+            nisa.tensor_copy(dst=v_mm[:, h * D:(h + 1) * D], src=views[1].head(h, 0, D))
+        views[1] = KVTile(v_mm, 0, D)
+    return tuple(views), bias
 
 
 def _score_chunks(consts, loaded, q_pads, scale, soft_cap, mm_dtype):

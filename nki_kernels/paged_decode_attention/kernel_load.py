@@ -7,7 +7,7 @@ Only the request's own tokens are read. Two paths, both driven by the cursor of 
   ``oob_mode.skip`` (their tile rows are zeroed first). Row ids are computed on VectorE's fp32
   ALU, so this path is used when the cache has fewer than 2**24 rows (``ROW_LIMIT``).
 - ``load_chunk_pages`` (NeuronCore-v2, and larger caches): one DMA per page (or 128-token piece of
-  a page) of the chunk, addressed by a ``scalar_offset`` that the DMA engine multiplies out, so any
+  a page) of the chunk, K and V together for a fused cache, addressed by a ``scalar_offset`` that the DMA engine multiplies out, so any
   cache size is exact; pieces outside [W, L) are skipped and the unused rows of a partly used page
   are zeroed after the load.
 """
@@ -163,7 +163,10 @@ def piece(geo):
 
 
 def load_chunk_pages(tiles, sources, kv_indices, cursor, bounds, valid_t, geo):
-    """``valid_t`` None: a full chunk (every token belongs to the request), nothing to mask."""
+    """Gather the cursor's chunk into ``tiles``: K and V [T, H*D], or, for a fused cache (both
+    sources one tensor), one tile [T, 2*H*D] with a token's K then V elements, so each page
+    costs one DMA for both. ``valid_t`` None: a full chunk (every token belongs to the request),
+    nothing to mask."""
     T, D, H, es = geo.T, geo.D, geo.H, geo.entry_stride
     span, nslots, per_page = piece(geo)
     # elements per piece (the scalar offset's unit): a whole page, or 128 entries of one
@@ -177,19 +180,25 @@ def load_chunk_pages(tiles, sources, kv_indices, cursor, bounds, valid_t, geo):
         nisa.tensor_scalar(dst=sub, data=cursor["entry"][0:1, :], op0=nl.divide, operand0=span)
         nisa.tensor_scalar(dst=pid, data=pid, op0=nl.multiply, operand0=units, op1=nl.add,
                            operand1=sub)
+    if len(tiles) == 1:                      # fused: V is sources[1]'s offset after K
+        (rows, k_off), (_, v_off) = sources
+        targets = [(tiles[0], rows, k_off, [[v_off - k_off, 2], *geo.token_pattern])]
+    else:
+        targets = [(t, rows, off, list(geo.token_pattern)) for t, (rows, off) in zip(tiles, sources)]
+    width = tiles[0].shape[1]
     if valid_t is not None:
         _drop_pieces_outside(pid, cursor, bounds, span, nslots)
-        pred = nl.ndarray((T, H * D), nl.uint8, buffer=nl.sbuf, name="pred")
+        pred = nl.ndarray((T, width), nl.uint8, buffer=nl.sbuf, name="pred")
         nisa.memset(dst=pred, value=0)
         nisa.tensor_scalar(dst=pred, data=pred, op0=nl.add, operand0=valid_t)
-    for tile, (rows, offset) in zip(tiles, sources):
+    for tile, rows, offset, pattern in targets:
         pieces = rows.reshape((rows.shape[0] * D // unit, unit))
         raw = tile                                   # a full chunk: every row is loaded
         if valid_t is not None:
-            raw = nl.ndarray((T, H * D), tile.dtype, buffer=nl.sbuf, name="kv_raw")
+            raw = nl.ndarray((T, width), tile.dtype, buffer=nl.sbuf, name="kv_raw")
             nisa.memset(dst=raw, value=0.0)
         for j in range(nslots):
-            src = pieces.ap([[es * D, span], *geo.token_pattern], offset=offset,
+            src = pieces.ap([[es * D, span], *pattern], offset=offset,
                             scalar_offset=pid[0:1, j:j + 1], indirect_dim=0)
             nisa.dma_copy(dst=raw[j * span:(j + 1) * span, :], src=src, oob_mode=nisa.oob_mode.skip)
         if valid_t is not None:

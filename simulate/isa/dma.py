@@ -83,9 +83,12 @@ def _moved_elems(d, s, mask) -> int:
 
 
 def _run_elems(r: Resolved) -> int:
+    """Longest contiguous run of the operand: within one row when rows are gathered (indirect)
+    or are partitions of SBUF / PSUM (each partition is its own memory, so a descriptor never
+    spans two: the DMA guide counts payload per partition)."""
     t = r.tensor
     pattern = tuple(zip(t.strides, t.shape))
-    if r.indices is not None:
+    if r.indices is not None or r.buffer in ("sbuf", "psum"):
         pattern = pattern[1:] or ((1, 1),)
     return aps.contiguous_run(aps.AccessPattern(pattern, 0))
 
