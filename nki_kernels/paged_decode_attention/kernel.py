@@ -49,8 +49,9 @@ from nki_kernels.paged_kv_append.kernel import scatter_rows
 
 from .kernel_cursor import (Geometry, advance, block_bounds, query_of_row, request_bounds,
                             start_cursor, token_validity)
-from .kernel_load import (ROW_LIMIT, KVTile, block_rows, group_entry_rows, group_size,
-                          load_chunk_indirect, load_chunk_pages, load_group_indirect)
+from .kernel_load import (ROW_LIMIT, KVTile, block_page_ids, block_rows, group_entry_rows,
+                          group_size, load_chunk_indirect, load_chunk_pages, load_group_indirect,
+                          load_group_pages)
 from .kernel_softmax import (block_queries, chunk_scores, finalize, init_state,
                              mask_bias, merge_with_partner, padded_queries, softmax_step)
 from .plan import (BOUNDARY, C0, C1, CHUNK_BLOCKS, END, FIRST, FULL_HI, FULL_LO, META_COLS, OUT,
@@ -129,12 +130,12 @@ def attention(q, k_rows, v_rows, meta, spans, kv_indices, tok_tab, row_tab, sink
     convert_v = k_rows.dtype == nl.float8_e4m3fn and nisa.get_nc_version() < nisa.nc_version.gen4
     v_dtype = mm_dtype if convert_v else None
     consts = (geo, G, sources, groups, iota_rt, indirect, v_dtype)
-    # mask-free blocks (whole pages, rows computed on device) gather several tokens per partition
-    blocked = indirect and page_size <= 128
+    # mask-free blocks of whole pages gather several consecutive tokens per partition
+    blocked = page_size <= 128
     gathered = {size: group_size(geo, size, dtype_bytes(k_rows.dtype)) if blocked else 1
                 for size in CHUNK_BLOCKS}
     entry_rows = {g: group_entry_rows(tok_tab, geo, g) for g in sorted(set(gathered.values()))
-                  if blocked}
+                  if blocked and indirect}
 
     def attend(i):
         """Work item i: (its output row, the softmax state of each head group over its chunks)."""
@@ -165,14 +166,21 @@ def attention(q, k_rows, v_rows, meta, spans, kv_indices, tok_tab, row_tab, sink
             steps = count // width
 
             def body(c):
-                rows = (block_rows(kv_indices, cursor, count, geo, group, entry_rows[group])
-                        if blocked and not masked else None)
+                rows = pids = None
+                if blocked and not masked and indirect:
+                    rows = block_rows(kv_indices, cursor, count, geo, group, entry_rows[group])
+                elif blocked and not masked and group > 1:
+                    pids = block_page_ids(kv_indices, cursor, count, geo)
 
                 def load(g):
-                    if group > 1:
+                    if group > 1 and indirect:
                         return [(views, None) for views in
                                 load_group_indirect(sources, rows[:, g:g + 1], geo, group,
                                                     v_dtype)]
+                    if group > 1:
+                        first = g * T * group // page_size
+                        return [(views, None) for views in
+                                load_group_pages(sources, pids, first, geo, group, v_dtype)]
                     return [_load_chunk(consts, kv_indices, cursor, bounds, masked,
                                         None if rows is None else rows[:, k:k + 1])
                             for k in range(g * width, (g + 1) * width)]

@@ -58,7 +58,7 @@ def _chunk_rows(kv_indices, cursor, geo):
 class KVTile(NamedTuple):
     """One chunk's K or V in SBUF: T tokens on partitions; head h's D elements start at column
     ``base + h * head_stride`` of ``tile`` (a chunk of its own: base 0, stride D; one of the
-    ``group`` chunks of a grouped gather: see ``group_columns``)."""
+    ``group`` chunks of a grouped gather: see ``gather_layout``)."""
 
     tile: object
     base: int
@@ -89,19 +89,26 @@ def group_size(geo, count, elem_bytes):
     return g
 
 
-def group_columns(geo, group):
-    """(per-partition DMA pattern, token column stride, head column stride) of a gather of
-    ``group`` consecutive entries per partition: the levels ordered by falling stride, so a
-    partition's elements are as few runs as possible (NHD: tokens outer, one run; HND: heads
-    outer, one run of group*D per head)."""
+def gather_layout(geo, group, kv_step=0):
+    """How a gather of ``group`` consecutive entries per partition lays a partition out:
+    (per-partition DMA levels, ordered by falling stride so the elements form as few runs as
+    possible; tile column of token g's start per g; of head h per h; where V starts, when
+    ``kv_step`` (V's element offset after K in a fused cache) puts K and V in one tile).
+    NHD: [V,] tokens, heads x D (one run of K, one of V); HND: [V,] heads, tokens, D (one run of
+    group*D per head)."""
     D, es = geo.D, geo.entry_stride
-    levels = sorted([(es * D, group)] + [tuple(lv) for lv in geo.token_pattern],
-                    key=lambda lv: -lv[0])
-    if len(geo.token_pattern) == 1:                   # heads contiguous in a token (NHD)
-        return levels, geo.H * D, D
-    if levels[0][1] == geo.H and levels[0] != (es * D, group):    # heads outer (HND)
-        return levels, D, group * D
-    return levels, geo.H * D, D                       # entries outer
+    tagged = [(es * D, group, "tok")] + ([(kv_step, 2, "kv")] if kv_step else [])
+    if len(geo.token_pattern) == 1:                     # a token's heads are one run (NHD)
+        tagged.append((*geo.token_pattern[0], "hd"))
+    else:
+        tagged += [(*geo.token_pattern[0], "head"), (*geo.token_pattern[1], "d")]
+    tagged.sort(key=lambda lv: -lv[0])
+    cols, size = {}, 1
+    for _, num, tag in reversed(tagged):
+        cols[tag] = size
+        size *= num
+    return ([[stride, num] for stride, num, _ in tagged], cols["tok"],
+            D if "hd" in cols else cols["head"], cols.get("kv", 0))
 
 
 def group_entry_rows(tok_tab, geo, group):
@@ -141,7 +148,7 @@ def load_group_indirect(sources, row, geo, group, mm_dtype=None):
     tokens, which mask-free softmax steps do not depend on). V is converted to ``mm_dtype``
     when given."""
     T, D, H = geo.T, geo.D, geo.H
-    levels, token_cols, head_cols = group_columns(geo, group)
+    levels, token_cols, head_cols, _ = gather_layout(geo, group)
     tiles = []
     for (rows, offset), name in zip(sources, ("k_group", "v_group")):
         tile = nl.ndarray((T, group * H * D), rows.dtype, buffer=nl.sbuf, name=name)
@@ -204,6 +211,56 @@ def load_chunk_pages(tiles, sources, kv_indices, cursor, bounds, valid_t, geo):
         if valid_t is not None:
             nisa.memset(dst=tile, value=0.0)
             nisa.tensor_copy_predicated(dst=tile, src=raw, predicate=pred)
+
+
+def block_page_ids(kv_indices, cursor, count, geo):
+    """[1, pages] int32 page ids of the cursor's next ``count`` whole-page chunks (P <= 128), one
+    DMA for the block; advances the cursor past it."""
+    pages = count * geo.T // geo.page_size
+    pid = nl.ndarray((1, pages), nl.int32, buffer=nl.sbuf, name="block_pid")
+    nisa.dma_copy(dst=pid, src=kv_indices.ap([[1, 1], [1, pages]],
+                                             scalar_offset=cursor["slot"][0:1, :], indirect_dim=0))
+    advance(cursor, geo.page_size, count)
+    return pid
+
+
+def load_group_pages(sources, pid, first, geo, group, mm_dtype=None):
+    """Without indirect DMA (NeuronCore-v2, or caches past ROW_LIMIT): ``group`` mask-free
+    chunks, one DMA per page (page ids pid[0, first..]) laying its P tokens on P / group
+    partitions, ``group`` consecutive tokens each, K and V of a fused cache in the same DMA: a
+    quarter of the descriptors of one token per partition and half the DMAs. Returns, per chunk
+    g (token g of every partition), its (K, V) KVTile pair; V converted to ``mm_dtype`` when
+    given."""
+    T, D, H, P, es = geo.T, geo.D, geo.H, geo.page_size, geo.entry_stride
+    unit = geo.rows_per_page * D                       # the scalar offset's unit: one page
+    (k_src, k_off), (v_src, v_off) = sources
+    fused = k_src is v_src
+    levels, token_cols, head_cols, v_cols = gather_layout(geo, group, v_off - k_off if fused else 0)
+    width = group * H * D * (2 if fused else 1)
+    targets = [(k_src, k_off)] if fused else [(k_src, k_off), (v_src, v_off)]
+    tiles = []
+    for (rows, offset), name in zip(targets, ("k_group", "v_group")):
+        tile = nl.ndarray((T, width), rows.dtype, buffer=nl.sbuf, name=name)
+        pieces = rows.reshape((rows.shape[0] * D // unit, unit))
+        span = P // group                              # partitions per page
+        for j in range(T // span):
+            nisa.dma_copy(dst=tile[j * span:(j + 1) * span, :],
+                          src=pieces.ap([[group * es * D, span], *levels], offset=offset,
+                                        scalar_offset=pid[0:1, first + j:first + j + 1],
+                                        indirect_dim=0))
+        tiles.append(tile)
+    k_tile, v_tile = (tiles[0], tiles[0]) if fused else tiles
+    if mm_dtype is not None:
+        v_mm = nl.ndarray((T, group * H * D), mm_dtype, buffer=nl.sbuf, name="v_mm")
+        for h in range(H):
+            for g in range(group):
+                col = v_cols + g * token_cols + h * head_cols
+                nisa.tensor_copy(dst=v_mm[:, (g * H + h) * D:(g * H + h + 1) * D],
+                                 src=v_tile[:, col:col + D])
+        return [(KVTile(k_tile, g * token_cols, head_cols), KVTile(v_mm, g * H * D, D))
+                for g in range(group)]
+    return [(KVTile(k_tile, g * token_cols, head_cols),
+             KVTile(v_tile, v_cols + g * token_cols, head_cols)) for g in range(group)]
 
 
 def _drop_pieces_outside(pid, cursor, bounds, span, nslots):

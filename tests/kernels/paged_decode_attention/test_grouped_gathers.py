@@ -10,41 +10,54 @@ import pytest
 from nki_kernels import simulate
 from nki_kernels.paged_decode_attention import batch_decode, batch_decode_ref
 from nki_kernels.paged_decode_attention.kernel_cursor import Geometry
-from nki_kernels.paged_decode_attention.kernel_load import group_columns, group_size
+from nki_kernels.paged_decode_attention.kernel_load import gather_layout, group_size
 
 from .conftest import assert_close, make_decode_case
 
 
-def _gathers(trace):
-    """(rows, columns) of each indirect K/V gather's SBUF destination."""
-    return [e.operands[0].shape for e in trace
-            if e.op == "dma_copy" and any(o.indirect == "vector" for o in e.operands)]
+def _gathers(trace, H, D):
+    """(rows, tokens per partition) of each K/V load's SBUF destination: indirect gathers (v3+),
+    or page DMAs (v2: K and V of a fused cache in one, counted once)."""
+    out = []
+    for e in trace:
+        dst = e.operands[0]
+        if (e.op != "dma_copy" or dst.buffer != "sbuf" or dst.dtype == "int32"
+                or dst.shape[1] % (H * D)):
+            continue
+        if any(o.indirect == "vector" for o in e.operands) or any(
+                o.indirect == "scalar" for o in e.operands[1:]) and dst.shape[1] >= H * D:
+            out.append((dst.shape[0], dst.shape[1] // (H * D)))
+    return out
 
 
-# chunk lengths: 32 + 8 + 2 + 1 mask-free chunks and a masked tail (page sizes <= 128), or
-# shorter ones so every block size below 32 occurs
-LENS = [43 * 128 + 5, 15 * 128, 3 * 128 + 77]
+# mask-free chunks (pages <= 128): 32 + 2 and a masked tail, 8 + 4 + 2 + 1, 2 + 1 and a masked
+# tail: every block size occurs
+LENS = [34 * 128 + 5, 15 * 128, 3 * 128 + 77]
 
 
 @pytest.mark.parametrize("layout", ["NHD", "HND"])
 @pytest.mark.parametrize("page_size, H, D", [(16, 8, 128), (2, 2, 64), (48, 3, 256), (128, 1, 32),
                                              (1, 2, 64)])
 @pytest.mark.parametrize("fused", [True, False])
-def test_grouped_gathers_match_reference(rng, layout, page_size, H, D, fused):
+def test_grouped_gathers_match_reference(rng, target, layout, page_size, H, D, fused):
     lens = [n if page_size != 48 else n - n % 96 + 50 for n in LENS]
     args = make_decode_case(rng, lens, page_size, H, 4, D, layout=layout, fused=fused)
-    with simulate.use_target("trn2"):
-        out, lse = batch_decode(*args, return_lse=True)
-        shapes = _gathers(simulate.last_trace())
+    out, lse = batch_decode(*args, return_lse=True)
+    loads = _gathers(simulate.last_trace(), H, D)
     ref, ref_lse = batch_decode_ref(*args, return_lse=True)
     assert_close(out, ref, lse, ref_lse)
     T = 128 if page_size != 48 else 96
-    widest = max(c for _, c in shapes) // (H * D)
     expected = 1                     # a power of two dividing P, <= 8 KiB of fp32, <= 512 keys
     while (page_size % (2 * expected) == 0 and 2 * expected * H * D * 4 <= 8192
            and 2 * expected * T <= 512):
         expected *= 2
-    assert widest == expected and all(r == T for r, _ in shapes)
+    per_load = 2 if target == "trn1" and fused else 1      # K and V in one page DMA
+    widest = max(c for _, c in loads)
+    assert widest == expected * per_load
+    if target == "trn2":                                    # gathers fill every partition
+        assert all(r == T for r, _ in loads)
+    else:                                                   # a page on P / group partitions
+        assert (page_size // expected, widest) in loads
 
 
 @pytest.mark.parametrize("kv_dtype", [ml_dtypes.bfloat16, ml_dtypes.float8_e4m3fn])
@@ -54,8 +67,8 @@ def test_grouped_gathers_low_precision(rng, kv_dtype):
     args = make_decode_case(rng, LENS, 16, 2, 4, 128, q_dtype=q_dtype, kv_dtype=kv_dtype)
     with simulate.use_target("trn2"):
         out = batch_decode(*args)
-        shapes = _gathers(simulate.last_trace())
-    assert max(c for _, c in shapes) == 4 * 2 * 128
+        loads = _gathers(simulate.last_trace(), 2, 128)
+    assert max(c for _, c in loads) == 4
     assert_close(out, batch_decode_ref(*args), dtype=np.dtype(kv_dtype).name)
 
 
@@ -71,8 +84,17 @@ def test_group_size_rules():
     assert group_size(geo(2, 8, 128, ((1, 1024),)), 32, 2) == 2     # tokens stay inside a page
     assert group_size(geo(256, 8, 128, ((1, 1024),)), 32, 2) == 1   # pages over 128: chunk-wise
     hnd = geo(16, 8, 128, ((16 * 128, 8), (1, 128)))
-    levels, token_cols, head_cols = group_columns(hnd._replace(entry_stride=1), 4)
-    assert levels == [(16 * 128, 8), (128, 4), (1, 128)]       # one run of 4 tokens per head
-    assert (token_cols, head_cols) == (128, 512)
-    levels, token_cols, head_cols = group_columns(nhd._replace(entry_stride=8), 4)
-    assert levels == [(1024, 4), (1, 1024)] and (token_cols, head_cols) == (1024, 128)
+    levels, token_cols, head_cols, v_cols = gather_layout(hnd._replace(entry_stride=1), 4)
+    assert levels == [[16 * 128, 8], [128, 4], [1, 128]]       # one run of 4 tokens per head
+    assert (token_cols, head_cols, v_cols) == (128, 512, 0)
+    levels, token_cols, head_cols, v_cols = gather_layout(nhd._replace(entry_stride=8), 4)
+    assert levels == [[1024, 4], [1, 1024]] and (token_cols, head_cols) == (1024, 128)
+    # a fused cache's V one page of K later: K and V runs per partition, V after all K
+    levels, token_cols, head_cols, v_cols = gather_layout(nhd._replace(entry_stride=8), 4,
+                                                          16 * 1024)
+    assert levels == [[16 * 1024, 2], [1024, 4], [1, 1024]]
+    assert (token_cols, head_cols, v_cols) == (1024, 128, 4 * 1024)
+    levels, token_cols, head_cols, v_cols = gather_layout(hnd._replace(entry_stride=1), 4,
+                                                          16 * 1024)
+    assert levels == [[16 * 1024, 2], [16 * 128, 8], [128, 4], [1, 128]]
+    assert (token_cols, head_cols, v_cols) == (128, 512, 4 * 1024)
