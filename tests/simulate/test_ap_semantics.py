@@ -121,3 +121,22 @@ def test_vector_offset_row_bounds_are_exact():
     for inner in (((1, 16),), ((1, 1),)):           # one element past the end, too
         with pytest.raises(simulate.OutOfBoundsError, match="vector_offset row 0 = 10"):
             gather_vector(t, np.array([[10], [0]], np.int32), inner)
+
+
+@jit
+def hbm_to_sbuf_and_back(t):
+    tile = nl.ndarray(t.shape, t.dtype, buffer=nl.sbuf)
+    nisa.dma_copy(dst=tile, src=t)
+    out = nl.ndarray(t.shape, t.dtype, buffer=nl.shared_hbm)
+    nisa.dma_copy(dst=out, src=tile)
+    flat = nl.ndarray((1, t.shape[0] * t.shape[1]), t.dtype, buffer=nl.shared_hbm)
+    nisa.dma_copy(dst=flat, src=t.reshape((1, t.shape[0] * t.shape[1])))
+    return out
+
+
+def test_dma_runs_never_span_partitions():
+    """The descriptor count of the cost model: a contiguous HBM block loaded into SBUF is one
+    run per partition (each partition is its own memory), both ways; HBM to HBM is one run."""
+    hbm_to_sbuf_and_back(np.zeros((128, 512), np.float32))
+    runs = [e.dma_runs for e in simulate.last_trace() if e.op == "dma_copy"]
+    assert runs == [128, 128, 1]
