@@ -182,7 +182,7 @@ def cmd_suite(args, which):
                     if which == "bench":
                         from .profile.sensitivity import sensitivity
                         moved.append((label, target, sensitivity(
-                            row["trace"], target, table_row["floor_us"] * 1e-6)))
+                            row["traces"], target, table_row["floor_us"] * 1e-6)))
     table = markdown(rows)
     print("\n" + table)
     if which == "bench":

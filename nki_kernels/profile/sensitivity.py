@@ -14,11 +14,14 @@ from .cost_model import estimate
 UNCERTAIN = ASSUMED + ("loop_iteration_s",)
 
 
-def sensitivity(trace, target: str, floor_seconds: float) -> Dict[str, Tuple[float, float]]:
+def sensitivity(traces, target: str, floor_seconds: float) -> Dict[str, Tuple[float, float]]:
     """{constant: (scheduled/floor with it halved, with it doubled)}; "base" holds the
-    unchanged ratio twice."""
+    unchanged ratio twice. ``traces``: one trace, or the launches of one step (run one after
+    the other, so their times add up, as in the benchmark table)."""
+    traces = traces if isinstance(traces, (list, tuple)) else [traces]
+
     def ratio(**change):
-        return estimate(trace, target=target, **change).seconds / floor_seconds
+        return sum(estimate(t, target=target, **change).seconds for t in traces) / floor_seconds
 
     base = ratio()
     out = {"base": (base, base)}
