@@ -111,6 +111,7 @@ BAD = [
 @pytest.mark.parametrize("kwargs, exc, match", BAD, ids=lambda x: str(x)[:40])
 def test_bad_input_refused_before_any_write(kwargs, exc, match):
     cache = np.zeros((2, 3, 8, 5), np.float32)
+    kwargs = dict(kwargs)           # the parameter is shared by every run of the test
     update = np.ones(kwargs.pop("update_shape", (2, 3, 3, 5)), kwargs.pop("update_dtype", np.float32))
     args = dict(write_indices=np.array([0, 2], np.int64), axis=-2, mode="linear")
     args.update(kwargs)
