@@ -40,6 +40,20 @@ def also_copy(files: list[str], mutated: set[str]) -> list[str]:
     return sorted(out)
 
 
+BESIDE = ("simulate", "access_patterns")      # installed as nki_kernels.<name>
+
+
+def installed_layout(work: Path, modules: list[str]) -> list[str]:
+    """Move ``simulate/`` and ``access_patterns/`` into ``nki_kernels/`` in the scratch clone
+    when a module under them is mutated, and return the modules' new paths. The tests import
+    them as ``nki_kernels.simulate...``; mutmut names a mutant after its file's path, so the
+    file must sit where its import name says, or no test is ever recorded as reaching it."""
+    moved = {name for name in BESIDE if any(m.startswith(name + "/") for m in modules)}
+    for name in sorted(moved):
+        subprocess.run(["git", "mv", name, f"nki_kernels/{name}"], cwd=work, check=True)
+    return [f"nki_kernels/{m}" if m.split("/")[0] in moved else m for m in modules]
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--modules", nargs="+", required=True)
@@ -51,6 +65,7 @@ def main(argv=None) -> int:
     if work.exists() and any(work.iterdir()):
         shutil.rmtree(work)
     subprocess.run(["git", "clone", "-q", str(ROOT), str(work)], check=True)
+    args.modules = installed_layout(work, args.modules)
     files = subprocess.run(["git", "ls-files"], cwd=work, capture_output=True, text=True,
                            check=True).stdout.split()
     files = [f for f in files if not f.startswith((".", "mutants/"))]
