@@ -140,3 +140,50 @@ def test_dma_runs_never_span_partitions():
     hbm_to_sbuf_and_back(np.zeros((128, 512), np.float32))
     runs = [e.dma_runs for e in simulate.last_trace() if e.op == "dma_copy"]
     assert runs == [128, 128, 1]
+
+
+def test_an_operand_that_is_not_a_tensor_is_named():
+    """A host array handed to an instruction inside a kernel: a ValidationError naming the
+    instruction and the operand, not a NumPy error."""
+    @jit
+    def kernel(x):
+        t = nl.ndarray((2, 4), nl.float32, buffer=nl.sbuf)
+        nisa.tensor_copy(dst=t, src=np.zeros((2, 4), np.float32))
+        return x
+
+    with pytest.raises(simulate.ValidationError,
+                       match=r"expected an nl.ndarray, got ndarray") as info:
+        kernel(np.zeros((2, 4), np.float32))
+    err = info.value
+    assert (err.op, err.operand, err.program_id) == ("tensor_copy", "src", (0,))
+    assert err.location.rsplit(":", 1)[1].isdigit()           # the kernel line
+
+
+def test_scalar_offset_bounds_are_exact():
+    """The last element is readable; one element past it is refused, naming the instruction and
+    the operand (start = offset 2 + 79 rows of 3)."""
+    t = np.arange(4 * 5 * 4 * 3, dtype=np.float32).reshape(4, 5, 4, 3)       # 240 elements
+    got = gather_scalar(t, np.array([[79]], np.int32), ((1, 1),), 2)
+    assert got.tolist() == [239.0]
+    with pytest.raises(simulate.OutOfBoundsError, match=r"scalar_offset=79 .*\[239, 240\]") as info:
+        gather_scalar(t, np.array([[79]], np.int32), ((1, 2),), 2)
+    assert (info.value.op, info.value.operand.split("=")[0]) == ("dma_copy", "src")
+
+
+def test_vector_offset_with_the_row_level_only():
+    """A pattern of just the indirect (row) level reads each row's first element (the page-id
+    loads of the kernels: one int32 per partition)."""
+    @jit
+    def first_of_rows(t, idx):
+        idx_sb = nl.ndarray((3, 1), nl.int32, buffer=nl.sbuf)
+        nisa.dma_copy(dst=idx_sb, src=idx)
+        out_sb = nl.ndarray((3, 1), t.dtype, buffer=nl.sbuf)
+        nisa.dma_copy(dst=out_sb, src=t.ap([[1, 3]], offset=0, vector_offset=idx_sb,
+                                           indirect_dim=0))
+        out = nl.ndarray((3, 1), t.dtype, buffer=nl.shared_hbm)
+        nisa.dma_copy(dst=out, src=out_sb)
+        return out
+
+    t = np.arange(40, dtype=np.float32).reshape(10, 4)
+    got = first_of_rows(t, np.array([[7], [0], [9]], np.int32))
+    assert got.ravel().tolist() == [28.0, 0.0, 36.0]

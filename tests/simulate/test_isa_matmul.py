@@ -288,3 +288,30 @@ def test_transpose_psum_dtype_by_generation(rng):
     np.testing.assert_array_equal(run(matmul_transpose(nl.bfloat16), a, eye, target="trn2"), a.T)
     with pytest.raises(simulate.ValidationError, match="dst dtype bfloat16 must be float32 on trn1"):
         run(matmul_transpose(nl.bfloat16), a, eye, target="trn1")
+
+
+def test_accumulation_groups_are_tracked_per_element_of_a_view(rng):
+    """Column slices of one PSUM tile (the decode kernel's per-head P @ V): a slice no matmul
+    has written is fresh for auto and undefined for accumulate=True, even when another slice
+    of the same tile is mid-group."""
+    a, b = randn(rng, 8, 3), randn(rng, 8, 4)
+
+    def auto(x, y):
+        acc = ps((3, 8))
+        nisa.nc_matmul(dst=acc[:, 0:4], stationary=x, moving=y)
+        nisa.nc_matmul(dst=acc[:, 4:8], stationary=x, moving=y)          # fresh: = p
+        nisa.nc_matmul(dst=acc[:, 0:4], stationary=x, moving=y)          # adds: = 2p
+        return acc
+
+    out = run(auto, a, b)
+    p = a.T @ b
+    np.testing.assert_allclose(out, np.concatenate([2 * p, p], axis=1), rtol=1e-5, atol=1e-5)
+
+    def true_on_fresh_slice(x, y):
+        acc = ps((3, 8))
+        nisa.nc_matmul(dst=acc[:, 0:4], stationary=x, moving=y, accumulate=False)
+        nisa.nc_matmul(dst=acc[:, 4:8], stationary=x, moving=y, accumulate=True)
+        return acc
+
+    with pytest.raises(simulate.ValidationError, match="accumulate=True onto PSUM not last"):
+        run(true_on_fresh_slice, a, b, target="trn2")
