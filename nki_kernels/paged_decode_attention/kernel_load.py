@@ -174,7 +174,7 @@ def load_chunk_pages(tiles, sources, kv_indices, cursor, bounds, valid_t, geo):
     sources one tensor), one tile [T, 2*H*D] with a token's K then V elements, so each page
     costs one DMA for both. ``valid_t`` None: a full chunk (every token belongs to the request),
     nothing to mask."""
-    T, D, H, es = geo.T, geo.D, geo.H, geo.entry_stride
+    T, D, es = geo.T, geo.D, geo.entry_stride
     span, nslots, per_page = piece(geo)
     # elements per piece (the scalar offset's unit): a whole page, or 128 entries of one
     unit = geo.rows_per_page * D if per_page == 1 else span * es * D
