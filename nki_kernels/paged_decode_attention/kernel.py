@@ -49,9 +49,9 @@ from nki_kernels.paged_kv_append.kernel import scatter_rows
 
 from .kernel_cursor import (Geometry, advance, block_bounds, query_of_row, request_bounds,
                             start_cursor, token_validity)
-from .kernel_load import (ROW_LIMIT, KVTile, block_page_ids, block_rows, group_entry_rows,
-                          group_size, load_chunk_indirect, load_chunk_pages, load_group_indirect,
-                          load_group_pages)
+from .kernel_load import (ROW_LIMIT, KVTile, block_page_ids, block_rows, converted_v,
+                          group_entry_rows, group_size, load_chunk_indirect, load_chunk_pages,
+                          load_group_indirect, load_group_pages)
 from .kernel_softmax import (block_queries, chunk_scores, finalize, init_state,
                              mask_bias, merge_with_partner, padded_queries, softmax_step)
 from .plan import (BOUNDARY, C0, C1, CHUNK_BLOCKS, END, FIRST, FULL_HI, FULL_LO, META_COLS, OUT,
@@ -250,10 +250,7 @@ def _load_chunk(consts, kv_indices, cursor, bounds, masked, rows=None):
     if rows is None:
         advance(cursor, geo.page_size)
     if v_dtype is not None:        # fp8 V as a matmul input before NeuronCore-v4: converted
-        v_mm = nl.ndarray((T, H * D), v_dtype, buffer=nl.sbuf, name="v_mm")
-        for h in range(H):
-            nisa.tensor_copy(dst=v_mm[:, h * D:(h + 1) * D], src=views[1].head(h, 0, D))
-        views[1] = KVTile(v_mm, 0, D)
+        views[1], = converted_v(views[1:], v_dtype)
     return tuple(views), bias
 
 

@@ -69,6 +69,17 @@ class KVTile(NamedTuple):
         return self.tile[:, col:col + dp]
 
 
+def converted_v(views, dtype):
+    """V views of one loaded tile in ``dtype`` (OCP fp8 is a matmul input from NeuronCore-v4
+    only): the tile's V columns, from the lowest view's base to its end (the whole tile, or the
+    second half of a fused K+V load), copied by one instruction, the views re-based onto it."""
+    tile = views[0].tile
+    lo = min(v.base for v in views)
+    v_mm = nl.ndarray((tile.shape[0], tile.shape[1] - lo), dtype, buffer=nl.sbuf, name="v_mm")
+    nisa.tensor_copy(dst=v_mm, src=tile[:, lo:])
+    return [KVTile(v_mm, v.base - lo, v.head_stride) for v in views]
+
+
 GROUP_TILE_BYTES = 8192      # SBUF bytes per partition of one grouped K (or V) gather
 PSUM_BANK_BYTES = 2048       # per partition: a softmax step's fp32 scores fit one bank
 
@@ -155,11 +166,13 @@ def load_group_indirect(sources, row, geo, group, mm_dtype=None):
         nisa.dma_copy(dst=tile, src=rows.ap([[D, T], *levels], offset=offset, vector_offset=row,
                                             indirect_dim=0))
         tiles.append(tile)
-    if mm_dtype is not None:
-        v_mm = nl.ndarray((T, group * H * D), mm_dtype, buffer=nl.sbuf, name="v_mm")
-        nisa.tensor_copy(dst=v_mm, src=tiles[1])
-        tiles[1] = v_mm
-    return [tuple(KVTile(t, g * token_cols, head_cols) for t in tiles) for g in range(group)]
+    return _pairs([KVTile(tiles[0], g * token_cols, head_cols) for g in range(group)],
+                  [KVTile(tiles[1], g * token_cols, head_cols) for g in range(group)], mm_dtype)
+
+
+def _pairs(k_views, v_views, mm_dtype):
+    """[(K, V)] per chunk, V converted to ``mm_dtype`` when given."""
+    return list(zip(k_views, v_views if mm_dtype is None else converted_v(v_views, mm_dtype)))
 
 
 def piece(geo):
@@ -250,17 +263,9 @@ def load_group_pages(sources, pid, first, geo, group, mm_dtype=None):
                                         indirect_dim=0))
         tiles.append(tile)
     k_tile, v_tile = (tiles[0], tiles[0]) if fused else tiles
-    if mm_dtype is not None:
-        v_mm = nl.ndarray((T, group * H * D), mm_dtype, buffer=nl.sbuf, name="v_mm")
-        for h in range(H):
-            for g in range(group):
-                col = v_cols + g * token_cols + h * head_cols
-                nisa.tensor_copy(dst=v_mm[:, (g * H + h) * D:(g * H + h + 1) * D],
-                                 src=v_tile[:, col:col + D])
-        return [(KVTile(k_tile, g * token_cols, head_cols), KVTile(v_mm, g * H * D, D))
-                for g in range(group)]
-    return [(KVTile(k_tile, g * token_cols, head_cols),
-             KVTile(v_tile, v_cols + g * token_cols, head_cols)) for g in range(group)]
+    return _pairs([KVTile(k_tile, g * token_cols, head_cols) for g in range(group)],
+                  [KVTile(v_tile, v_cols + g * token_cols, head_cols) for g in range(group)],
+                  mm_dtype)
 
 
 def _drop_pieces_outside(pid, cursor, bounds, span, nslots):

@@ -61,14 +61,16 @@ def test_grouped_gathers_match_reference(rng, target, layout, page_size, H, D, f
 
 
 @pytest.mark.parametrize("kv_dtype", [ml_dtypes.bfloat16, ml_dtypes.float8_e4m3fn])
-def test_grouped_gathers_low_precision(rng, kv_dtype):
-    """bf16 and fp8 caches (fp8 V converted for the matmul after the grouped gather)."""
+@pytest.mark.parametrize("fused", [True, False])
+def test_grouped_gathers_low_precision(rng, target, kv_dtype, fused):
+    """bf16 and fp8 caches (fp8 V converted for the matmul after the grouped load: a tile of its
+    own, or the V half of a fused page load on trn1)."""
     q_dtype = ml_dtypes.bfloat16
-    args = make_decode_case(rng, LENS, 16, 2, 4, 128, q_dtype=q_dtype, kv_dtype=kv_dtype)
-    with simulate.use_target("trn2"):
-        out = batch_decode(*args)
-        loads = _gathers(simulate.last_trace(), 2, 128)
-    assert max(c for _, c in loads) == 4
+    args = make_decode_case(rng, LENS, 16, 2, 4, 128, q_dtype=q_dtype, kv_dtype=kv_dtype,
+                            fused=fused)
+    out = batch_decode(*args)
+    loads = _gathers(simulate.last_trace(), 2, 128)
+    assert max(c for _, c in loads) == (8 if target == "trn1" and fused else 4)
     assert_close(out, batch_decode_ref(*args), dtype=np.dtype(kv_dtype).name)
 
 
