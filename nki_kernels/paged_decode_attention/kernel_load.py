@@ -191,9 +191,7 @@ def load_chunk_pages(tiles, sources, kv_indices, cursor, bounds, valid_t, geo):
     span, nslots, per_page = piece(geo)
     # elements per piece (the scalar offset's unit): a whole page, or 128 entries of one
     unit = geo.rows_per_page * D if per_page == 1 else span * es * D
-    pid = nl.ndarray((1, nslots), nl.int32, buffer=nl.sbuf, name="pid")
-    nisa.dma_copy(dst=pid, src=kv_indices.ap([[1, 1], [1, nslots]], scalar_offset=cursor["slot"][0:1, :],
-                                             indirect_dim=0))
+    pid = page_ids(kv_indices, cursor, nslots)
     if per_page > 1:                         # piece id = page * pieces per page + entry // 128
         units = geo.rows_per_page * D // unit
         sub = nl.ndarray((1, 1), nl.int32, buffer=nl.sbuf, name="sub_piece")
@@ -229,11 +227,16 @@ def load_chunk_pages(tiles, sources, kv_indices, cursor, bounds, valid_t, geo):
 def block_page_ids(kv_indices, cursor, count, geo):
     """[1, pages] int32 page ids of the cursor's next ``count`` whole-page chunks (P <= 128), one
     DMA for the block; advances the cursor past it."""
-    pages = count * geo.T // geo.page_size
-    pid = nl.ndarray((1, pages), nl.int32, buffer=nl.sbuf, name="block_pid")
-    nisa.dma_copy(dst=pid, src=kv_indices.ap([[1, 1], [1, pages]],
-                                             scalar_offset=cursor["slot"][0:1, :], indirect_dim=0))
+    pid = page_ids(kv_indices, cursor, count * geo.T // geo.page_size)
     advance(cursor, geo.page_size, count)
+    return pid
+
+
+def page_ids(kv_indices, cursor, count):
+    """[1, count] int32: ``count`` page ids from the cursor's slot on, one DMA."""
+    pid = nl.ndarray((1, count), nl.int32, buffer=nl.sbuf, name="pid")
+    nisa.dma_copy(dst=pid, src=kv_indices.ap([[1, 1], [1, count]],
+                                             scalar_offset=cursor["slot"][0:1, :], indirect_dim=0))
     return pid
 
 
