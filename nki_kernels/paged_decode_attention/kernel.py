@@ -51,16 +51,18 @@ from .kernel_cursor import (Geometry, advance, block_bounds, query_of_row, reque
                             start_cursor, token_validity)
 from .kernel_load import (ROW_LIMIT, KVTile, block_page_ids, block_rows, converted_v,
                           group_entry_rows, group_size, load_chunk_indirect, load_chunk_pages,
-                          load_group_indirect, load_group_pages)
-from .kernel_softmax import (block_queries, chunk_scores, finalize, init_state,
-                             mask_bias, merge_with_partner, padded_queries, softmax_step)
+                          load_group_indirect, load_group_pages, step_chunks)
+from .kernel_queries import group_queries
+from .kernel_softmax import (chunk_scores, finalize, init_state, mask_bias, merge_with_partner,
+                             softmax_step)
 from .plan import (BOUNDARY, C0, C1, CHUNK_BLOCKS, END, FIRST, FULL_HI, FULL_LO, META_COLS, OUT,
                    SPAN_COLS)
 
 
-# Chunks per softmax step: a mask-free block gathered several tokens per partition takes one
-# step per gather (kernel_load.group_size: 4 x 128 keys of fp32 scores fill one 2 KiB PSUM bank,
-# so the fixed cost of every softmax instruction is paid once per 512 keys); chunks gathered one
+# Chunks per softmax step: a mask-free block gathered several tokens per partition folds them
+# in steps of up to 4 chunks (kernel_load.step_chunks: 4 x 128 keys of fp32 scores fill one 2 KiB
+# PSUM bank, so the fixed cost of every softmax instruction is paid once per 512 keys), one or
+# two steps per gather (kernel_load.group_size: 16 KiB of K per partition); chunks gathered one
 # at a time (masked chunks, NeuronCore-v2, pages over 128) fold FOLD_WIDTH per step only when
 # blocks of queries fill several tiles per chunk (prefill), else one.
 FOLD_WIDTH = 4
@@ -144,13 +146,8 @@ def attention(q, k_rows, v_rows, meta, spans, kv_indices, tok_tab, row_tab, sink
                                            indirect_dim=0))
         c0, full_lo, full_hi, c1, b = (nisa.scalar_load(row[0:1, c:c + 1])
                                        for c in (C0, FULL_LO, FULL_HI, C1, OUT))
-        if Qb == 1:
-            qT = _load_q(q, b, mm_dtype)
-            q_pads = [padded_queries(qT, h0, n, G, mm_dtype) for h0, n in groups]
-            bounds = request_bounds(meta, i, T, R)
-        else:
-            q_pads = [block_queries(q, b, h0, n, G, Qb, mm_dtype) for h0, n in groups]
-            bounds = block_bounds(meta, i, T, row_q)
+        q_pads = [group_queries(q, b, h0, n, G, Qb, mm_dtype) for h0, n in groups]
+        bounds = request_bounds(meta, i, T, R) if Qb == 1 else block_bounds(meta, i, T, row_q)
         states = [init_state(n * GQ, D) for _, n in groups]
         cursor = start_cursor(meta, i, tok_sb, R)
         def chunks(count, masked):
@@ -161,9 +158,10 @@ def attention(q, k_rows, v_rows, meta, spans, kv_indices, tok_tab, row_tab, sink
             rows are made up front and its gathers take ``group`` tokens per partition (one
             softmax step per gather)."""
             group = 1 if masked else gathered[count]
-            width = group if group > 1 else min(count, FOLD_WIDTH if len(groups) > 1 and Qb > 1
-                                                else 1)
+            width = (step_chunks(geo, group) if group > 1 else
+                     min(count, FOLD_WIDTH if len(groups) > 1 and Qb > 1 else 1))
             steps = count // width
+            per_load = max(1, group // width)          # softmax steps per load
 
             def body(c):
                 rows = pids = None
@@ -185,16 +183,28 @@ def attention(q, k_rows, v_rows, meta, spans, kv_indices, tok_tab, row_tab, sink
                                         None if rows is None else rows[:, k:k + 1])
                             for k in range(g * width, (g + 1) * width)]
 
-                loads = [load(g) for g in range(min(2, steps))]
-                scores = [_score_chunks(consts, loads[0], q_pads, scale, soft_cap, mm_dtype)]
+                loads = {}
+
+                def step(s):
+                    """The chunks of softmax step s, loading them on first use."""
+                    if s // per_load not in loads:
+                        loads[s // per_load] = load(s // per_load)
+                    k = (s % per_load) * width
+                    return loads[s // per_load][k:k + width]
+
+                for s in range(min(2, steps)):
+                    step(s)
+                scores = [_score_chunks(consts, step(0), q_pads, scale, soft_cap, mm_dtype)]
                 for g in range(steps):
                     if g + 2 < steps:
-                        loads.append(load(g + 2))
+                        step(g + 2)
                     if g + 1 < steps:
-                        scores.append(_score_chunks(consts, loads[g + 1], q_pads, scale,
+                        scores.append(_score_chunks(consts, step(g + 1), q_pads, scale,
                                                     soft_cap, mm_dtype))
-                    _fold_chunks(consts, loads[g], scores[g], states, mm_dtype)
-                    loads[g] = scores[g] = None      # their tiles are free from here on
+                    _fold_chunks(consts, step(g), scores[g], states, mm_dtype)
+                    scores[g] = None                 # its tiles are free from here on
+                    if g % per_load == per_load - 1:
+                        del loads[g // per_load]     # and, after its last step, the load's
             return body
 
         # mask-free chunks in blocks of CHUNK_BLOCKS[0] per loop iteration (each iteration pays
@@ -271,16 +281,3 @@ def _fold_chunks(consts, loaded, scores, states, mm_dtype):
     v_tiles = [views[1] for views, _ in loaded]
     for (h0, n), state, s in zip(groups, states, scores):
         softmax_step(state, s, n, v_tiles, h0, geo.D, mm_dtype)
-
-
-def _load_q(q, b, mm_dtype):
-    """qT tiles [Dp, HQ] (Dp <= 128 rows of the head dim) of request b, in the matmul dtype."""
-    _, HQ, D = q.shape
-    tiles = []
-    for d0 in range(0, D, 128):
-        dp = min(128, D - d0)
-        t = nl.ndarray((dp, HQ), mm_dtype, buffer=nl.sbuf, name="qT")
-        nisa.dma_copy(dst=t, src=q.ap([[1, dp], [D, HQ]], offset=d0, scalar_offset=b,
-                                      indirect_dim=0))
-        tiles.append(t)
-    return tiles

@@ -49,44 +49,6 @@ def mask_bias(cursor, bounds, iota_rt):
     return ok
 
 
-def padded_queries(qT_parts, h0, n, G, mm_dtype):
-    """Per head j of the group: qT tiles [Dp, n*G] holding head h0+j's G queries in columns
-    j*G..(j+1)*G and zeros elsewhere, so per-head matmuls can accumulate into one PSUM tile."""
-    R = n * G
-    pads = []
-    for j in range(n):
-        parts = []
-        for t in qT_parts:
-            pad = nl.ndarray((t.shape[0], R), mm_dtype, buffer=nl.sbuf, name="q_pad")
-            nisa.memset(dst=pad, value=0.0)
-            nisa.tensor_copy(dst=pad[:, j * G:(j + 1) * G], src=t[:, (h0 + j) * G:(h0 + j + 1) * G])
-            parts.append(pad)
-        pads.append(parts)
-    return pads
-
-
-def block_queries(q, t0, h0, n, G, Qb, mm_dtype):
-    """As ``padded_queries`` for a block of Qb query tokens (q rows t0.., a device scalar): head
-    h0+j's columns j*G*Qb.. hold its G queries of each token, column qi*G + g, loaded from HBM
-    with one DMA per head and 128 rows of the head dim."""
-    _, HQ, D = q.shape
-    R, GQ = n * G * Qb, G * Qb
-    pads = []
-    for j in range(n):
-        parts = []
-        for d0 in range(0, D, 128):
-            dp = min(128, D - d0)
-            pad = nl.ndarray((dp, R), mm_dtype, buffer=nl.sbuf, name="q_pad")
-            if n > 1:
-                nisa.memset(dst=pad, value=0.0)
-            nisa.dma_copy(dst=pad[:, j * GQ:(j + 1) * GQ],
-                          src=q.ap([[1, dp], [HQ * D, Qb], [D, G]], offset=(h0 + j) * G * D + d0,
-                                   scalar_offset=t0, indirect_dim=0))
-            parts.append(pad)
-        pads.append(parts)
-    return pads
-
-
 def transpose_dtype(dtype):
     """PSUM dtype of a TensorE transpose: the input's from NeuronCore-v3 (16-bit PE transpose
     mode); fp32 on NeuronCore-v2, where a transpose is an ordinary fp32-accumulating matmul."""

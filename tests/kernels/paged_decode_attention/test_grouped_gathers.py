@@ -10,7 +10,7 @@ import pytest
 from nki_kernels import simulate
 from nki_kernels.paged_decode_attention import batch_decode, batch_decode_ref
 from nki_kernels.paged_decode_attention.kernel_cursor import Geometry
-from nki_kernels.paged_decode_attention.kernel_load import gather_layout, group_size
+from nki_kernels.paged_decode_attention.kernel_load import gather_layout, group_size, step_chunks
 
 from .conftest import assert_close, make_decode_case
 
@@ -22,7 +22,7 @@ def _gathers(trace, H, D):
     for e in trace:
         dst = e.operands[0]
         if (e.op != "dma_copy" or dst.buffer != "sbuf" or dst.dtype == "int32"
-                or dst.shape[1] % (H * D)):
+                or e.operands[1].tensor == "q" or dst.shape[1] % (H * D)):
             continue
         if any(o.indirect == "vector" for o in e.operands) or any(
                 o.indirect == "scalar" for o in e.operands[1:]) and dst.shape[1] >= H * D:
@@ -47,9 +47,9 @@ def test_grouped_gathers_match_reference(rng, target, layout, page_size, H, D, f
     ref, ref_lse = batch_decode_ref(*args, return_lse=True)
     assert_close(out, ref, lse, ref_lse)
     T = 128 if page_size != 48 else 96
-    expected = 1                     # a power of two dividing P, <= 8 KiB of fp32, <= 512 keys
-    while (page_size % (2 * expected) == 0 and 2 * expected * H * D * 4 <= 8192
-           and 2 * expected * T <= 512):
+    limit = 8192 if layout == "NHD" or H == 1 else 32768     # fp32 K bytes per partition
+    expected = 1                     # a power of two dividing P and 32 chunks, K within the limit
+    while page_size % (2 * expected) == 0 and 2 * expected * H * D * 4 <= limit and expected < 32:
         expected *= 2
     per_load = 2 if target == "trn1" and fused else 1      # K and V in one page DMA
     widest = max(c for _, c in loads)
@@ -70,7 +70,8 @@ def test_grouped_gathers_low_precision(rng, target, kv_dtype, fused):
                             fused=fused)
     out = batch_decode(*args)
     loads = _gathers(simulate.last_trace(), 2, 128)
-    assert max(c for _, c in loads) == (8 if target == "trn1" and fused else 4)
+    # a page of 16 tokens per partition (<= 8 KiB), folded in 4 steps of 4 chunks
+    assert max(c for _, c in loads) == (32 if target == "trn1" and fused else 16)
     assert_close(out, batch_decode_ref(*args), dtype=np.dtype(kv_dtype).name)
 
 
@@ -79,13 +80,18 @@ def test_group_size_rules():
         return Geometry(min(128, 128 // P * P) if P <= 128 else 128, P, 0, H, D, H, pattern)
 
     nhd = geo(16, 8, 128, ((1, 8 * 128),))
-    assert group_size(nhd, 32, 2) == 4          # 4 x 2 KiB fills the 8 KiB tile; 512 keys fit PSUM
+    assert group_size(nhd, 32, 2) == 4          # 4 x 2 KiB fills the 8 KiB tile
     assert group_size(nhd, 32, 4) == 2          # fp32: 4 KiB per token
     assert group_size(nhd, 2, 2) == 2           # a block of 2 chunks
     assert group_size(nhd, 1, 2) == 1
     assert group_size(geo(2, 8, 128, ((1, 1024),)), 32, 2) == 2     # tokens stay inside a page
     assert group_size(geo(256, 8, 128, ((1, 1024),)), 32, 2) == 1   # pages over 128: chunk-wise
     hnd = geo(16, 8, 128, ((16 * 128, 8), (1, 128)))
+    assert group_size(hnd, 32, 2) == 16         # a run per head: 32 KiB tiles, a page each
+    assert group_size(hnd, 32, 4) == 8
+    assert [step_chunks(nhd, g) for g in (1, 2, 4, 16)] == [1, 2, 4, 4]   # <= 512 keys per step
+    assert step_chunks(geo(48, 8, 128, ((1, 1024),)), 16) == 4    # 96-token chunks: 4 x 96 keys
+    assert step_chunks(geo(16, 8, 128, ((1, 1024),))._replace(T=160), 8) == 2   # a divisor of 8
     levels, token_cols, head_cols, v_cols = gather_layout(hnd._replace(entry_stride=1), 4)
     assert levels == [[16 * 128, 8], [128, 4], [1, 128]]       # one run of 4 tokens per head
     assert (token_cols, head_cols, v_cols) == (128, 512, 0)
