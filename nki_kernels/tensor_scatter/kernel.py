@@ -5,9 +5,10 @@ Dimensions:  B batch, O = prod(shape[:axis]) prefixes (O/B per batch), M max_seq
 Device view: cache [O, M, I] @ HBM (written in place), update [O, S, I] @ HBM, w [B, 1] int32
              (write indices, already reduced modulo M in circular mode).
 Paths:
-  seq_len 1 (decode), NeuronCore-v3+: all batches' rows in one indirect DMA per 128 batches
-      (row index b * O/B * M + w[b] computed on device, so only for O * M < 2**24 rows, where the
-      fp32 ALU is exact; larger caches take the linear path), whatever the mode.
+  seq_len 1 (decode), NeuronCore-v3+: one HBM->HBM indirect DMA for up to 128 batches, the
+      fewest consecutive prefixes of one batch per partition that fit (row index o * M + w[b]
+      computed on device, so only for O * M < 2**24 rows, where the fp32 ALU is exact; larger
+      caches take the linear path), whatever the mode.
 Patterns come from ``access_patterns.sequence_rows`` ([outer, rows, inner] of a sequence axis).
   linear (all targets): one HBM->HBM DMA per batch; the destination pattern covers the batch's
       O/B prefixes x S rows x I words and starts at row w[b] through ``scalar_offset``.
@@ -53,8 +54,7 @@ def tensor_scatter_kernel(cache, update, w, batch, circular):
     O, M, I = cache.shape
     S = update.shape[1]
     per_batch = O // batch
-    if (S == 1 and nisa.get_nc_version() >= 3 and O * M < ROW_LIMIT
-            and per_batch * I * dtype_bytes(cache.dtype) <= SBUF_TILE_BYTES):
+    if S == 1 and nisa.get_nc_version() >= 3 and O * M < ROW_LIMIT:
         _single_row_indirect(cache, update, w, batch, per_batch)
     elif not circular:
         _linear(cache, update, w, batch, per_batch)
@@ -80,22 +80,36 @@ def _linear(cache, update, w, batch, per_batch):
 
 
 def _single_row_indirect(cache, update, w, batch, per_batch):
-    """S == 1 (decode): batch b's row w[b] of all its prefixes, <= 128 batches per indirect DMA."""
+    """S == 1 (decode): row w[b] of every prefix of batch b, HBM to HBM by indirect DMA (no
+    staging): partition p holds k consecutive prefixes of one batch (k the smallest divisor of
+    O/B that fits all prefixes on <= 128 partitions, so one DMA spreads over all DMA engines when
+    batch <= 128; else k = O/B, 128 batches per DMA). Partition p's row index
+    o * M + w[b] (o its first prefix) is computed on device; its other prefixes sit M rows apart,
+    a static step of the pattern."""
     O, M, I = cache.shape
     rows_view = cache.reshape((O * M, I))
-    for b0 in range(0, batch, P_MAX):
-        nb = min(P_MAX, batch - b0)
-        idx = nl.ndarray((nb, 1), nl.int32, buffer=nl.sbuf, name="row_idx")
-        nisa.dma_copy(dst=idx, src=w[b0:b0 + nb, :])
-        base = nl.ndarray((nb, 1), nl.int32, buffer=nl.sbuf, name="batch_base")
-        nisa.iota(dst=base, pattern=[[1, 1]], offset=b0 * per_batch * M, channel_multiplier=per_batch * M)
-        nisa.tensor_tensor(dst=idx, data1=idx, data2=base, op=nl.add)       # b * O/B * M + w[b]
-        upd_sb = nl.ndarray((nb, per_batch, I), cache.dtype, buffer=nl.sbuf, name="upd_sb")
-        nisa.dma_copy(dst=upd_sb, src=update.ap(_rows(nb, per_batch, per_batch, I),
-                                                offset=b0 * per_batch * I))
-        dst = rows_view.ap(_rows(per_batch, M, nb, I, rows_first=True), offset=0,
-                           vector_offset=idx, indirect_dim=0)
-        nisa.dma_copy(dst=dst, src=upd_sb)
+    upd_rows = update.reshape((O, I))
+    k = next(d for d in range(1, per_batch + 1)
+             if per_batch % d == 0 and (O // d <= P_MAX or d == per_batch))
+    parts = per_batch // k                      # partitions per batch
+    per_tile = P_MAX // parts                   # batches per DMA
+    tiles = [(b0, min(per_tile, batch - b0)) for b0 in range(0, batch, per_tile)]
+    # every tile's row indices before the first scatter, so no index load queues behind a
+    # scatter's data and the scatters' descriptor generation runs back to back
+    idx = []
+    for b0, nb in tiles:
+        t = nl.ndarray((nb * parts, 1), nl.int32, buffer=nl.sbuf, name="row_idx")
+        nisa.dma_copy(dst=t, src=w.ap([[1, nb], [0, parts], [1, 1]], offset=b0))   # w[b] per p
+        idx.append(t)
+    for (b0, nb), t in zip(tiles, idx):
+        base = nl.ndarray((nb * parts, 1), nl.int32, buffer=nl.sbuf, name="prefix_base")
+        nisa.iota(dst=base, pattern=[[1, 1]], offset=b0 * per_batch * M, channel_multiplier=k * M)
+        nisa.tensor_tensor(dst=t, data1=t, data2=base, op=nl.add)           # o * M + w[b]
+    for (b0, nb), t in zip(tiles, idx):
+        n = nb * parts
+        nisa.dma_copy(dst=rows_view.ap([[I, n], [M * I, k], [1, I]], offset=0, vector_offset=t,
+                                       indirect_dim=0),
+                      src=upd_rows.ap([[k * I, n], [I, k], [1, I]], offset=b0 * per_batch * I))
 
 
 def _wrapped_rows(idx, w, b, s0, M, rows):

@@ -146,9 +146,28 @@ def test_decode_update_is_one_scatter_on_v3(rng, mode):
     with simulate.use_target("trn2"):
         tensor_scatter_(cache, update, w, axis=2, mode=mode)
     trace = simulate.last_trace()
-    # index load, iota, index add, update load, one indirect scatter for all 40 batches
-    assert trace.count_by_op()["dma_copy"] == 3 and len(trace) == 5
-    assert trace.hbm_bytes == 2 * update.nbytes + 40 * 4
+    # index load (w[b] on each of batch b's 2 partitions), iota, index add, one HBM-to-HBM
+    # scatter for all 40 batches: 4 heads per partition, 80 partitions
+    assert trace.count_by_op()["dma_copy"] == 2 and len(trace) == 4
+    scatter = trace.events[-1]
+    assert scatter.operands[0].shape == (80, 4, 16) and scatter.operands[1].buffer != "sbuf"
+    assert trace.hbm_bytes == 2 * update.nbytes + 80 * 4
+    np.testing.assert_array_equal(bits(cache), bits(want))
+
+
+@pytest.mark.sim_only
+@pytest.mark.parametrize("shape, dmas", [((130, 3, 16, 8), 2), ((1, 131, 4, 4), 1),
+                                         ((5, 6, 7, 3), 1), ((2, 200, 5, 2), 1)])
+def test_decode_update_prefix_tiles_on_v3(rng, shape, dmas):
+    """Over 128 batches (a batch per partition, 128 per DMA), a prime prefix count over 128
+    (one partition for all), prefixes that fit one per partition, and two per partition."""
+    cache, update, w = make_case(rng, shape, 2, 1, "linear")
+    want = tensor_scatter_ref(cache, update, w, 2, "linear")
+    with simulate.use_target("trn2"):
+        tensor_scatter_(cache, update, w, axis=2, mode="linear")
+    scatters = [e for e in simulate.last_trace() if e.op == "dma_copy"
+                and e.operands[0].indirect == "vector"]
+    assert len(scatters) == dmas
     np.testing.assert_array_equal(bits(cache), bits(want))
 
 
