@@ -1,6 +1,6 @@
 """Resolve a tensor operand when an instruction runs: bounds, dynamic offsets, read and write.
 
-A static view becomes a zero-copy ``as_strided`` NumPy view of its storage after a bounds check.
+A static view becomes a zero-copy strided NumPy view of its storage after a bounds check.
 A scalar dynamic offset moves the start by ``value * row_elems`` (value read now, from SBUF).
 A vector dynamic offset gathers/scatters one row per partition: element ``(w, rest...)`` is
 ``offset + index[w] * row_elems + sum(rest * steps[1:])``; the pattern's first step is ignored.
@@ -14,7 +14,6 @@ from __future__ import annotations
 from typing import Optional
 
 import numpy as np
-from numpy.lib.stride_tricks import as_strided
 
 from nki_kernels import access_patterns as aps
 
@@ -26,10 +25,9 @@ from .tensor import ndarray
 class Resolved:
     """An operand ready to read or write; ``row_mask`` marks the rows that take part."""
 
-    def __init__(self, tensor: ndarray, op: str, role: str, offset: int,
-                 indices: Optional[np.ndarray] = None, row_mask: Optional[np.ndarray] = None,
-                 skipped: bool = False):
-        self.tensor, self.op, self.role = tensor, op, role
+    def __init__(self, tensor: ndarray, offset: int, indices: Optional[np.ndarray] = None,
+                 row_mask: Optional[np.ndarray] = None, skipped: bool = False):
+        self.tensor = tensor
         self.offset = offset          # resolved start (static/scalar)
         self.indices = indices        # flat element indices (vector offsets), shape = tensor.shape
         self.row_mask = row_mask      # bool (shape[0],) or None = all rows
@@ -47,16 +45,13 @@ class Resolved:
     def _flat(self) -> np.ndarray:
         return self.tensor._storage.elements(self.tensor._dtype)
 
-    def _strided(self, writeable=False) -> np.ndarray:
+    def _strided(self) -> np.ndarray:
+        """A zero-copy view of the (bounds-checked) static access of the storage."""
         flat, t = self._flat(), self.tensor
         itemsize = flat.itemsize
-        bits = flat.view(np.dtype(f"u{itemsize}"))      # as_strided cannot take ml_dtypes fp8
-        strides = [s * itemsize for s in t.strides]
-        try:                                            # the direct constructor is the fast path
-            view = np.ndarray(t.shape, bits.dtype, bits, self.offset * itemsize, strides)
-        except (TypeError, ValueError):
-            base = bits[self.offset:] if self.offset < bits.size else bits[bits.size - 1:]
-            view = as_strided(base, t.shape, strides, writeable=writeable)
+        bits = flat.view(np.dtype(f"u{itemsize}"))      # a view type NumPy can stride for any dtype
+        view = np.ndarray(t.shape, bits.dtype, bits, self.offset * itemsize,
+                          [s * itemsize for s in t.strides])
         return view.view(flat.dtype)
 
     def read(self) -> np.ndarray:
@@ -64,11 +59,10 @@ class Resolved:
         if self.skipped:
             return np.zeros(self.shape, self.dtype)
         if self.indices is not None:
-            idx = self.indices if self.row_mask is None else np.where(
-                self.row_mask.reshape((-1,) + (1,) * (self.indices.ndim - 1)), self.indices, 0)
-            out = self._flat()[idx]
-            if self.row_mask is not None:
-                out[~self.row_mask] = 0
+            if self.row_mask is None:
+                return self._flat()[self.indices]
+            out = np.zeros(self.shape, self.dtype)
+            out[self.row_mask] = self._flat()[self.indices[self.row_mask]]
             return out
         return self._strided().copy()
 
@@ -85,14 +79,14 @@ class Resolved:
             return
         storage = self.tensor._storage
         if storage.mm_written is not None:          # a non-matmul write ends PSUM accumulation
-            storage.mm_written.reshape(-1)[self.flat_indices().reshape(-1)] = False
+            storage.mm_written[self.flat_indices().ravel()] = False
         mask = _and(self.row_mask, row_mask)
         values = np.broadcast_to(values, self.shape)
         if self.indices is not None:
             idx = self.indices if mask is None else self.indices[mask]
             self._flat()[idx] = values if mask is None else values[mask]
             return
-        view = self._strided(writeable=True)
+        view = self._strided()
         if mask is None:
             view[...] = values
         else:
@@ -124,25 +118,25 @@ def resolve(t, op: str, role: str, oob_mode: str = "error") -> Resolved:
         if lo < 0 or hi >= flat_size:
             _check_static(aps.AccessPattern.from_strides(t.shape, t.strides, t.offset),
                           flat_size, op, label)
-        return Resolved(t, op, role, t.offset)
+        return Resolved(t, t.offset)
     ap = aps.AccessPattern.from_strides(t.shape, t.strides, t.offset)
     if dyn.kind == "scalar":
-        value = _scalar_value(dyn.source, op, label)
+        value = _scalar_value(dyn.source, op)
         start = t.offset + value * dyn.row_elems
         lo, hi = ap.with_offset(start).extent
         if lo < 0 or hi >= flat_size:
             if oob_mode == "skip":
-                return Resolved(t, op, role, start, skipped=True)
+                return Resolved(t, start, skipped=True)
             context.fail(OutOfBoundsError,
                          f"scalar_offset={value} moves the access to flat indices [{lo}, {hi}], "
                          f"tensor has {flat_size} elements", op=op, operand=label)
-        return Resolved(t, op, role, start)
-    rows = _vector_values(dyn.source, op, label)
-    inner = aps.AccessPattern(ap.pattern[1:] or ((0, 1),), 0).indices().reshape(-1)
+        return Resolved(t, start)
+    rows = _vector_values(dyn.source, op)
+    inner = (aps.AccessPattern(ap.pattern[1:], 0).indices().ravel() if len(ap.pattern) > 1
+             else np.zeros(1, np.int64))        # element offsets inside a row (steps may be < 0)
     starts = t.offset + rows * dyn.row_elems
     indices = (starts[:, None] + inner[None, :]).reshape(t.shape)
-    lo_row = starts + inner.min()
-    hi_row = starts + inner.max()
+    lo_row, hi_row = starts + inner.min(), starts + inner.max()
     ok = (lo_row >= 0) & (hi_row < flat_size)
     if not ok.all():
         if oob_mode != "skip":
@@ -151,8 +145,8 @@ def resolve(t, op: str, role: str, oob_mode: str = "error") -> Resolved:
                          f"vector_offset row {w} = {int(rows[w])} reaches flat indices "
                          f"[{int(lo_row[w])}, {int(hi_row[w])}], tensor has {flat_size} elements "
                          f"(out-of-bound indirect access)", op=op, operand=label)
-        return Resolved(t, op, role, t.offset, indices=indices, row_mask=ok)
-    return Resolved(t, op, role, t.offset, indices=indices)
+        return Resolved(t, t.offset, indices=indices, row_mask=ok)
+    return Resolved(t, t.offset, indices=indices)
 
 
 def _check_static(ap, flat_size, op, label):
@@ -162,17 +156,18 @@ def _check_static(ap, flat_size, op, label):
         context.fail(OutOfBoundsError, str(err), op=op, operand=label)
 
 
-def _scalar_value(source, op, label) -> int:
+def _scalar_value(source, op) -> int:
     if isinstance(source, (int, np.integer)):
         return int(source)
     if hasattr(source, "read_value"):          # a register
         return int(source.read_value())
-    values = resolve(source, op, "scalar_offset").read().reshape(-1)
-    return int(values[0])
+    return int(resolve(source, op, "scalar_offset").read().flat[0])
 
 
-def _vector_values(source, op, label) -> np.ndarray:
-    values = resolve(source, op, "vector_offset").read()
-    if values.ndim != 2 or values.shape[1] != 1:
-        values = values.reshape(values.shape[0], -1)[:, :1]
-    return values[:, 0].astype(np.int64)
+def _vector_values(source, op) -> np.ndarray:
+    """The row index of each partition: ``source`` must be a [P, 1] tile (one index per
+    partition; a wider tile has no documented meaning for ``dma_copy``)."""
+    if isinstance(source, ndarray) and (len(source.shape) != 2 or source.shape[1] != 1):
+        context.fail(ValidationError, f"vector_offset must be a [P, 1] tile of row indices (one per "
+                     f"partition), got shape {tuple(source.shape)}", op=op, operand="vector_offset")
+    return resolve(source, op, "vector_offset").read()[:, 0].astype(np.int64)

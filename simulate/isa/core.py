@@ -130,7 +130,7 @@ def _offset_tables(operands: dict):
     for role, r in operands.items():
         dyn = r.tensor._dynamic
         if dyn is not None and hasattr(dyn.source, "_storage"):
-            yield describe(f"{role}_offsets", Resolved(dyn.source, r.op, role, dyn.source.offset))
+            yield describe(f"{role}_offsets", Resolved(dyn.source, dyn.source.offset))
 
 
 def record(op: str, engine: str, operands: dict, name=None, **fields) -> Instruction:

@@ -1,0 +1,107 @@
+"""Operand resolution rules of the simulator (simulate/access.py) that the kernels' own tests do
+not reach: index tiles of the documented shape only, negative steps inside an indirect row,
+rows skipped on either side of a DMA, and PSUM accumulation ended by a write of another
+engine."""
+
+import numpy as np
+import pytest
+
+from nki_kernels import simulate
+from nki_kernels.simulate import jit, nisa, nl
+
+
+@jit
+def gather_rows(t, idx, inner, offset):
+    """Rows idx[p] of t (row = prod(t.shape[1:]) elements), each read with ``inner`` pairs from
+    ``offset``: an [P, prod(inner nums)] result."""
+    P, W = idx.shape
+    idx_sb = nl.ndarray((P, W), nl.int32, buffer=nl.sbuf)
+    nisa.dma_copy(dst=idx_sb, src=idx)
+    n = int(np.prod([num for _, num in inner]))
+    out_sb = nl.ndarray((P, n), t.dtype, buffer=nl.sbuf)
+    nisa.dma_copy(dst=out_sb, src=t.ap([[1, P]] + [list(p) for p in inner], offset=offset,
+                                       vector_offset=idx_sb, indirect_dim=0))
+    out = nl.ndarray((P, n), t.dtype, buffer=nl.shared_hbm)
+    nisa.dma_copy(dst=out, src=out_sb)
+    return out
+
+
+def test_vector_offset_must_be_one_index_per_partition():
+    """A [P, 2] index tile has no documented meaning for dma_copy: refused by name, not
+    silently read as its first column."""
+    t = np.arange(40, dtype=np.float32).reshape(10, 4)
+    with pytest.raises(simulate.ValidationError, match=r"\[P, 1\] tile .* got shape \(2, 2\)") as info:
+        gather_rows(t, np.array([[1, 5], [2, 6]], np.int32), ((1, 4),), 0)
+    assert (info.value.op, info.value.operand) == ("dma_copy", "vector_offset")
+    got = gather_rows(t, np.array([[1], [2]], np.int32), ((1, 4),), 0)
+    np.testing.assert_array_equal(got, t[[1, 2]])
+
+
+def test_negative_steps_inside_an_indirect_row():
+    """A row read backwards from its last element is exact; reaching below element 0 of the
+    tensor is out of bounds (not NumPy's wrap to the end)."""
+    t = np.arange(40, dtype=np.float32).reshape(10, 4)
+    got = gather_rows(t, np.array([[0], [3]], np.int32), ((-1, 4),), 3)
+    np.testing.assert_array_equal(got, t[[0, 3], ::-1])
+    with pytest.raises(simulate.OutOfBoundsError, match=r"vector_offset row 0 = 0 reaches flat "
+                                                         r"indices \[-1, 2\]"):
+        gather_rows(t, np.array([[0], [3]], np.int32), ((-1, 4),), 2)
+
+
+@jit
+def copy_rows_skipping(src, dst, src_idx, dst_idx):
+    """dst rows dst_idx[p] = src rows src_idx[p], HBM to HBM, out-of-bounds rows skipped on
+    either side."""
+    P = src_idx.shape[0]
+    W = src.shape[1]
+    s_sb = nl.ndarray((P, 1), nl.int32, buffer=nl.sbuf)
+    d_sb = nl.ndarray((P, 1), nl.int32, buffer=nl.sbuf)
+    nisa.dma_copy(dst=s_sb, src=src_idx)
+    nisa.dma_copy(dst=d_sb, src=dst_idx)
+    nisa.dma_copy(dst=dst.ap([[W, P], [1, W]], offset=0, vector_offset=d_sb, indirect_dim=0),
+                  src=src.ap([[W, P], [1, W]], offset=0, vector_offset=s_sb, indirect_dim=0),
+                  oob_mode=nisa.oob_mode.skip)
+    return dst
+
+
+def test_rows_skipped_on_either_side_are_not_written():
+    src = np.arange(5 * 3, dtype=np.float32).reshape(5, 3) + 1
+    dst = np.zeros((6, 3), np.float32)
+    src_idx = np.array([[0], [99], [2], [4]], np.int32)      # row 1: source out of bounds
+    dst_idx = np.array([[5], [1], [77], [3]], np.int32)      # row 2: destination out of bounds
+    copy_rows_skipping(src, dst, src_idx, dst_idx)
+    want = np.zeros((6, 3), np.float32)
+    want[5], want[3] = src[0], src[4]
+    np.testing.assert_array_equal(dst, want)
+
+
+@jit
+def accumulate_after(x, other_write):
+    """nc_matmul into PSUM, then (optionally) a VectorE write of the same tile, then a matmul
+    with accumulate=True onto it."""
+    ps = nl.ndarray((4, 4), nl.float32, buffer=nl.psum)
+    nisa.nc_matmul(dst=ps, stationary=x, moving=x, accumulate=False)
+    if other_write:
+        nisa.memset(dst=ps[0:1, :], value=0.0)
+    nisa.nc_matmul(dst=ps, stationary=x, moving=x, accumulate=True)
+    out_sb = nl.ndarray((4, 4), nl.float32, buffer=nl.sbuf)
+    nisa.tensor_copy(dst=out_sb, src=ps)
+    out = nl.ndarray((4, 4), nl.float32, buffer=nl.shared_hbm)
+    nisa.dma_copy(dst=out, src=out_sb)
+    return out
+
+
+@jit
+def load_and_accumulate(x, other_write):
+    x_sb = nl.ndarray((4, 4), nl.float32, buffer=nl.sbuf)
+    nisa.dma_copy(dst=x_sb, src=x)
+    return accumulate_after(x_sb, other_write)
+
+
+@pytest.mark.parametrize("target", ["trn1", "trn2"])
+def test_a_write_of_another_engine_ends_psum_accumulation(target):
+    x = np.eye(4, dtype=np.float32)
+    with simulate.use_target(target):
+        np.testing.assert_array_equal(load_and_accumulate(x, False), 2 * x)
+        with pytest.raises(simulate.SimulationError, match="not last written by nc_matmul"):
+            load_and_accumulate(x, True)
