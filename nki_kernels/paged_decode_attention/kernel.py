@@ -62,9 +62,9 @@ from .plan import (BOUNDARY, C0, C1, CHUNK_BLOCKS, END, FIRST, FULL_HI, FULL_LO,
 # Chunks per softmax step: a mask-free block gathered several tokens per partition folds them
 # in steps of up to 4 chunks (kernel_load.step_chunks: 4 x 128 keys of fp32 scores fill one 2 KiB
 # PSUM bank, so the fixed cost of every softmax instruction is paid once per 512 keys), one or
-# two steps per gather (kernel_load.group_size: 16 KiB of K per partition); chunks gathered one
-# at a time (masked chunks, NeuronCore-v2, pages over 128) fold FOLD_WIDTH per step only when
-# blocks of queries fill several tiles per chunk (prefill), else one.
+# more steps per gather (kernel_load.group_size: 8 KiB of K per partition for NHD, 32 KiB for
+# HND); chunks gathered one at a time (masked chunks, NeuronCore-v2, pages over 128) fold
+# FOLD_WIDTH per step only when blocks of queries fill several tiles per chunk (prefill), else one.
 FOLD_WIDTH = 4
 # Mask-free chunks handled per device-loop iteration, largest block first (plan.CHUNK_BLOCKS):
 # a loop iteration costs a scheduling barrier (~9 us, nki_kernels/profile) plus the pipeline's
@@ -155,8 +155,8 @@ def attention(q, k_rows, v_rows, meta, spans, kv_indices, tok_tab, row_tab, sink
             score tile), software-pipelined in program order: gathers run two steps ahead and
             scores one step ahead of the softmax, so TensorE makes the next scores while VectorE
             and ScalarE finish this step, and the DMAs overlap both. A mask-free block's cache
-            rows are made up front and its gathers take ``group`` tokens per partition (one
-            softmax step per gather)."""
+            rows are made up front and its gathers take ``group`` tokens per partition, folded
+            ``width`` chunks per softmax step (``per_load`` steps per gather)."""
             group = 1 if masked else gathered[count]
             width = (step_chunks(geo, group) if group > 1 else
                      min(count, FOLD_WIDTH if len(groups) > 1 and Qb > 1 else 1))
