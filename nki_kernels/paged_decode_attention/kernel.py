@@ -53,8 +53,8 @@ from .kernel_load import (ROW_LIMIT, KVTile, block_page_ids, block_rows, convert
                           group_entry_rows, group_size, load_chunk_indirect, load_chunk_pages,
                           load_group_indirect, load_group_pages, step_chunks)
 from .kernel_queries import group_queries
-from .kernel_softmax import (chunk_scores, finalize, init_state, mask_bias, merge_with_partner,
-                             softmax_step)
+from .kernel_softmax import (chunk_scores, finalize, init_state, k_transposed, mask_bias,
+                             merge_with_partner, softmax_step)
 from .plan import (BOUNDARY, C0, C1, CHUNK_BLOCKS, END, FIRST, FULL_HI, FULL_LO, META_COLS, OUT,
                    SPAN_COLS)
 
@@ -66,6 +66,9 @@ from .plan import (BOUNDARY, C0, C1, CHUNK_BLOCKS, END, FIRST, FULL_HI, FULL_LO,
 # HND); chunks gathered one at a time (masked chunks, NeuronCore-v2, pages over 128) fold
 # FOLD_WIDTH per step only when blocks of queries fill several tiles per chunk (prefill), else one.
 FOLD_WIDTH = 4
+# Tiles of query rows whose scores are made ahead of the softmax (a step ahead when a step has
+# no more tiles than this; each is an [R, <= 512] fp32 tile in SBUF).
+SCORES_AHEAD = 8
 # Mask-free chunks handled per device-loop iteration, largest block first (plan.CHUNK_BLOCKS):
 # a loop iteration costs a scheduling barrier (~9 us, nki_kernels/profile) plus the pipeline's
 # fill, several times one chunk's work, so long requests take 32 chunks (4096 tokens) per
@@ -112,6 +115,8 @@ def attention(q, k_rows, v_rows, meta, spans, kv_indices, tok_tab, row_tab, sink
     B, HQ, D = q.shape
     H, G = num_kv_heads, HQ // num_kv_heads
     Qb = 1 if row_tab is None else row_tab.shape[0] // G      # query tokens per work item
+    Qt = min(Qb, 128 // G)                                     # query tokens per tile
+    assert Qb % Qt == 0, f"{Qb} query tokens per item is not a whole number of tiles of {Qt}"
     T = tok_tab.shape[0]
     rpp, es, v_rows_offset = strides
     geo = Geometry(T, page_size, rpp, es, D, H, token_pattern)
@@ -121,17 +126,20 @@ def attention(q, k_rows, v_rows, meta, spans, kv_indices, tok_tab, row_tab, sink
     indirect = nisa.get_nc_version() >= 3 and k_rows.shape[0] < ROW_LIMIT
     tok_sb = nl.ndarray((T, 2), nl.int32, buffer=nl.sbuf, name="tok_tab")
     nisa.dma_copy(dst=tok_sb, src=tok_tab)
-    GQ = G * Qb                                            # score rows per kv head
-    per_group = max(1, min(H, 128 // GQ))          # kv heads per tile: rows = heads x G x Qb <= 128
-    groups = [(h0, min(per_group, H - h0)) for h0 in range(0, H, per_group)]
+    GQ = G * Qt                                            # score rows per kv head and tile
+    per_group = max(1, min(H, 128 // GQ))          # kv heads per tile: rows = heads x G x Qt <= 128
+    # tiles of score rows (first kv head, kv heads, first query token of the block): every tile
+    # of a chunk's step shares its K^T per kv head and its V
+    tiles = [(h0, min(per_group, H - h0), q0) for h0 in range(0, H, per_group)
+             for q0 in range(0, Qb, Qt)]
     R = per_group * GQ
-    row_q = None if Qb == 1 else query_of_row(row_tab, R)
+    row_q = {q0: query_of_row(row_tab, R, GQ, q0 * G) for q0 in range(0, Qb, Qt)} if Qb > 1 else {}
     iota_rt = nl.ndarray((R, T), nl.int32, buffer=nl.sbuf, name="iota_rt")
     nisa.iota(dst=iota_rt, pattern=[[1, T]], offset=0, channel_multiplier=0)
     # OCP fp8 (e4m3fn) is a matmul input from NeuronCore-v4 only: V is converted per chunk before.
     convert_v = k_rows.dtype == nl.float8_e4m3fn and nisa.get_nc_version() < nisa.nc_version.gen4
     v_dtype = mm_dtype if convert_v else None
-    consts = (geo, G, sources, groups, iota_rt, indirect, v_dtype)
+    consts = (geo, G, sources, tiles, iota_rt, indirect, v_dtype)
     # mask-free blocks of whole pages gather several consecutive tokens per partition
     blocked = page_size <= 128
     gathered = {size: group_size(geo, size, dtype_bytes(k_rows.dtype)) if blocked else 1
@@ -146,9 +154,11 @@ def attention(q, k_rows, v_rows, meta, spans, kv_indices, tok_tab, row_tab, sink
                                            indirect_dim=0))
         c0, full_lo, full_hi, c1, b = (nisa.scalar_load(row[0:1, c:c + 1])
                                        for c in (C0, FULL_LO, FULL_HI, C1, OUT))
-        q_pads = [group_queries(q, b, h0, n, G, Qb, mm_dtype) for h0, n in groups]
-        bounds = request_bounds(meta, i, T, R) if Qb == 1 else block_bounds(meta, i, T, row_q)
-        states = [init_state(n * GQ, D) for _, n in groups]
+        q_pads = [group_queries(q, b, h0, n, G, Qt, mm_dtype, q0) for h0, n, q0 in tiles]
+        # per first query token of a tile: the item's bounds (the token-level ones are common)
+        bounds = ({0: request_bounds(meta, i, T, R)} if Qb == 1 else
+                  {q0: block_bounds(meta, i, T, rq) for q0, rq in row_q.items()})
+        states = [init_state(n * GQ, D) for _, n, _ in tiles]
         cursor = start_cursor(meta, i, tok_sb, R)
         def chunks(count, masked):
             """Loop body: ``count`` chunks, ``width`` per softmax step (one [rows, width*T]
@@ -159,7 +169,7 @@ def attention(q, k_rows, v_rows, meta, spans, kv_indices, tok_tab, row_tab, sink
             ``width`` chunks per softmax step (``per_load`` steps per gather)."""
             group = 1 if masked else gathered[count]
             width = (step_chunks(geo, group) if group > 1 else
-                     min(count, FOLD_WIDTH if len(groups) > 1 and Qb > 1 else 1))
+                     min(count, FOLD_WIDTH if len(tiles) > 1 and Qb > 1 else 1))
             steps = count // width
             per_load = max(1, group // width)          # softmax steps per load
 
@@ -183,7 +193,7 @@ def attention(q, k_rows, v_rows, meta, spans, kv_indices, tok_tab, row_tab, sink
                                         None if rows is None else rows[:, k:k + 1])
                             for k in range(g * width, (g + 1) * width)]
 
-                loads = {}
+                loads, kts = {}, {}
 
                 def step(s):
                     """The chunks of softmax step s, loading them on first use."""
@@ -192,19 +202,39 @@ def attention(q, k_rows, v_rows, meta, spans, kv_indices, tok_tab, row_tab, sink
                     k = (s % per_load) * width
                     return loads[s // per_load][k:k + width]
 
+                def score(u):
+                    """Scores of unit u = (step, tile); K^T of a step's chunks made once per kv
+                    heads, at their first tile, dropped after their last."""
+                    s, t = divmod(u, len(tiles))
+                    h0, n, q0 = tiles[t]
+                    loaded = step(s)
+                    if (s, h0) not in kts:
+                        kts[(s, h0)] = [k_transposed(views[0], h0, n, D, mm_dtype)
+                                        for views, _ in loaded]
+                    bias = loaded[0][1]               # masked chunks are folded one at a time
+                    rows = q_pads[t][0][0].shape[1]
+                    scores = chunk_scores(q_pads[t], kts[(s, h0)], T,
+                                          None if bias is None else bias[q0][0:rows, :],
+                                          scale, soft_cap, mm_dtype)
+                    if t + 1 == len(tiles) or tiles[t + 1][0] != h0:
+                        del kts[(s, h0)]
+                    return scores
+
+                units, ahead = steps * len(tiles), min(len(tiles), SCORES_AHEAD)
                 for s in range(min(2, steps)):
                     step(s)
-                scores = [_score_chunks(consts, step(0), q_pads, scale, soft_cap, mm_dtype)]
-                for g in range(steps):
-                    if g + 2 < steps:
-                        step(g + 2)
-                    if g + 1 < steps:
-                        scores.append(_score_chunks(consts, step(g + 1), q_pads, scale,
-                                                    soft_cap, mm_dtype))
-                    _fold_chunks(consts, step(g), scores[g], states, mm_dtype)
-                    scores[g] = None                 # its tiles are free from here on
-                    if g % per_load == per_load - 1:
-                        del loads[g // per_load]     # and, after its last step, the load's
+                pending = [score(u) for u in range(min(ahead, units))]
+                for u in range(units):
+                    s, t = divmod(u, len(tiles))
+                    if t == 0 and s + 2 < steps:
+                        step(s + 2)
+                    if u + ahead < units:
+                        pending.append(score(u + ahead))
+                    h0, n, _ = tiles[t]
+                    softmax_step(states[t], pending.pop(0), n, [v for (_, v), _ in step(s)], h0,
+                                 D, mm_dtype)
+                    if t + 1 == len(tiles) and s % per_load == per_load - 1:
+                        del loads[s // per_load]     # its tiles are free from here on
             return body
 
         # mask-free chunks in blocks of CHUNK_BLOCKS[0] per loop iteration (each iteration pays
@@ -220,8 +250,8 @@ def attention(q, k_rows, v_rows, meta, spans, kv_indices, tok_tab, row_tab, sink
 
     def whole(i):
         b, states = attend(i)
-        for (h0, n), state in zip(groups, states):
-            finalize(state, out, lse, sinks, b, h0, G, Qb, v_scale)
+        for (h0, n, q0), state in zip(tiles, states):
+            finalize(state, out, lse, sinks, b, h0, G, Qt, v_scale, q0)
 
     p, cores = nl.program_id(0), program_cores()
     span = nl.ndarray((1, SPAN_COLS), nl.int32, buffer=nl.sbuf, name="span")
@@ -230,10 +260,10 @@ def attention(q, k_rows, v_rows, meta, spans, kv_indices, tok_tab, row_tab, sink
     nl.fori_loop(first, end, whole)
     if cores == 2:          # the request split between the cores: merge the two partial states
         b, states = attend(nisa.scalar_load(span[0:1, BOUNDARY:BOUNDARY + 1]))
-        for (h0, n), state in zip(groups, states):
+        for (h0, n, q0), state in zip(tiles, states):
             merge_with_partner(state, p)
             if p == 0:
-                finalize(state, out, lse, sinks, b, h0, G, Qb, v_scale)
+                finalize(state, out, lse, sinks, b, h0, G, Qt, v_scale, q0)
     return out, lse
 
 
@@ -241,43 +271,25 @@ def _load_chunk(consts, kv_indices, cursor, bounds, masked, rows=None):
     """Gather the cursor's chunk ((K, V) KVTile pair of tiles [T, H*D], the mask bias when
     masked), then advance the cursor; ``rows``: the chunk's cache rows from ``block_rows``
     (which advanced the cursor already)."""
-    geo, G, sources, groups, iota_rt, indirect, v_dtype = consts
+    geo, G, sources, tiles, iota_rt, indirect, v_dtype = consts
     T, H, D = geo.T, geo.H, geo.D
-    valid_t = token_validity(cursor, bounds) if masked else None
+    tokens = bounds[0]                        # token-level bounds: the same for every tile
+    valid_t = token_validity(cursor, tokens) if masked else None
     dtype = sources[0][0].dtype
     if not indirect and sources[0][0] is sources[1][0]:      # fused cache: one DMA per page
         kv = nl.ndarray((T, 2 * H * D), dtype, buffer=nl.sbuf, name="kv_sb")
-        load_chunk_pages([kv], sources, kv_indices, cursor, bounds, valid_t, geo)
+        load_chunk_pages([kv], sources, kv_indices, cursor, tokens, valid_t, geo)
         views = [KVTile(kv, 0, D), KVTile(kv, H * D, D)]
     else:
-        tiles = [nl.ndarray((T, H * D), dtype, buffer=nl.sbuf, name=n) for n in ("k_sb", "v_sb")]
+        kv_tiles = [nl.ndarray((T, H * D), dtype, buffer=nl.sbuf, name=n) for n in ("k_sb", "v_sb")]
         if indirect:
-            load_chunk_indirect(tiles, sources, kv_indices, cursor, valid_t, geo, rows)
+            load_chunk_indirect(kv_tiles, sources, kv_indices, cursor, valid_t, geo, rows)
         else:
-            load_chunk_pages(tiles, sources, kv_indices, cursor, bounds, valid_t, geo)
-        views = [KVTile(t, 0, D) for t in tiles]
-    bias = mask_bias(cursor, bounds, iota_rt) if masked else None
+            load_chunk_pages(kv_tiles, sources, kv_indices, cursor, tokens, valid_t, geo)
+        views = [KVTile(t, 0, D) for t in kv_tiles]
+    bias = {q0: mask_bias(cursor, b, iota_rt) for q0, b in bounds.items()} if masked else None
     if rows is None:
         advance(cursor, geo.page_size)
     if v_dtype is not None:        # fp8 V as a matmul input before NeuronCore-v4: converted
         views[1], = converted_v(views[1:], v_dtype)
     return tuple(views), bias
-
-
-def _score_chunks(consts, loaded, q_pads, scale, soft_cap, mm_dtype):
-    """Each head group's scores [rows, W*T] of loaded chunks (W side by side)."""
-    geo, G, sources, groups, iota_rt, indirect, v_dtype = consts
-    k_tiles = [views[0] for views, _ in loaded]
-    bias = loaded[0][1]                       # masked chunks are folded one at a time
-    return [chunk_scores(pads, k_tiles, h0, geo.D,
-                         None if bias is None else bias[0:pads[0][0].shape[1], :],
-                         scale, soft_cap, mm_dtype)
-            for (h0, n), pads in zip(groups, q_pads)]
-
-
-def _fold_chunks(consts, loaded, scores, states, mm_dtype):
-    """Fold loaded chunks and their scores into every head group's state."""
-    geo, G, sources, groups, iota_rt, indirect, v_dtype = consts
-    v_tiles = [views[1] for views, _ in loaded]
-    for (h0, n), state, s in zip(groups, states, scores):
-        softmax_step(state, s, n, v_tiles, h0, geo.D, mm_dtype)

@@ -52,12 +52,12 @@ def request_bounds(meta, b, T, R):
                   meta_broadcast(meta, b, LEN, R, "len_r"), meta_broadcast(meta, b, WIN, R, "win_r"))
 
 
-def query_of_row(row_tab, R):
-    """[R, 1] int32: the query token (within its block) of score row r, from the host table
-    row_tab [G*Qb, 1] of one kv head's rows, repeated for each of the R // (G*Qb) heads of a tile."""
-    GQ = row_tab.shape[0]
+def query_of_row(row_tab, R, GQ, first=0):
+    """[R, 1] int32: the query token (within its block) of score row r of a tile holding rows
+    first..first+GQ of each kv head, from the host table row_tab [G*Qb, 1] of one kv head's rows
+    (entry r: token r // G), repeated for each of the R // GQ heads of the tile."""
     t = nl.ndarray((R, 1), nl.int32, buffer=nl.sbuf, name="row_q")
-    nisa.dma_copy(dst=t, src=row_tab.ap([[0, R // GQ], [1, GQ], [1, 1]]))
+    nisa.dma_copy(dst=t, src=row_tab.ap([[0, R // GQ], [1, GQ], [1, 1]], offset=first))
     return t
 
 

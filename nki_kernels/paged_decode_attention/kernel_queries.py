@@ -5,8 +5,8 @@ of the head dim). Loading Q^T straight from HBM reads one 2-byte element per DMA
 (partition step 1); instead the R rows are loaded row-major (one contiguous run of D elements per
 partition) and transposed on TensorE through PSUM, one transpose per 128 rows of the head dim.
 
-Row order of a head group (kv heads h0..h0+n-1, G query heads each, Qb query tokens from row t0):
-row j*G*Qb + qi*G + g is query head (h0 + j)*G + g of token t0 + qi (decode: Qb = 1).
+Row order of a tile (kv heads h0..h0+n-1, G query heads each, Qb query tokens from row t0 + q0):
+row j*G*Qb + qi*G + g is query head (h0 + j)*G + g of token t0 + q0 + qi (decode: Qb = 1).
 """
 
 from __future__ import annotations
@@ -16,17 +16,18 @@ from nki_kernels.backend import nisa, nl
 from .kernel_softmax import transpose_dtype
 
 
-def group_queries(q, t0, h0, n, G, Qb, mm_dtype):
+def group_queries(q, t0, h0, n, G, Qb, mm_dtype, q0=0):
     """Per kv head j < n of the group: Q^T tiles [Dp, R] (R = n*G*Qb) in the matmul dtype, holding
     head h0+j's rows in columns j*G*Qb..(j+1)*G*Qb and zeros elsewhere, so the per-head matmuls
-    of a group accumulate into one PSUM tile. ``q`` [B, HQ, D] @ HBM, ``t0`` the first query row
-    (a device scalar)."""
+    of a group accumulate into one PSUM tile. ``q`` [B, HQ, D] @ HBM; the tokens are rows
+    t0 + q0 .. t0 + q0 + Qb (``t0`` a device scalar, ``q0`` the tile's first token of its block)."""
     _, HQ, D = q.shape
     GQ = G * Qb
     R = n * GQ
     rows = nl.ndarray((R, D), q.dtype, buffer=nl.sbuf, name="q_rows")
     nisa.dma_copy(dst=rows, src=q.ap([[G * D, n], [HQ * D, Qb], [D, G], [1, D]],
-                                     offset=h0 * G * D, scalar_offset=t0, indirect_dim=0))
+                                     offset=(q0 * HQ + h0 * G) * D, scalar_offset=t0,
+                                     indirect_dim=0))
     pads = [[] for _ in range(n)]
     for d0 in range(0, D, 128):
         dp = min(128, D - d0)

@@ -55,19 +55,12 @@ def transpose_dtype(dtype):
     return dtype if nisa.get_nc_version() >= nisa.nc_version.gen3 else nl.float32
 
 
-def _scores(q_pads, k_tiles, h0, D, mm_dtype):
+def _scores(q_pads, kTs, T, mm_dtype):
     """PSUM [n*G, W*T] fp32 for W chunks of T keys side by side (W*T fp32 <= one 2 KiB bank):
     row block j = queries of head h0+j against K of head h0+j (zero-padded stationaries keep the
-    heads apart), chunk c in columns c*T.. K^T is made on TensorE in <= 128-row pieces: the
-    transposes of as many heads as fill one PSUM bank go side by side into one tile, evicted by
-    two instructions (ScalarE and VectorE halves) instead of one per head, and every chunk's
-    transposes are issued before the first matmul, so TensorE transposes the next chunk while
-    the last one's K^T is evicted instead of waiting for it."""
-    T = k_tiles[0].tile.shape[0]
+    heads apart). ``kTs``: per chunk, ``k_transposed`` of the tile's heads."""
     R = q_pads[0][0].shape[1]
-    n = len(q_pads)
-    kTs = [_k_transposed(k, h0, n, D, mm_dtype) for k in k_tiles]
-    s_ps = nl.ndarray((R, len(k_tiles) * T), nl.float32, buffer=nl.psum, name="s_ps")
+    s_ps = nl.ndarray((R, len(kTs) * T), nl.float32, buffer=nl.psum, name="s_ps")
     for c, kT in enumerate(kTs):
         for j, parts in enumerate(q_pads):
             for k in range(len(parts)):
@@ -76,8 +69,13 @@ def _scores(q_pads, k_tiles, h0, D, mm_dtype):
     return s_ps
 
 
-def _k_transposed(k_sb, h0, n, D, mm_dtype):
-    """{(j, k): K^T [dp, T] in SBUF} of heads h0..h0+n-1 and 128-row pieces k of the head dim."""
+def k_transposed(k_sb, h0, n, D, mm_dtype):
+    """{(j, k): K^T [dp, T] in SBUF} of heads h0..h0+n-1 and 128-row pieces k of the head dim,
+    made on TensorE in <= 128-row pieces: the transposes of as many heads as fill one PSUM bank
+    go side by side into one tile, evicted by two instructions (ScalarE and VectorE halves)
+    instead of one per head. Made once per chunk and kv heads, shared by every tile of query
+    rows of those heads, and all of a step's before its first matmul, so TensorE transposes the
+    next chunk while the last one's K^T is evicted."""
     T = k_sb.tile.shape[0]
     t_dtype = transpose_dtype(k_sb.tile.dtype)
     per = max(1, min(n, PSUM_BANK_BYTES // (T * dtype_bytes(t_dtype))))
@@ -101,12 +99,12 @@ def _k_transposed(k_sb, h0, n, D, mm_dtype):
     return kT
 
 
-def chunk_scores(q_pads, k_tiles, h0, D, bias, scale, soft_cap, mm_dtype):
-    """SBUF [n*G, W*T] fp32 scores of W chunks (K tiles [T, H*D] each) for a head group: scaled,
-    soft-capped, plus the mask bias. The first half of a softmax step, issued one step ahead of
-    the second (``softmax_step``) so TensorE makes the next scores while VectorE and ScalarE
-    work on these."""
-    s_ps = _scores(q_pads, k_tiles, h0, D, mm_dtype)
+def chunk_scores(q_pads, kTs, T, bias, scale, soft_cap, mm_dtype):
+    """SBUF [n*G, W*T] fp32 scores of W chunks (``kTs``: each chunk's ``k_transposed``) for a
+    tile of query rows: scaled, soft-capped, plus the mask bias. The first half of a softmax
+    step, issued ahead of the second (``softmax_step``) so TensorE makes the next scores while
+    VectorE and ScalarE work on these."""
+    s_ps = _scores(q_pads, kTs, T, mm_dtype)
     R, WT = s_ps.shape
     s = _f32((R, WT), "s")
     nisa.activation(dst=s, op=nl.copy, data=s_ps, scale=float(scale))
@@ -182,8 +180,8 @@ def _pv_heads(pTs, v_tiles, h0, D, rows):
     return pv
 
 
-def finalize(state, out, lse, sinks, b, h0, G, Qb, v_scale):
-    """Query heads h0*G.. of the Qb query tokens at rows b.. (a device scalar) of out / lse:
+def finalize(state, out, lse, sinks, b, h0, G, Qb, v_scale, q0=0):
+    """Query heads h0*G.. of the Qb query tokens at rows b + q0.. (b a device scalar) of out / lse:
     out = acc / l * v_scale; lse = (m + ln l) * log2(e). A sink logit joins as one more key
     without a value: the max becomes max(m, sink) and l gains exp(sink - max). A row with no keys
     has l = 0 and acc = 0: out is 0 (acc / max(l, 1); l >= 1 whenever a key was seen) and lse
@@ -215,28 +213,29 @@ def finalize(state, out, lse, sinks, b, h0, G, Qb, v_scale):
     o = nl.ndarray((R, D), out.dtype, buffer=nl.sbuf, name="o")
     nisa.tensor_scalar(dst=o, data=acc, op0=nl.multiply, operand0=rl, op1=nl.multiply,
                        operand1=float(v_scale))
-    _write_rows(out, o, b, h0, G, Qb)
+    _write_rows(out, o, b, h0, G, Qb, q0)
     ln_l = _f32((R, 1), "ln_l")
     nisa.activation(dst=ln_l, op=nl.log, data=l)
     nisa.tensor_tensor(dst=ln_l, data1=ln_l, data2=negm, op=nl.subtract)
     nisa.tensor_scalar(dst=ln_l, data=ln_l, op0=nl.multiply, operand0=LN_TO_LOG2)
-    _write_rows(lse, ln_l, b, h0, G, Qb)
+    _write_rows(lse, ln_l, b, h0, G, Qb, q0)
 
 
-def _write_rows(dst, rows, b, h0, G, Qb):
-    """Score rows (kv head j of the tile, token, g) -> dst[b + token, (h0 + j) * G + g, :] of a
+def _write_rows(dst, rows, b, h0, G, Qb, q0):
+    """Score rows (kv head j of the tile, token, g) -> dst[b + q0 + token, (h0 + j) * G + g, :] of a
     [rows, HQ, E] HBM tensor (b: a device scalar). One DMA per tile when Qb = 1 (its heads are
     adjacent in dst), else one per kv head."""
     R, E = rows.shape
     HQ = dst.shape[1]
     if Qb == 1:
-        nisa.dma_copy(dst=dst.ap([[E, R], [1, E]], offset=h0 * G * E, scalar_offset=b,
+        nisa.dma_copy(dst=dst.ap([[E, R], [1, E]], offset=(q0 * HQ + h0 * G) * E, scalar_offset=b,
                                  indirect_dim=0), src=rows)
         return
     GQ = G * Qb
     for j in range(R // GQ):
-        nisa.dma_copy(dst=dst.ap([[HQ * E, Qb], [E, G], [1, E]], offset=(h0 + j) * G * E,
-                                 scalar_offset=b, indirect_dim=0), src=rows[j * GQ:(j + 1) * GQ, :])
+        nisa.dma_copy(dst=dst.ap([[HQ * E, Qb], [E, G], [1, E]],
+                                 offset=(q0 * HQ + (h0 + j) * G) * E, scalar_offset=b,
+                                 indirect_dim=0), src=rows[j * GQ:(j + 1) * GQ, :])
 
 
 def merge_with_partner(state, p):

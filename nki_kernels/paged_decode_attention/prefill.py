@@ -46,9 +46,10 @@ def batch_prefill(q, paged_kv_cache, qo_indptr, kv_indptr, kv_indices, kv_last_p
             attention reads back with; numbers or float arrays [H] per kv head)
     Returns:
         out [Q, HQ, D] in q's dtype; with return_lse also lse [Q, HQ] float32, base 2.
-    Work items are blocks of Qb query tokens of one request (Qb: the largest q_len rounded up to a
-    power of two, at most 128 // group), so one tile of heads x group x Qb <= 128 score rows reads
-    each chunk of keys once for all of them; an item visits only the chunks its queries see.
+    Work items are blocks of Qb query tokens of one request (``query_block``: the largest q_len
+    rounded up to a power of two while one tile of heads x group x Qb <= 128 score rows holds
+    them, else up to 4 such tiles of 128 // group tokens), so each chunk of keys is read once for
+    all of them; an item visits only the chunks its queries see.
     Compiles once per (Qb, bucket of work items); q_len == 1 everywhere is ``batch_decode``'s
     launch exactly. A mixed batch (some requests with one query, others with more) runs as two
     launches, the longer requests first (with the whole fused write), then the single queries as
@@ -121,13 +122,30 @@ def check_qo_indptr(qo_indptr, batch, total_q) -> np.ndarray:
     return q_lens
 
 
-def query_block(max_q_len: int, group: int) -> int:
-    """Query tokens per work item: max_q_len rounded up to a power of two, at most 128 // group
-    (one tile's partitions hold group x Qb rows per kv head)."""
+# SBUF per partition for the per-tile state of a work item (acc [R, D] fp32 and Q^T pieces [Dp, R]
+# in 16 bits: about 6 D bytes per tile), which bounds how many tiles of query tokens an item takes
+ITEM_TILE_BYTES = 64 * 1024
+QUERY_TILES_MAX = 4
+
+
+def query_block(max_q_len: int, group: int, kv_heads: int = 1, head_dim: int = 128) -> int:
+    """Query tokens per work item. While it fits one tile (128 // group tokens: group x Qb score
+    rows per kv head), max_q_len rounded up to a power of two; beyond, a power-of-two number of
+    whole tiles (at most QUERY_TILES_MAX, and as many as the item's state fits ITEM_TILE_BYTES
+    for its kv heads), so an item reads each chunk of keys (and pays each loop barrier) once for
+    up to 4 x 128 // group queries."""
+    per_tile = max(1, 128 // group)
     qb = 1
     while qb < max_q_len:
         qb *= 2
-    return max(1, min(qb, 128 // group))
+    if qb <= per_tile:
+        return qb
+    head_tiles = -(-kv_heads // max(1, 128 // (group * per_tile)))
+    fits = ITEM_TILE_BYTES // (6 * head_dim * head_tiles)
+    tiles = 1
+    while 2 * tiles <= min(QUERY_TILES_MAX, fits) and tiles * per_tile < max_q_len:
+        tiles *= 2
+    return tiles * per_tile
 
 
 @dataclass(frozen=True)
@@ -179,7 +197,7 @@ def prepare_prefill(q, paged_kv_cache, qo_indptr, kv_indptr, kv_indices, kv_last
 def plan_prefill(prob, q_lens, qo_indptr, kv_indptr, kv_indices, paged_kv_cache, causal,
                  logits_soft_cap, window_left, sinks, k_scale, v_scale, cores) -> PrefillLaunch:
     """Checked inputs (``prob``, ``q_lens``) -> work items, padded row maps, kernel arguments."""
-    qb = query_block(int(q_lens.max(initial=0)), prob.group)
+    qb = query_block(int(q_lens.max(initial=0)), prob.group, prob.geo.num_heads, prob.geo.head_dim)
     items = query_blocks(kv_indptr, prob.kv_lens, q_lens, qb, window_left, causal,
                          prob.geo.page_size)
     n_items = items.L.size

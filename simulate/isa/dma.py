@@ -51,10 +51,11 @@ def dma_copy(dst, src, priority=None, oob_mode=oob_enum.error, dge_mode=dge_enum
     if priority is not None and target.nc_version < 4:
         fail("priority is available on NeuronCore-v4 only", OP, "priority")
     row_mask = _row_mask(d, s)
-    values = s.read()
-    if dst.dtype != src.dtype:
-        values = dtypes.cast(values, dst.dtype)
-    d.write(values.reshape(dst.shape), row_mask=row_mask if s.row_mask is not None else None)
+    if not (s.skipped or d.skipped):     # a scalar offset out of bounds under skip: no transfer
+        values = s.read()
+        if dst.dtype != src.dtype:
+            values = dtypes.cast(values, dst.dtype)
+        d.write(values.reshape(dst.shape), row_mask=row_mask if s.row_mask is not None else None)
     moved = _moved_elems(d, s, row_mask)
     itemsize = dst.dtype.itemsize
     hbm = ("private_hbm", "shared_hbm")

@@ -75,10 +75,13 @@ def test_chunked_prefill_replay_mixes_prefill_and_decode(target):
     for key in simulate.compile_keys(_mixed_kernels()[1]):     # decode launches: Qb = 1
         q_rows = key[0][0][1][0]
         assert q_rows == bucket(q_rows)
+    from nki_kernels.paged_decode_attention.prefill import query_block
+    config = ServeConfig()
+    blocks = {query_block(n, config.group, config.kv_heads, config.head_dim) for n in range(1, 49)}
     for key in keys:
         shapes = [a[1] for a in key[0] if a[0] == "tensor"]
         q_rows, slot_rows, items = shapes[0][0], shapes[2][0], shapes[6][0]
-        assert items == bucket(items) and q_rows // items in (1, 32) and q_rows % items == 0
+        assert items == bucket(items) and q_rows // items in blocks and q_rows % items == 0
         assert slot_rows == bucket(slot_rows) or slot_rows % 128 == 0
     assert sum(s.compiles for s in trace.steps[len(trace.steps) // 2:]) <= 2
     assert "chunked prefill, 48 prompt tokens" in summary_markdown(trace)

@@ -66,12 +66,38 @@ def copy_rows_skipping(src, dst, src_idx, dst_idx):
 
 def test_rows_skipped_on_either_side_are_not_written():
     src = np.arange(5 * 3, dtype=np.float32).reshape(5, 3) + 1
-    dst = np.zeros((6, 3), np.float32)
+    dst = np.full((6, 3), -1.0, np.float32)
     src_idx = np.array([[0], [99], [2], [4]], np.int32)      # row 1: source out of bounds
     dst_idx = np.array([[5], [1], [77], [3]], np.int32)      # row 2: destination out of bounds
     copy_rows_skipping(src, dst, src_idx, dst_idx)
-    want = np.zeros((6, 3), np.float32)
+    want = np.full((6, 3), -1.0, np.float32)
     want[5], want[3] = src[0], src[4]
+    np.testing.assert_array_equal(dst, want)
+
+
+@jit
+def copy_row_skipping(src, dst, row_src, row_dst):
+    """dst row row_dst[0] = src row row_src[0] by scalar offsets, HBM to HBM, skipped when
+    either is out of bounds."""
+    W = src.shape[1]
+    r = nl.ndarray((1, 2), nl.int32, buffer=nl.sbuf)
+    nisa.dma_copy(dst=r[:, 0:1], src=row_src)
+    nisa.dma_copy(dst=r[:, 1:2], src=row_dst)
+    nisa.dma_copy(dst=dst.ap([[W, 1], [1, W]], offset=0, scalar_offset=r[0:1, 1:2], indirect_dim=0),
+                  src=src.ap([[W, 1], [1, W]], offset=0, scalar_offset=r[0:1, 0:1], indirect_dim=0),
+                  oob_mode=nisa.oob_mode.skip)
+    return dst
+
+
+@pytest.mark.parametrize("row_src, row_dst, written", [(1, 2, True), (5, 2, False), (1, 6, False)])
+def test_a_scalar_offset_out_of_bounds_under_skip_moves_nothing(row_src, row_dst, written):
+    """Either side's scalar offset out of bounds: the destination is untouched (not zeros)."""
+    src = np.arange(5 * 3, dtype=np.float32).reshape(5, 3) + 1
+    dst = np.full((6, 3), -1.0, np.float32)
+    copy_row_skipping(src, dst, np.array([[row_src]], np.int32), np.array([[row_dst]], np.int32))
+    want = np.full((6, 3), -1.0, np.float32)
+    if written:
+        want[row_dst] = src[row_src]
     np.testing.assert_array_equal(dst, want)
 
 
