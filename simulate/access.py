@@ -119,7 +119,7 @@ def resolve(t, op: str, role: str, oob_mode: str = "error") -> Resolved:
             _check_static(aps.AccessPattern.from_strides(t.shape, t.strides, t.offset),
                           flat_size, op, label)
         return Resolved(t, t.offset)
-    ap = aps.AccessPattern.from_strides(t.shape, t.strides, t.offset)
+    ap = aps.AccessPattern.from_strides(t.shape, t.strides)        # steps only: starts below
     if dyn.kind == "scalar":
         value = _scalar_value(dyn.source, op)
         start = t.offset + value * dyn.row_elems
@@ -132,7 +132,7 @@ def resolve(t, op: str, role: str, oob_mode: str = "error") -> Resolved:
                          f"tensor has {flat_size} elements", op=op, operand=label)
         return Resolved(t, start)
     rows = _vector_values(dyn.source, op)
-    inner = (aps.AccessPattern(ap.pattern[1:], 0).indices().ravel() if len(ap.pattern) > 1
+    inner = (aps.AccessPattern(ap.pattern[1:]).indices().ravel() if len(ap.pattern) > 1
              else np.zeros(1, np.int64))        # element offsets inside a row (steps may be < 0)
     starts = t.offset + rows * dyn.row_elems
     indices = (starts[:, None] + inner[None, :]).reshape(t.shape)

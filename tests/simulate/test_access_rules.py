@@ -44,8 +44,45 @@ def test_negative_steps_inside_an_indirect_row():
     got = gather_rows(t, np.array([[0], [3]], np.int32), ((-1, 4),), 3)
     np.testing.assert_array_equal(got, t[[0, 3], ::-1])
     with pytest.raises(simulate.OutOfBoundsError, match=r"vector_offset row 0 = 0 reaches flat "
-                                                         r"indices \[-1, 2\]"):
+                                                         r"indices \[-1, 2\]") as info:
         gather_rows(t, np.array([[0], [3]], np.int32), ((-1, 4),), 2)
+    assert (info.value.op, info.value.operand.split("=")[0]) == ("dma_copy", "src")
+
+
+@jit
+def scatter_blocks(table, values, idx):
+    """table rows idx[p] get values[p] laid out [2, 3] inside the row (a 3-D indirect
+    destination: two runs of 3 elements, 3 apart)."""
+    P = idx.shape[0]
+    idx_sb = nl.ndarray((P, 1), nl.int32, buffer=nl.sbuf)
+    nisa.dma_copy(dst=idx_sb, src=idx)
+    v_sb = nl.ndarray((P, 2, 3), values.dtype, buffer=nl.sbuf)
+    nisa.dma_copy(dst=v_sb, src=values)
+    nisa.dma_copy(dst=table.ap([[9, P], [4, 2], [1, 3]], offset=1, vector_offset=idx_sb,
+                               indirect_dim=0), src=v_sb)
+    return table
+
+
+def test_an_indirect_destination_of_three_dims():
+    table = np.zeros((5, 9), np.float32)
+    values = np.arange(2 * 6, dtype=np.float32).reshape(2, 2, 3) + 1
+    scatter_blocks(table, values, np.array([[4], [1]], np.int32))
+    want = np.zeros((5, 9), np.float32)
+    for row, v in zip((4, 1), values):
+        want[row, 1:4], want[row, 5:8] = v[0], v[1]
+    np.testing.assert_array_equal(table, want)
+
+
+def test_a_scalar_offset_given_as_an_integer():
+    @jit
+    def row_of(t, row):
+        out = nl.ndarray((1, 4), t.dtype, buffer=nl.shared_hbm)
+        nisa.dma_copy(dst=out, src=t.ap([[4, 1], [1, 4]], offset=0, scalar_offset=row,
+                                        indirect_dim=0))
+        return out
+
+    t = np.arange(40, dtype=np.float32).reshape(10, 4)
+    np.testing.assert_array_equal(row_of(t, 7), t[7:8])
 
 
 @jit
