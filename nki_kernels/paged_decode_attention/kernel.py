@@ -29,15 +29,17 @@ work done is the chunks each request owns. With ``kernel[2]`` (LNC=2) each progr
 its own span of whole requests, then its part of the one request split between the two (the
 host cuts the step's chunks into equal halves, plan.decode_work); the two partial softmax states
 of that request are exchanged with ``nisa.sendrecv`` and merged, and program 0 writes it.
-Tiling per work item and group of kv heads (rows R = heads x G x Qb <= 128 on partitions, kv head
-j's rows ordered (query token, g); each row masked to its own keys): scores[R, T]
+Tiling per work item: tiles of score rows, each a group of kv heads and Qt = min(Qb, 128 // G)
+of the item's query tokens (rows R = heads x G x Qt <= 128 on partitions, kv head j's rows
+ordered (query token, g); each row masked to its own keys; the tiles of one step share the
+chunk's K^T per kv head and its V): scores[R, T]
 accumulate one matmul per head in PSUM fp32 (stationary = that head's qT zero-padded to R columns,
 moving = K^T made on TensorE, D > 128 in 128-row K-tiles), one online softmax for the whole group
 (VectorE max, ScalarE exp with fused row sum, running rescale), and P @ V per head as
 (V_j stationary, head j's columns of P^T moving) into head j's columns of a [D, R] PSUM tile,
 transposed back once per step. Each loop body is software-pipelined in program order (gathers
-two steps ahead, scores one step ahead, the cache rows of a whole block of chunks made up front),
-so every engine has the next step's work queued while the current one finishes.
+two steps ahead, scores up to 8 tiles ahead, the cache rows of a whole block of chunks made up
+front), so every engine has the next step's work queued while the current one finishes.
 """
 
 from __future__ import annotations
