@@ -169,10 +169,10 @@ def _whole_requests(req: _Requests, rows: int, page_size: int) -> np.ndarray:
 # a core does: a work item's fixed cost (request table, q load, state, finalize, its own loop
 # iteration) and each further device-loop iteration (the barrier and the pipeline's fill; chunks
 # run in blocks of kernel.CHUNK_BLOCKS). Least-squares fit to the dependency-aware schedule on
-# trn2 over seven batches (benchmarks/decode_two_cores.py fit): an item 8.85 chunks, an
+# trn2 over seven batches (benchmarks/decode_two_cores.py fit): an item 10.28 chunks, an
 # iteration 8.56 (bf16, 8 kv heads, G 4, D 128, pages of 16; a chunk of a grouped gather is
 # cheap, so the fixed costs weigh more chunks than with one gather per chunk).
-ITEM_COST_CHUNKS = 8.85
+ITEM_COST_CHUNKS = 10.28
 ITERATION_COST_CHUNKS = 8.56
 CHUNK_BLOCKS = (32, 8, 4, 2, 1)    # kernel.CHUNK_BLOCKS (the kernel imports it from here);
                                    # chosen with benchmarks/loop_blocks.py
