@@ -141,7 +141,7 @@ def attention(q, k_rows, v_rows, meta, spans, kv_indices, tok_tab, row_tab, sink
     # OCP fp8 (e4m3fn) is a matmul input from NeuronCore-v4 only: V is converted per chunk before.
     convert_v = k_rows.dtype == nl.float8_e4m3fn and nisa.get_nc_version() < nisa.nc_version.gen4
     v_dtype = mm_dtype if convert_v else None
-    consts = (geo, G, sources, tiles, iota_rt, indirect, v_dtype)
+    consts = (geo, sources, iota_rt, indirect, v_dtype)
     # mask-free blocks of whole pages gather several consecutive tokens per partition
     blocked = page_size <= 128
     gathered = {size: group_size(geo, size, dtype_bytes(k_rows.dtype)) if blocked else 1
@@ -159,14 +159,15 @@ def attention(q, k_rows, v_rows, meta, spans, kv_indices, tok_tab, row_tab, sink
         q_pads = [group_queries(q, b, h0, n, G, Qt, mm_dtype, q0) for h0, n, q0 in tiles]
         # per first query token of a tile: the item's bounds (the token-level ones are common)
         bounds = ({0: request_bounds(meta, i, T, R)} if Qb == 1 else
-                  {q0: block_bounds(meta, i, T, rq) for q0, rq in row_q.items()})
+                  block_bounds(meta, i, T, row_q))
         states = [init_state(n * GQ, D) for _, n, _ in tiles]
         cursor = start_cursor(meta, i, tok_sb, R)
         def chunks(count, masked):
             """Loop body: ``count`` chunks, ``width`` per softmax step (one [rows, width*T]
             score tile), software-pipelined in program order: gathers run two steps ahead and
-            scores one step ahead of the softmax, so TensorE makes the next scores while VectorE
-            and ScalarE finish this step, and the DMAs overlap both. A mask-free block's cache
+            scores up to SCORES_AHEAD tiles ahead of the softmax (a whole step when it has no
+            more tiles), so TensorE makes the next scores while VectorE and ScalarE finish these,
+            and the DMAs overlap both. A mask-free block's cache
             rows are made up front and its gathers take ``group`` tokens per partition, folded
             ``width`` chunks per softmax step (``per_load`` steps per gather)."""
             group = 1 if masked else gathered[count]
@@ -214,9 +215,9 @@ def attention(q, k_rows, v_rows, meta, spans, kv_indices, tok_tab, row_tab, sink
                         kts[(s, h0)] = [k_transposed(views[0], h0, n, D, mm_dtype)
                                         for views, _ in loaded]
                     bias = loaded[0][1]               # masked chunks are folded one at a time
-                    rows = q_pads[t][0][0].shape[1]
+                    tile_rows = q_pads[t][0][0].shape[1]
                     scores = chunk_scores(q_pads[t], kts[(s, h0)], T,
-                                          None if bias is None else bias[q0][0:rows, :],
+                                          None if bias is None else bias[q0][0:tile_rows, :],
                                           scale, soft_cap, mm_dtype)
                     if t + 1 == len(tiles) or tiles[t + 1][0] != h0:
                         del kts[(s, h0)]
@@ -273,7 +274,7 @@ def _load_chunk(consts, kv_indices, cursor, bounds, masked, rows=None):
     """Gather the cursor's chunk ((K, V) KVTile pair of tiles [T, H*D], the mask bias when
     masked), then advance the cursor; ``rows``: the chunk's cache rows from ``block_rows``
     (which advanced the cursor already)."""
-    geo, G, sources, tiles, iota_rt, indirect, v_dtype = consts
+    geo, sources, iota_rt, indirect, v_dtype = consts
     T, H, D = geo.T, geo.H, geo.D
     tokens = bounds[0]                        # token-level bounds: the same for every tile
     valid_t = token_validity(cursor, tokens) if masked else None

@@ -68,20 +68,25 @@ def _item_columns(meta, i, parts, name):
     return t
 
 
-def block_bounds(meta, i, T, row_q):
-    """Bounds of a block of query tokens: the item's [WIN, LEN) on the T token rows (what it
-    gathers), and on each score row r (query qi = row_q[r]) its own keys
-    [max(0, Q_BASE + qi - W_SPAN), min(HI_BASE + qi, LEN)) (causal mask and window per query)."""
-    R = row_q.shape[0]
+def block_bounds(meta, i, T, row_qs):
+    """Bounds of a block of query tokens, per tile {q0: Bounds} (``row_qs``: {q0: row_q}): the
+    item's [WIN, LEN) on the T token rows (what it gathers; common to the tiles), and on each
+    score row r of a tile (query qi = row_q[r]) its own keys
+    [max(0, Q_BASE + qi - W_SPAN), min(HI_BASE + qi, LEN)) (causal mask and window per query).
+    The item's table row is loaded once for all tiles."""
+    R = next(iter(row_qs.values())).shape[0]
     tok, rows = _item_columns(meta, i, T, "item_t"), _item_columns(meta, i, R, "item_r")
-    L_r = nl.ndarray((R, 1), nl.int32, buffer=nl.sbuf, name="len_r")
-    _add_tiles(L_r, rows[:, HI_BASE:HI_BASE + 1], row_q)
-    nisa.tensor_tensor(dst=L_r, data1=L_r, data2=rows[:, LEN:LEN + 1], op=nl.minimum)
-    W_r = nl.ndarray((R, 1), nl.int32, buffer=nl.sbuf, name="win_r")
-    _add_tiles(W_r, rows[:, Q_BASE:Q_BASE + 1], row_q)
-    nisa.tensor_tensor(dst=W_r, data1=W_r, data2=rows[:, W_SPAN:W_SPAN + 1], op=nl.subtract)
-    nisa.tensor_scalar(dst=W_r, data=W_r, op0=nl.maximum, operand0=0)
-    return Bounds(tok[:, LEN:LEN + 1], tok[:, WIN:WIN + 1], L_r, W_r)
+    bounds = {}
+    for q0, row_q in row_qs.items():
+        L_r = nl.ndarray((R, 1), nl.int32, buffer=nl.sbuf, name="len_r")
+        _add_tiles(L_r, rows[:, HI_BASE:HI_BASE + 1], row_q)
+        nisa.tensor_tensor(dst=L_r, data1=L_r, data2=rows[:, LEN:LEN + 1], op=nl.minimum)
+        W_r = nl.ndarray((R, 1), nl.int32, buffer=nl.sbuf, name="win_r")
+        _add_tiles(W_r, rows[:, Q_BASE:Q_BASE + 1], row_q)
+        nisa.tensor_tensor(dst=W_r, data1=W_r, data2=rows[:, W_SPAN:W_SPAN + 1], op=nl.subtract)
+        nisa.tensor_scalar(dst=W_r, data=W_r, op0=nl.maximum, operand0=0)
+        bounds[q0] = Bounds(tok[:, LEN:LEN + 1], tok[:, WIN:WIN + 1], L_r, W_r)
+    return bounds
 
 
 def _add_tiles(dst, a, b):

@@ -34,11 +34,9 @@ SBUF_TILE_BYTES = 64 * 1024          # staging budget per partition for the circ
 ROW_LIMIT = 2 ** 24                  # row indices computed on VectorE (fp32 ALU) are exact below
 
 
-def _rows(outer, seq, rows, inner, rows_first=False):
-    """``access_patterns.sequence_rows`` as ``.ap`` pairs; ``rows_first`` puts the row dimension
-    outermost (the partition / indirect dimension)."""
-    ap = sequence_rows(outer, seq, rows, inner)
-    return _pairs(permute(ap, (1, 0, 2)) if rows_first else ap)
+def _rows(outer, seq, rows, inner):
+    """``access_patterns.sequence_rows`` as ``.ap`` pairs."""
+    return _pairs(sequence_rows(outer, seq, rows, inner))
 
 
 def _pairs(ap):
