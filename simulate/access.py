@@ -55,9 +55,8 @@ class Resolved:
         return view.view(flat.dtype)
 
     def read(self) -> np.ndarray:
-        """The operand's values, shape ``tensor.shape`` (skipped rows hold zeros)."""
-        if self.skipped:
-            return np.zeros(self.shape, self.dtype)
+        """The operand's values, shape ``tensor.shape`` (rows outside ``row_mask`` hold zeros;
+        an operand ``dropped`` under oob_mode.skip is never read)."""
         if self.indices is not None:
             if self.row_mask is None:
                 return self._flat()[self.indices]
@@ -95,6 +94,12 @@ class Resolved:
     def pattern(self):
         t = self.tensor
         return tuple(zip(t.strides, t.shape))
+
+
+def dropped(*operands: Resolved) -> bool:
+    """True when oob_mode.skip dropped one of an instruction's operands (a scalar offset out of
+    bounds): the whole access then moves nothing, the destination is left as it was."""
+    return any(r.skipped for r in operands)
 
 
 def _and(a, b):

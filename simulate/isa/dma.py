@@ -12,7 +12,7 @@ from __future__ import annotations
 from nki_kernels import access_patterns as aps
 
 from .. import context, dtypes
-from ..access import Resolved, resolve
+from ..access import Resolved, dropped, resolve
 from ..errors import TargetError
 from .core import fail, record
 from .enums import dge_mode as dge_enum, oob_mode as oob_enum
@@ -51,7 +51,7 @@ def dma_copy(dst, src, priority=None, oob_mode=oob_enum.error, dge_mode=dge_enum
     if priority is not None and target.nc_version < 4:
         fail("priority is available on NeuronCore-v4 only", OP, "priority")
     row_mask = _row_mask(d, s)
-    if not (s.skipped or d.skipped):     # a scalar offset out of bounds under skip: no transfer
+    if not dropped(d, s):
         values = s.read()
         if dst.dtype != src.dtype:
             values = dtypes.cast(values, dst.dtype)
@@ -76,7 +76,7 @@ def _row_mask(d: Resolved, s: Resolved):
 
 
 def _moved_elems(d, s, mask) -> int:
-    if d.skipped or s.skipped:
+    if dropped(d, s):
         return 0
     if mask is None:
         return d.tensor.size

@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import context, dtypes
-from ..access import resolve
+from ..access import dropped, resolve
 from ..errors import TargetError
 from .core import fail, record
 from .enums import dge_mode as dge_enum, oob_mode as oob_enum
@@ -75,9 +75,9 @@ def dma_transpose(dst, src, axes=None, priority=None, dge_mode=dge_enum.unknown,
             fail(f"hwdge transpose of a {rank}-D src {tuple(src.shape)}: needs shape[0] == 16 "
                  f"(2-D) or shape[0] in 1, 2, 4, 8, 16 with shape[0] * shape[-2] % 16 == 0", o,
                  "src")
-    values = np.transpose(s.read(), perm)
-    d.write(np.ascontiguousarray(values).reshape(dst.shape))
-    moved = 0 if (d.skipped or s.skipped) else dst.size
+    moved = 0 if dropped(d, s) else dst.size
+    if moved:
+        d.write(np.ascontiguousarray(np.transpose(s.read(), perm)).reshape(dst.shape))
     return record(o, "dma", {"dst": d, "src": s}, name=name, dma_bytes=moved * dst.dtype.itemsize,
                   hbm_read_bytes=_bytes(s, src, moved), hbm_write_bytes=_bytes(d, dst, moved),
                   dma_runs=moved, details={"dge_mode": dge.name, "indirect": indirect})
@@ -122,10 +122,11 @@ def dma_compute(dst, srcs, reduce_op, scales=None, unique_indices=True, oob_mode
         if target.nc_version < 3:
             context.fail(TargetError, f"read-modify-write dma_compute (vector_offset) needs "
                          f"NeuronCore-v3+ (target {target.name})", op=o, operand="dst")
-    with np.errstate(all="ignore"):
-        total = sum(r.read().astype(np.float32).reshape(dst.shape) for r in rs)
-    d.write(dtypes.cast(np.asarray(total, np.float32), dst.dtype).reshape(dst.shape))
-    moved = dst.size
+    moved = 0 if dropped(d, *rs) else dst.size
+    if moved:
+        with np.errstate(all="ignore"):
+            total = sum(r.read().astype(np.float32).reshape(dst.shape) for r in rs)
+        d.write(dtypes.cast(np.asarray(total, np.float32), dst.dtype).reshape(dst.shape))
     reads = sum(_bytes(r, t, moved) for r, t in zip(rs, srcs))
     return record(o, "dma", {"dst": d, **{f"src{k}": r for k, r in enumerate(rs)}}, name=name,
                   dma_bytes=moved * dst.dtype.itemsize, hbm_read_bytes=reads,

@@ -3,6 +3,7 @@ not reach: index tiles of the documented shape only, negative steps inside an in
 rows skipped on either side of a DMA, and PSUM accumulation ended by a write of another
 engine."""
 
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -136,6 +137,30 @@ def test_a_scalar_offset_out_of_bounds_under_skip_moves_nothing(row_src, row_dst
     if written:
         want[row_dst] = src[row_src]
     np.testing.assert_array_equal(dst, want)
+
+
+@jit
+def transpose_rows_skipping(src, row):
+    """dst [4, 2] (SBUF, preset to -1) = src rows row..row+2 [2, 4] transposed by dma_transpose,
+    the source placed by a scalar offset, skipped when out of bounds."""
+    r = nl.ndarray((1, 1), nl.int32, buffer=nl.sbuf)
+    nisa.dma_copy(dst=r, src=row)
+    t = nl.ndarray((4, 2), src.dtype, buffer=nl.sbuf)
+    nisa.memset(dst=t, value=-1.0)
+    nisa.dma_transpose(dst=t, src=src.ap([[4, 2], [1, 4]], offset=0, scalar_offset=r,
+                                         indirect_dim=0), oob_mode=nisa.oob_mode.skip)
+    out = nl.ndarray((4, 2), src.dtype, buffer=nl.shared_hbm)
+    nisa.dma_copy(dst=out, src=t)
+    return out
+
+
+@pytest.mark.parametrize("row, written", [(1, True), (4, False)])
+def test_a_dropped_transpose_source_leaves_the_destination(row, written):
+    src = (np.arange(5 * 4, dtype=np.float32).reshape(5, 4) + 1).astype(ml_dtypes.bfloat16)
+    with simulate.use_target("trn2"):
+        got = transpose_rows_skipping(src, np.array([[row]], np.int32))
+    want = src[row:row + 2].T if written else np.full((4, 2), -1.0, ml_dtypes.bfloat16)
+    np.testing.assert_array_equal(got, want)
 
 
 @jit
