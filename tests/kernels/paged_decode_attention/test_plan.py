@@ -1,0 +1,215 @@
+"""The host plan (plan.py) against its meaning, without the simulator: decode every work-item row
+back into the keys each query row may see and compare with FlashInfer's rules computed here one
+query at a time; check the chunk ranges the kernel loops over (masked / mask-free), the page
+addressing columns, the LNC=2 cut and the loop-iteration count. Fast: these run under mutation
+testing of plan.py (docs/contributing.md)."""
+
+import numpy as np
+import pytest
+
+from nki_kernels.access_patterns import PagedKVLayout
+from nki_kernels.paged_decode_attention.plan import (
+    BOUNDARY, C0, C1, CHUNK_BLOCKS, END, ENTRY0, FIRST, FULL_HI, FULL_LO, HI_BASE,
+    ITEM_COST_CHUNKS, ITERATION_COST_CHUNKS, LEN, META_COLS, NO_WINDOW, OUT, POS0, PTR, Q_BASE,
+    SLOT0, W_SPAN, WIN, causal_pairs, chunk_tokens, decode_work, loop_iterations, make_layout,
+    query_blocks, request_table, split_work)
+
+
+def _visible(kv_len, q_len, qi, window_left, causal):
+    """[lo, hi) of the keys query qi of a request sees (FlashInfer: positions kv - q_len + qi)."""
+    pos = kv_len - q_len + qi
+    hi = min(pos + 1, kv_len) if causal else kv_len
+    lo = max(0, pos - window_left) if window_left >= 0 else 0
+    return lo, max(hi, 0)
+
+
+def _row_keys(row, qi):
+    """The kernel's reading of a meta row: query row qi's keys [W_r, L_r)."""
+    hi = min(int(row[HI_BASE]) + qi, int(row[LEN]))
+    lo = max(0, int(row[Q_BASE]) + qi - int(row[W_SPAN]))
+    return lo, hi
+
+
+def _random_batch(rng, page_size):
+    B = int(rng.integers(1, 7))
+    kv = rng.integers(0, 3 * 128 + 40, B)
+    ql = np.minimum(rng.integers(0, 300, B), kv)
+    ql[rng.random(B) < 0.4] = 1
+    ql = np.minimum(ql, kv)
+    pages = -(-kv // page_size)
+    indptr = np.concatenate([[0], np.cumsum(pages + rng.integers(0, 3, B))]).astype(np.int64)
+    return indptr, kv, ql
+
+
+CASES = [(seed, P, qb, w, causal) for seed in range(4) for P in (1, 5, 16, 128, 256)
+         for qb in (1, 8, 32) for w in (-1, 0, 100, 129) for causal in (True, False)]
+
+
+@pytest.mark.parametrize("seed,page_size,q_block,window_left,causal", CASES)
+def test_items_cover_exactly_the_visible_keys(seed, page_size, q_block, window_left, causal):
+    rng = np.random.default_rng(seed * 7919 + page_size)
+    indptr, kv, ql = _random_batch(rng, page_size)
+    T = chunk_tokens(page_size)
+    req = query_blocks(indptr, kv, ql, q_block, window_left, causal, page_size)
+    rows = req.items(np.arange(req.L.size), req.c0, req.c1, page_size)
+    assert rows.shape == (req.L.size, META_COLS)
+    item = 0
+    for b in range(kv.size):
+        blocks = max(1, -(-int(ql[b]) // q_block))
+        for k in range(blocks):
+            row = rows[item]
+            assert int(req.request[item]) == b and int(req.q0[item]) == k * q_block
+            assert row[OUT] == item * q_block and row[PTR] == indptr[b]
+            real = range(min(q_block, int(ql[b]) - k * q_block))
+            spans = []
+            for qi in real:
+                want = _visible(int(kv[b]), int(ql[b]), k * q_block + qi, window_left, causal)
+                got = _row_keys(row, qi)
+                if want[1] > want[0]:
+                    assert got == want, (b, k, qi)
+                    spans.append(want)
+                else:
+                    assert got[1] <= got[0], (b, k, qi)
+            c0, lo, hi, c1 = (int(row[c]) for c in (C0, FULL_LO, FULL_HI, C1))
+            assert c0 <= lo <= hi <= c1
+            if not spans:                                    # nothing to see: no chunk at all
+                assert c0 == c1 == 0 and row[LEN] == 0 and row[WIN] == 0
+            else:
+                W, L = min(s[0] for s in spans), max(s[1] for s in spans)
+                assert (row[WIN], row[LEN]) == (W, L)
+                assert (c0, c1) == (W // T, -(-L // T))      # the fewest chunks holding them
+                inside = [c for c in range(c0, c1)
+                          if all(s[0] <= c * T and (c + 1) * T <= s[1] for s in spans)]
+                # mask-free: exactly the chunks every real row sees whole (they are contiguous)
+                assert inside == list(range(lo, hi)), (b, k, inside, lo, hi)
+            assert row[POS0] == c0 * T and row[SLOT0] == indptr[b] + c0 * T // page_size
+            assert row[ENTRY0] == (c0 * T) % page_size
+            assert row[W_SPAN] == (window_left + 1 if window_left >= 0 else NO_WINDOW)
+            item += 1
+    assert item == req.L.size
+
+
+def test_decode_rows_are_one_item_per_request_and_padding_is_empty():
+    indptr, kv = np.array([0, 3, 3, 9]), np.array([40, 0, 90])
+    table = request_table(indptr, kv, -1, 16, 5)
+    assert table.dtype == np.int32 and table.shape == (5, META_COLS)
+    np.testing.assert_array_equal(table[:3, LEN], kv)
+    np.testing.assert_array_equal(table[:3, OUT], [0, 1, 2])
+    np.testing.assert_array_equal(table[:3, PTR], [0, 3, 3])
+    np.testing.assert_array_equal(table[:3, C1], [1, 0, 1])
+    assert not table[3:].any()
+
+
+@pytest.mark.parametrize("page_size,chunk", [(1, 128), (3, 126), (16, 128), (48, 96), (100, 100),
+                                             (128, 128), (256, 128), (384, 128)])
+def test_chunk_tokens_and_token_table(page_size, chunk):
+    assert chunk_tokens(page_size) == chunk
+    layout = make_layout(PagedKVLayout(10, page_size, 2, 8, "NHD", True))
+    tab = layout.token_table(page_size)
+    assert tab.shape == (chunk, 2) and tab.dtype == np.int32
+    t = np.arange(chunk)
+    if page_size <= 128:
+        np.testing.assert_array_equal(tab[:, 0] * page_size + tab[:, 1], t)
+        assert (tab[:, 1] < page_size).all()
+    else:
+        np.testing.assert_array_equal(tab, np.stack([np.zeros_like(t), t], 1))
+
+
+def test_page_sizes_above_128_must_be_multiples_of_128():
+    with pytest.raises(ValueError, match="page_size=200"):
+        chunk_tokens(200)
+
+
+@pytest.mark.parametrize("layout", ["NHD", "HND"])
+@pytest.mark.parametrize("fused", [True, False])
+def test_layout_rows_address_every_token(layout, fused):
+    """Row p * rows_per_page + e * entry_stride (+ v_rows for V) is where the layout puts token e
+    of page p, head 0, in rows of D elements."""
+    geo = PagedKVLayout(7, 5, 3, 8, layout, fused)
+    dec = make_layout(geo)
+    assert dec.strides == (dec.rows_per_page, dec.entry_stride, dec.v_rows)
+    for p in range(7):
+        for e in range(5):
+            for kv in (0, 1) if fused else (0,):
+                row = p * dec.rows_per_page + e * dec.entry_stride + kv * dec.v_rows
+                assert row * geo.head_dim == geo.start(p, e, kv)
+
+
+def test_loop_iterations_take_the_largest_blocks_first():
+    def greedy(n):
+        count = 0
+        for size in CHUNK_BLOCKS:
+            count += n // size
+            n %= size
+        return count
+    full = np.arange(0, 200)
+    np.testing.assert_array_equal(loop_iterations(full, np.zeros_like(full)),
+                                  [greedy(int(n)) for n in full])
+    np.testing.assert_array_equal(loop_iterations(np.array([33, 0]), np.array([2, 1])), [4, 1])
+    assert CHUNK_BLOCKS[-1] == 1 and list(CHUNK_BLOCKS) == sorted(CHUNK_BLOCKS, reverse=True)
+
+
+def test_causal_pairs_counts_each_query_key_pair():
+    ql, kv = np.array([1, 5, 0, 300]), np.array([10, 5, 7, 1000])
+    want = sum(_visible(int(k), int(q), i, -1, True)[1] for q, k in zip(ql, kv) for i in range(q))
+    assert causal_pairs(ql, kv) == want
+
+
+def _items_of_core(work, core):
+    span = work.spans[core]
+    return list(range(span[FIRST], span[END])), int(span[BOUNDARY])
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_two_cores_cut_partitions_every_request_and_balances(seed):
+    rng = np.random.default_rng(seed)
+    P = int(rng.choice([1, 16, 128, 256]))
+    indptr, kv, ql = _random_batch(rng, P)
+    qb = int(rng.choice([1, 8]))
+    req = query_blocks(indptr, kv, ql, qb, int(rng.choice([-1, 50])), True, P)
+    rows = req.L.size + int(rng.integers(0, 3))
+    one = split_work(req, P, rows, 1)
+    two = split_work(req, P, rows, 2)
+    n = req.L.size
+    # one core: every item whole, in order
+    np.testing.assert_array_equal(one.spans, [[0, n, 0]])
+    full = req.items(np.arange(n), req.c0, req.c1, P)
+    np.testing.assert_array_equal(one.items[:n], full)
+    assert not one.items[n:].any() and one.items.shape == (rows, META_COLS)
+    # two cores: items 0 and 1 are the split request's halves, the rest whole; each core's whole
+    # items are consecutive, core 0 before core 1
+    assert two.items.shape == (rows + 2, META_COLS)
+    (w0, b0), (w1, b1) = _items_of_core(two, 0), _items_of_core(two, 1)
+    assert (b0, b1) == (0, 1) and (not w0 or w0[0] == 2) and (not w1 or not w0 or w1[0] == w0[-1] + 1)
+    k = len(w0)                                   # the split request's index
+    halves = two.items[0:2]
+    np.testing.assert_array_equal(np.delete(halves[0], [C0, FULL_LO, FULL_HI, C1, SLOT0, ENTRY0,
+                                                        POS0]),
+                                  np.delete(full[k], [C0, FULL_LO, FULL_HI, C1, SLOT0, ENTRY0,
+                                                      POS0]))
+    assert halves[0][C0] == full[k][C0] and halves[0][C1] == halves[1][C0]
+    assert halves[1][C1] == full[k][C1]
+    for h in halves:                              # each half's mask-free range is its own
+        assert h[C0] <= h[FULL_LO] <= h[FULL_HI] <= h[C1]
+        want_lo = np.clip(full[k][FULL_LO], h[C0], h[C1])
+        assert h[FULL_LO] == want_lo and h[FULL_HI] == np.clip(full[k][FULL_HI], want_lo, h[C1])
+        T = chunk_tokens(P)
+        assert h[POS0] == h[C0] * T and h[SLOT0] == h[PTR] + h[C0] * T // P
+    whole = [i for i in range(n) if i != k]
+    np.testing.assert_array_equal(two.items[2:2 + len(whole)], full[whole])
+    # loads: the one-core total plus one more item's fixed cost, cut within a chunk's work plus
+    # one loop iteration and one item
+    assert np.isclose(sum(two.loads), one.loads[0] + ITEM_COST_CHUNKS)
+    assert abs(two.loads[0] - two.loads[1]) <= 1 + ITERATION_COST_CHUNKS + ITEM_COST_CHUNKS
+
+
+def test_one_core_load_is_chunks_iterations_and_items():
+    indptr, kv = np.array([0, 64, 64]), np.array([1024, 0])
+    work = decode_work(indptr, kv, -1, 16, 2, 1)
+    # 8 mask-free chunks: one iteration of a block of 8; the empty request costs its item only
+    assert work.loads == (pytest.approx(8 + ITERATION_COST_CHUNKS + 2 * ITEM_COST_CHUNKS),)
+
+
+def test_cores_must_be_one_or_two():
+    with pytest.raises(ValueError, match="cores=3"):
+        decode_work(np.array([0, 1]), np.array([5]), -1, 16, 1, 3)
