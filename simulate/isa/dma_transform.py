@@ -77,7 +77,13 @@ def dma_transpose(dst, src, axes=None, priority=None, dge_mode=dge_enum.unknown,
                  "src")
     moved = 0 if dropped(d, s) else dst.size
     if moved:
-        d.write(np.ascontiguousarray(np.transpose(s.read(), perm)).reshape(dst.shape))
+        values = np.transpose(s.read(), perm)
+        if s.row_mask is not None:       # a source row skipped under oob_mode.skip moves nothing:
+            # its elements (the last axis of the transposed tile) keep what dst held
+            keep = s.row_mask.reshape((1,) * (rank - 1) + (-1,))
+            values = np.where(keep, values, d.read().reshape(values.shape))
+            moved = int(s.row_mask.sum()) * (src.size // src.shape[0])
+        d.write(np.ascontiguousarray(values).reshape(dst.shape))
     return record(o, "dma", {"dst": d, "src": s}, name=name, dma_bytes=moved * dst.dtype.itemsize,
                   hbm_read_bytes=_bytes(s, src, moved), hbm_write_bytes=_bytes(d, dst, moved),
                   dma_runs=moved, details={"dge_mode": dge.name, "indirect": indirect})
@@ -123,12 +129,32 @@ def dma_compute(dst, srcs, reduce_op, scales=None, unique_indices=True, oob_mode
             context.fail(TargetError, f"read-modify-write dma_compute (vector_offset) needs "
                          f"NeuronCore-v3+ (target {target.name})", op=o, operand="dst")
     moved = 0 if dropped(d, *rs) else dst.size
+    rows = _source_rows(rs, dst, o)
     if moved:
         with np.errstate(all="ignore"):
             total = sum(r.read().astype(np.float32).reshape(dst.shape) for r in rs)
-        d.write(dtypes.cast(np.asarray(total, np.float32), dst.dtype).reshape(dst.shape))
+        # a row any source skipped (oob_mode.skip) leaves dst's row as it was
+        d.write(dtypes.cast(np.asarray(total, np.float32), dst.dtype).reshape(dst.shape),
+                row_mask=rows)
+        written = rows if d.row_mask is None else d.row_mask if rows is None else rows & d.row_mask
+        if written is not None:
+            moved = int(written.sum()) * (dst.size // dst.shape[0])
     reads = sum(_bytes(r, t, moved) for r, t in zip(rs, srcs))
     return record(o, "dma", {"dst": d, **{f"src{k}": r for k, r in enumerate(rs)}}, name=name,
                   dma_bytes=moved * dst.dtype.itemsize, hbm_read_bytes=reads,
                   hbm_write_bytes=_bytes(d, dst, moved), dma_runs=1,
                   details={"rmw": rmw, "sources": len(srcs)})
+
+
+def _source_rows(rs, dst, o):
+    """The dst rows every source has (bool [dst.shape[0]], None = all): a source row skipped
+    under oob_mode.skip (an indirect row out of bounds) is a dst row not written."""
+    rows = None
+    for k, r in enumerate(rs):
+        if r.row_mask is None:
+            continue
+        if r.shape[0] != dst.shape[0]:
+            fail(f"skipped rows of srcs[{k}] need dst rows to match: dst dim 0 is "
+                 f"{dst.shape[0]}, srcs[{k}] has {r.shape[0]} rows", o, f"srcs[{k}]")
+        rows = r.row_mask if rows is None else rows & r.row_mask
+    return rows

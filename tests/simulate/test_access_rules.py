@@ -193,3 +193,60 @@ def test_a_write_of_another_engine_ends_psum_accumulation(target):
         np.testing.assert_array_equal(load_and_accumulate(x, False), 2 * x)
         with pytest.raises(simulate.SimulationError, match="not last written by nc_matmul"):
             load_and_accumulate(x, True)
+
+
+@jit
+def transpose_gathered_rows(src, idx):
+    """dst [W, 16] (SBUF, preset to -1) = src rows idx[p] [16, W] gathered and transposed by one
+    indirect dma_transpose, rows out of bounds skipped."""
+    W = src.shape[1]
+    idx_sb = nl.ndarray((16, 1), nl.int32, buffer=nl.sbuf)
+    nisa.dma_copy(dst=idx_sb, src=idx)
+    t = nl.ndarray((W, 16), src.dtype, buffer=nl.sbuf)
+    nisa.memset(dst=t, value=-1.0)
+    nisa.dma_transpose(dst=t, src=src.ap([[W, 16], [1, W]], offset=0, vector_offset=idx_sb,
+                                         indirect_dim=0), oob_mode=nisa.oob_mode.skip)
+    out = nl.ndarray((W, 16), src.dtype, buffer=nl.shared_hbm)
+    nisa.dma_copy(dst=out, src=t)
+    return out
+
+
+def test_an_indirect_transpose_leaves_the_columns_of_skipped_rows():
+    src = (np.arange(20 * 8, dtype=np.float32).reshape(20, 8) + 1).astype(ml_dtypes.bfloat16)
+    idx = np.arange(16, dtype=np.int32)[::-1].reshape(16, 1).copy()
+    idx[[3, 9]] = [[20], [400]]                             # out of bounds: skipped
+    with simulate.use_target("trn2"):
+        got = transpose_gathered_rows(src, idx)
+    want = src[np.clip(idx[:, 0], 0, 19)].T.copy()
+    want[:, [3, 9]] = -1.0
+    np.testing.assert_array_equal(got, want)
+
+
+@jit
+def add_gathered_rows(src, idx, base):
+    """dst [P, W] = base + src rows idx[p] by a read-modify-write dma_compute, rows out of bounds
+    skipped (dst preset to -1 there before)."""
+    P, W = base.shape
+    idx_sb = nl.ndarray((P, 1), nl.int32, buffer=nl.sbuf)
+    nisa.dma_copy(dst=idx_sb, src=idx)
+    b = nl.ndarray((P, W), base.dtype, buffer=nl.sbuf)
+    nisa.dma_copy(dst=b, src=base)
+    t = nl.ndarray((P, W), base.dtype, buffer=nl.sbuf)
+    nisa.memset(dst=t, value=-1.0)
+    nisa.dma_compute(dst=t, srcs=[b, src.ap([[W, P], [1, W]], offset=0, vector_offset=idx_sb,
+                                          indirect_dim=0)],
+                     reduce_op=nl.add, oob_mode=nisa.oob_mode.skip)
+    out = nl.ndarray((P, W), base.dtype, buffer=nl.shared_hbm)
+    nisa.dma_copy(dst=out, src=t)
+    return out
+
+
+def test_a_gathering_dma_compute_leaves_the_rows_it_skipped():
+    src = np.arange(6 * 3, dtype=np.float32).reshape(6, 3) + 1
+    base = np.full((4, 3), 100.0, np.float32)
+    idx = np.array([[5], [6], [0], [-1]], np.int32)          # rows 1 and 3 out of bounds
+    with simulate.use_target("trn2"):
+        got = add_gathered_rows(src, idx, base)
+    want = np.full((4, 3), -1.0, np.float32)
+    want[0], want[2] = 100 + src[5], 100 + src[0]
+    np.testing.assert_array_equal(got, want)
