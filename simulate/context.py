@@ -91,11 +91,15 @@ def _get() -> Optional[Launch]:
 
 
 def current() -> Launch:
-    """The running launch; outside a kernel, a default one (so tensors can be built in tests)."""
+    """The running launch; outside a kernel, a default one (so tensors can be built in tests)
+    for the target selected now (``use_target`` / the environment), made again when that changes:
+    host code asking ``nisa.get_nc_version()`` must see the target the next launch runs on."""
     launch = _get()
-    if launch is None:
+    if launch is None or (launch is getattr(_local, "default", None)
+                          and launch.target.name != get_target().name):
         from .memory import Memory
-        launch = _local.launch = Launch(target=get_target(), memory=Memory(get_target()))
+        target = get_target()
+        launch = _local.launch = _local.default = Launch(target=target, memory=Memory(target))
     return launch
 
 

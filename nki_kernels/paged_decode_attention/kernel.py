@@ -95,14 +95,16 @@ def append_attention_kernel(q, k_rows, v_rows, key, value, slots, counts, quant,
     reads them with the rest, in one launch. ``key``, ``value``, ``slots``, ``counts``, ``quant``
     and ``write`` = (token pattern, V offset, cache row elements, quantization limit) are
     paged_kv_append.kernel's arguments over the same cache, viewed there as rows of a page
-    entry's elements (wider rows are quantized on write when ``quant`` is given). Under LNC=2
+    entry's elements (wider rows are quantized on write when ``quant`` is given); ``write``'s
+    last item: the packed K+V write's parts (0: one write per K and V). Under LNC=2
     one core writes K and the other V, and both meet at a core barrier on each written tensor
     before reading."""
-    write_pattern, v_offset, row_elems, limit = write
+    write_pattern, v_offset, row_elems, limit, parts = write
     D = q.shape[2]
     as_entries = [None if t is None else t.reshape((t.shape[0] * D // row_elems, row_elems))
                   for t in (k_rows, v_rows)]
-    scatter_rows(*as_entries, key, value, slots, counts, write_pattern, v_offset, quant, limit)
+    scatter_rows(*as_entries, key, value, slots, counts, write_pattern, v_offset, quant, limit,
+                 parts)
     if program_cores() == 2:
         for t in (k_rows,) if v_rows is None else (k_rows, v_rows):
             nisa.core_barrier(data=t, cores=(0, 1))

@@ -65,7 +65,7 @@ def batch_prefill(q, paged_kv_cache, qo_indptr, kv_indptr, kv_indices, kv_last_p
     if append_key is not None or append_value is not None:
         arrays, write = append_arguments(append_key, append_value, paged_kv_cache, kv_layout,
                                          qo_indptr, kv_indptr, kv_indices, kv_last_page_len,
-                                         prob.kv_lens, q.shape[0], *write_scales)
+                                         prob.kv_lens, q.shape[0], *write_scales, lnc=lnc)
         writes = (*arrays, write)
     options = (paged_kv_cache, bool(causal), logits_soft_cap, window_left, sinks, k_scale,
                v_scale, cores)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from nki_kernels.buckets import pad_rows
-from nki_kernels.paged_kv_append.append import padded_slots
+from nki_kernels.paged_kv_append.append import bucket_tokens, packing, padded_slots
 from nki_kernels.paged_kv_append.batch_indices import get_batch_indices_positions
 from nki_kernels.paged_kv_append.checks import check_append_rows, destination_slots
 from nki_kernels.paged_kv_append.layout import check_writable, split_cache
@@ -14,10 +14,11 @@ from nki_kernels.paged_kv_append.quantize import FP8_DTYPES
 
 
 def append_plan(append_key, append_value, paged_kv_cache, kv_layout, qo_indptr, kv_indptr,
-                kv_indices, kv_last_page_len, kv_lens, total_q, k_scale=1.0, v_scale=1.0):
-    """Check the new rows; return the scatter's device tables (slots [Tb, 1], counts [1, 2],
-    quant [2, H*D] float32 or None) and its static ``write`` = (token pattern, V offset, cache
-    row elements, quantization limit).
+                kv_indices, kv_last_page_len, kv_lens, total_q, k_scale=1.0, v_scale=1.0, lnc=1):
+    """Check the new rows; return the scatter's device tables (slots [Tb, 1], or the packed
+    K+V write's destinations, ``paged_kv_append.append.packing``; counts [1, 2]; quant [2, H*D]
+    float32 or None) and its static ``write`` = (token pattern, V offset, cache row elements,
+    quantization limit, packed parts); the rows are padded to ``bucket_tokens(total_q)``.
 
     append_key, append_value: [Q, H, D] (arrays or shape-and-dtype stand-ins) in the cache dtype,
     or wider rows for an fp8 cache, quantized on write with k_scale / v_scale (per tensor or
@@ -43,15 +44,18 @@ def append_plan(append_key, append_value, paged_kv_cache, kv_layout, qo_indptr, 
         append_key, append_value, batch, positions, paged_kv_cache, kv_indices, kv_indptr,
         kv_last_page_len, kv_layout, k_scale if quantize else None, v_scale if quantize else None)
     pages, entries, keep = destination_slots(batch, positions, kv_indices, kv_indptr, kv_lens, geo)
-    slots, counts = padded_slots(geo.rows(pages, entries), None if keep.all() else keep, geo)
-    return slots, counts, quant, (tuple(geo.token_pattern), geo.v_offset, geo.row_elems, limit)
+    parts = packing(geo, bucket_tokens(total_q), quant is not None, lnc)
+    slots, counts = padded_slots(geo.rows(pages, entries), None if keep.all() else keep, geo,
+                                 parts=parts)
+    return slots, counts, quant, (tuple(geo.token_pattern), geo.v_offset, geo.row_elems, limit,
+                                  parts)
 
 
-def append_arguments(append_key, append_value, paged_kv_cache, *plan_args):
+def append_arguments(append_key, append_value, paged_kv_cache, *plan_args, lnc=1):
     """NumPy arrays: ``append_plan`` plus the writability and aliasing checks of the cache, and
     the rows padded to the slot bucket: ((key, value, slots, counts, quant), write)."""
     slots, counts, quant, write = append_plan(append_key, append_value, paged_kv_cache,
-                                              *plan_args)
+                                              *plan_args, lnc=lnc)
     key, value = check_writable(paged_kv_cache, (append_key, append_value))
-    Tb = slots.shape[0]
+    Tb = bucket_tokens(key.shape[0])
     return (pad_rows(key, Tb), pad_rows(value, Tb), slots, counts, quant), write

@@ -8,20 +8,30 @@ from .checks import check_append_rows, check_page_table, destination_slots
 from nki_kernels.buckets import bucket, pad_rows
 from nki_kernels.launch_options import check_lnc
 
-from .kernel import P_MAX, SKIP_SLOT, paged_kv_scatter_kernel
+from nki_kernels.backend import nisa
+
+from .kernel import P_MAX, SKIP_SLOT, packed_parts, paged_kv_scatter_kernel
 from .layout import CacheGeometry, check_writable, geometry, row_views
 from .quantize import quant_table
 
 
-def padded_slots(rows, keep, geo: CacheGeometry, spare_page=None):
+def packing(geo: CacheGeometry, tokens: int, quantized: bool = False, lnc: int = 1) -> int:
+    """``parts`` for the kernel: > 0 when a bucket of ``tokens`` K/V rows of a fused cache goes
+    out in one DMA (NeuronCore-v3+, one core, no quantization, K and V on <= 128 partitions;
+    ``kernel.packed_parts``), else 0 (one DMA per K and per V)."""
+    if not geo.fused or quantized or lnc != 1 or nisa.get_nc_version() < 3:
+        return 0
+    return packed_parts(tokens, geo.num_heads)
+
+
+def padded_slots(rows, keep, geo: CacheGeometry, spare_page=None, parts=0):
     """[Tb, 1] int32 slots for a token bucket Tb >= T (a multiple of 128 above 128), and the
     [1, 2] counts table (real tokens, 128-token tiles). Skipped and padded tokens get SKIP_SLOT,
     or with ``spare_page`` a row of that page (entry t mod P), so nothing relies on
-    ``oob_mode.skip`` (NxD Inference's way: the allocator reserves the page)."""
+    ``oob_mode.skip`` (NxD Inference's way: the allocator reserves the page). ``parts`` > 0
+    (``packing``): the packed write's [2 * Tb * parts, 1] destinations instead."""
     T = int(rows.shape[0])
-    Tb = bucket(T)
-    if Tb > P_MAX:
-        Tb = -(-Tb // P_MAX) * P_MAX
+    Tb = bucket_tokens(T)
     real = np.asarray(rows, np.int64)
     if keep is not None:
         real = np.where(keep, real, -1)
@@ -34,7 +44,15 @@ def padded_slots(rows, keep, geo: CacheGeometry, spare_page=None):
         entries = np.arange(Tb) % geo.page_size
         slots[dropped] = geo.rows(np.full(Tb, spare_page), entries)[dropped]
     counts = np.array([[T, -(-T // min(P_MAX, Tb))]], np.int32)
+    if parts:
+        return geo.packed_slots(slots, parts, SKIP_SLOT), counts
     return slots.astype(np.int32).reshape(-1, 1), counts
+
+
+def bucket_tokens(T: int) -> int:
+    """The token bucket ``padded_slots`` pads T rows to."""
+    Tb = bucket(T)
+    return -(-Tb // P_MAX) * P_MAX if Tb > P_MAX else Tb
 
 
 def check_spare_page(spare_page, geo: CacheGeometry, used_pages=None):
@@ -54,11 +72,12 @@ def scatter_tokens(append_key, append_value, paged_kv_cache, geo: CacheGeometry,
     if append_key.shape[0] == 0:
         return
     k_rows, v_rows = row_views(paged_kv_cache, geo)
-    slots, counts = padded_slots(rows, keep, geo, spare_page)
-    Tb = slots.shape[0]
+    Tb = bucket_tokens(append_key.shape[0])
+    parts = packing(geo, Tb, quant[0] is not None, lnc)
+    slots, counts = padded_slots(rows, keep, geo, spare_page, parts)
     kernel = paged_kv_scatter_kernel if lnc == 1 else paged_kv_scatter_kernel[lnc]
     kernel(k_rows, v_rows, pad_rows(append_key, Tb), pad_rows(append_value, Tb), slots, counts,
-           geo.token_pattern, geo.v_offset, *quant)
+           geo.token_pattern, geo.v_offset, *quant, parts)
 
 
 def append_paged_kv_cache(append_key, append_value, batch_indices, positions, paged_kv_cache,

@@ -45,15 +45,19 @@ SKIP_SLOT = 2 ** 31 - 1
 
 @nki.jit
 def paged_kv_scatter_kernel(k_rows, v_rows, key, value, slots, counts, token_pattern, v_offset,
-                            quant=None, limit=0.0):
-    scatter_rows(k_rows, v_rows, key, value, slots, counts, token_pattern, v_offset, quant, limit)
+                            quant=None, limit=0.0, parts=0):
+    scatter_rows(k_rows, v_rows, key, value, slots, counts, token_pattern, v_offset, quant, limit,
+                 parts)
     return k_rows if v_rows is None else (k_rows, v_rows)
 
 
 def scatter_rows(k_rows, v_rows, key, value, slots, counts, token_pattern, v_offset, quant=None,
-                 limit=0.0):
+                 limit=0.0, parts=0):
     """The kernel's body (arguments as above), for kernels that append before they read."""
     T = key.shape[0]
+    if parts:
+        _scatter_packed(k_rows, key, value, slots, token_pattern, parts)
+        return
     n = min(P_MAX, T)
     token_elems = key.shape[1] * key.shape[2]
     targets = ((key, k_rows, 0, 0), (value, k_rows if v_rows is None else v_rows,
@@ -161,3 +165,34 @@ def _scatter_token(t, slot, targets, token_pattern, token_elems, limit):
         if inv is not None:
             rows_in = _quantized(rows_in, inv, rows.dtype, 1, token_elems, limit)
         nisa.dma_copy(dst=dst, src=rows_in, oob_mode=nisa.oob_mode.skip)
+
+
+def packed_parts(tokens: int, heads: int) -> int:
+    """Parts each token's K (and V) is split into when a fused cache's K and V rows of a bucket
+    of ``tokens`` go out in one DMA (``_scatter_packed``): the most whole groups of heads that
+    keep 2 x tokens x parts rows on the 128 partitions (more partitions, more DMA engines);
+    0 when K and V together need more than 128 partitions."""
+    fits = [p for p in range(1, heads + 1) if heads % p == 0 and 2 * tokens * p <= P_MAX]
+    return max(fits, default=0)
+
+
+def _scatter_packed(rows, key, value, sub_slots, token_pattern, parts):
+    """A fused cache, tokens T with 2 * T * parts <= 128 (NeuronCore-v3+): K and V staged in one
+    SBUF tile and written by ONE indirect DMA (two DMAs to one tensor run one after the other).
+    Partition (kv, t, j) holds part j of token t's K (kv 0) or V (kv 1): heads [j, j + 1) *
+    H / parts, its destination row ``sub_slots`` [2 * T * parts, 1] (host-made, in rows of D
+    elements: layout.packed_slots; out-of-bounds rows skipped). ``rows``: the cache as rows."""
+    T, H, D = key.shape
+    n = T * parts
+    part_elems = H * D // parts
+    step, num = token_pattern[0]
+    pattern = [[step, num // parts], *[list(p) for p in token_pattern[1:]]]
+    kv = nl.ndarray((2 * n, part_elems), key.dtype, buffer=nl.sbuf, name="kv_rows")
+    for k, src in enumerate((key, value)):
+        nisa.dma_copy(dst=kv[k * n:(k + 1) * n, :], src=src.reshape((n, part_elems)))
+    slot = nl.ndarray((2 * n, 1), nl.int32, buffer=nl.sbuf, name="sub_slots")
+    nisa.dma_copy(dst=slot, src=sub_slots)
+    flat = rows.reshape((rows.shape[0] * rows.shape[1] // D, D))
+    nisa.dma_copy(dst=flat.ap([[D, 2 * n], *pattern], offset=0, vector_offset=slot,
+                              indirect_dim=0),
+                  src=kv, oob_mode=nisa.oob_mode.skip)

@@ -38,6 +38,19 @@ class CacheGeometry(PagedKVLayout):
         """One token's K (or V) elements from its first, as ``(step, num)`` pairs for ``.ap``."""
         return tuple(self.token().pattern)
 
+    def packed_slots(self, rows: np.ndarray, parts: int, skip: int) -> np.ndarray:
+        """[2 * T * parts, 1] int32 destinations of the packed K+V write (``kernel.
+        _scatter_packed``), in rows of D elements: entry (kv, t, j) is where part j (heads
+        [j, j + 1) * H / parts) of token t's K (kv 0) / V (kv 1) starts; ``rows`` [T] are the
+        tokens' K rows in the row view, ``skip`` marks (and stays) a token not written."""
+        rows = np.asarray(rows, np.int64).reshape(-1)
+        step, num = self.token_pattern[0]
+        part = np.arange(parts, dtype=np.int64) * (num // parts) * step
+        kv = np.array([0, self.v_offset], np.int64)
+        elem = (kv[:, None, None] + rows[None, :, None] * self.row_elems + part[None, None, :])
+        out = np.where((rows == skip)[None, :, None], skip, elem // self.head_dim)
+        return out.reshape(-1, 1).astype(np.int32)
+
     def rows(self, pages: np.ndarray, entries: np.ndarray) -> np.ndarray:
         """First row of each token's K in the row view (int64)."""
         return (self.start(pages.astype(np.int64), entries.astype(np.int64)) // self.row_elems)

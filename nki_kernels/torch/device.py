@@ -45,7 +45,7 @@ def append_device(append_key, append_value, batch_indices, positions, kv_cache, 
     from nki_kernels.paged_kv_append.checks import (check_append_rows, check_page_table,
                                                     destination_slots)
     from nki_kernels.buckets import pad_rows
-    from nki_kernels.paged_kv_append.append import padded_slots
+    from nki_kernels.paged_kv_append.append import bucket_tokens, packing, padded_slots
     from nki_kernels.paged_kv_append.kernel import paged_kv_scatter_kernel
     idx = [_host(t) for t in (batch_indices, positions, kv_indices, kv_indptr, kv_last_page_len)]
     geo, (quant, limit) = check_append_rows(_meta(append_key), _meta(append_value), idx[0], idx[1],
@@ -53,13 +53,15 @@ def append_device(append_key, append_value, batch_indices, positions, kv_cache, 
                                             k_scale, v_scale)
     lens = check_page_table(idx[2], idx[3], idx[4], geo)
     pages, entries, keep = destination_slots(idx[0], idx[1], idx[2], idx[3], lens, geo)
-    slots, counts = padded_slots(geo.rows(pages, entries), None if keep.all() else keep, geo)
-    Tb = slots.shape[0]
+    Tb = bucket_tokens(append_key.shape[0])
+    parts = packing(geo, Tb, quant is not None)
+    slots, counts = padded_slots(geo.rows(pages, entries), None if keep.all() else keep, geo,
+                                 parts=parts)
     rows = kv_cache.view(-1, geo.row_elems)
     written = paged_kv_scatter_kernel(rows, None, pad_rows(append_key, Tb),
                                       pad_rows(append_value, Tb), _dev(slots, kv_cache),
                                       _dev(counts, kv_cache), geo.token_pattern, geo.v_offset,
-                                      _dev(quant, kv_cache), limit)
+                                      _dev(quant, kv_cache), limit, parts)
     _keep(written, rows)
 
 
@@ -87,6 +89,7 @@ def prefill_device(q, kv_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_l
     from nki_kernels.paged_decode_attention.prefill import prepare_prefill
     from nki_kernels.buckets import pad_rows
     from nki_kernels.paged_decode_attention.prefill_append import append_plan
+    from nki_kernels.paged_kv_append.append import bucket_tokens
     qo = _host(qo_indptr)
     launch = prepare_prefill(_meta(q), _meta(kv_cache), qo, _host(kv_indptr), _host(kv_indices),
                              _host(kv_last_page_len), kv_layout, causal, sm_scale,
@@ -98,7 +101,8 @@ def prefill_device(q, kv_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_l
             None if append_value is None else _meta(append_value), _meta(kv_cache), kv_layout,
             qo, _host(kv_indptr), _host(kv_indices), _host(kv_last_page_len), launch.kv_lens,
             q.shape[0], k_scale, v_scale)
-        writes = (pad_rows(append_key, slots.shape[0]), pad_rows(append_value, slots.shape[0]),
+        Tb = bucket_tokens(q.shape[0])
+        writes = (pad_rows(append_key, Tb), pad_rows(append_value, Tb),
                   _dev(slots, q), _dev(counts, q), None if quant is None else _dev(quant, q),
                   write)
     kernel = append_attention_kernel if writes else batch_decode_kernel

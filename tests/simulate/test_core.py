@@ -184,3 +184,16 @@ def test_unknown_jit_options_are_refused():
     assert jit(mode="simulation")(k) is not None
     assert jit(mode="auto", debug_kernel=True, show_compiler_tb=True,      # as nki-library's qkv
                experimental_flags="skip-non-top-level-shared-hbm-check")(k) is not None
+
+
+def test_host_code_sees_the_target_selected_now():
+    """nisa.get_nc_version() outside a kernel follows use_target (host code decides the kernel's
+    path with it); it kept the first target it was asked under."""
+    from nki_kernels.simulate import nisa
+    with simulate.use_target("trn1"):
+        assert nisa.get_nc_version() == 2
+    with simulate.use_target("trn2"):
+        assert nisa.get_nc_version() == 3
+        with simulate.use_target("trn1"):
+            assert nisa.get_nc_version() == 2
+        assert nisa.get_nc_version() == 3

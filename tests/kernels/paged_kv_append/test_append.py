@@ -102,6 +102,43 @@ def test_traffic_is_appended_bytes(case, target, layout):
         assert [l["iterations"] for l in trace.loops] == [4]
 
 
+@pytest.mark.sim_only
+@pytest.mark.parametrize("layout", ["NHD", "HND"])
+@pytest.mark.parametrize("H, parts", [(8, 2), (3, 1), (2, 2), (1, 1)])
+def test_decode_sized_fused_append_is_one_write(case, layout, H, parts):
+    """trn2, a fused cache, 32 tokens of which 5 padding rows: K and V staged in SBUF and
+    written by one indirect DMA over 2 x 32 x parts partitions (the most head groups that fit),
+    padding rows skipped; the cache equals the reference bit for bit."""
+    kv_lens = [40, 23, 7, 1, 90] * 5 + [16, 1]
+    args = case(kv_lens, [1] * 27, 16, H, 8, layout=layout)
+    ref = append_paged_kv_cache_ref(*args)
+    with simulate.use_target("trn2"):
+        append_paged_kv_cache(*args)
+    assert_bits_equal(args[4], ref)
+    writes = _cache_writes(simulate.last_trace())
+    assert len(writes) == 1 and writes[0].operands[0].shape[0] == 2 * 32 * parts
+    runs = 1 if layout == "NHD" else H // parts          # heads of a part: one run, or H/parts
+    assert writes[0].dma_runs == 2 * 27 * parts * runs
+
+
+def _cache_writes(trace):
+    """DMAs writing HBM from anything but the slot table: the cache writes."""
+    return [e for e in trace if e.op == "dma_copy" and e.operands[0].buffer == "shared_hbm"]
+
+
+@pytest.mark.sim_only
+@pytest.mark.parametrize("fused, lnc", [(False, 1), (True, 2)])
+def test_a_pair_or_two_cores_keep_one_write_per_k_and_v(case, fused, lnc):
+    """Two tensors cannot share a DMA; under LNC=2 each core writes one of K and V already."""
+    args = case([40, 23], [1, 1], 16, 4, 8, fused=fused)
+    ref = append_paged_kv_cache_ref(*args)
+    with simulate.use_target("trn2"):
+        append_paged_kv_cache(*args, lnc=lnc)
+    assert_bits_equal(args[4], ref)
+    writes = _cache_writes(simulate.last_trace())
+    assert len(writes) == 2 and all(w.operands[0].shape[0] == 2 for w in writes)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("page_size", [1, 8, 16, 32, 128])
 @pytest.mark.parametrize("batch", [1, 12, 17])
