@@ -48,7 +48,30 @@ CASES = [(seed, P, qb, w, causal) for seed in range(4) for P in (1, 5, 16, 128, 
 @pytest.mark.parametrize("seed,page_size,q_block,window_left,causal", CASES)
 def test_items_cover_exactly_the_visible_keys(seed, page_size, q_block, window_left, causal):
     rng = np.random.default_rng(seed * 7919 + page_size)
-    indptr, kv, ql = _random_batch(rng, page_size)
+    _check_items(*_random_batch(rng, page_size), q_block, window_left, causal, page_size)
+
+
+@pytest.mark.parametrize("window_left", [-1, 50])
+@pytest.mark.parametrize("causal", [True, False])
+def test_requests_with_no_queries_or_no_keys_gather_nothing(window_left, causal):
+    """q_len 0 (a request with nothing new this step) and kv_len 0 beside real ones."""
+    kv, ql = np.array([300, 0, 129, 77, 0]), np.array([0, 0, 129, 5, 0])
+    indptr = np.concatenate([[0], np.cumsum(-(-kv // 16))])
+    for q_block in (1, 8):
+        _check_items(indptr, kv, ql, q_block, window_left, causal, 16)
+
+
+@pytest.mark.parametrize("q_block", [8, 32])
+def test_window_edges_of_partial_query_blocks_sweep_a_chunk(q_block):
+    """The last block of a request is partial: its mask-free range starts after the window of
+    its last real query, not of a full block; kv lengths sweep a whole chunk so that window
+    start crosses a chunk boundary."""
+    for kv in range(400, 400 + 128, 3):
+        kv_arr, ql = np.array([kv]), np.array([37])
+        _check_items(np.array([0, -(-kv // 16)]), kv_arr, ql, q_block, 150, True, 16)
+
+
+def _check_items(indptr, kv, ql, q_block, window_left, causal, page_size):
     T = chunk_tokens(page_size)
     req = query_blocks(indptr, kv, ql, q_block, window_left, causal, page_size)
     rows = req.items(np.arange(req.L.size), req.c0, req.c1, page_size)
@@ -115,9 +138,10 @@ def test_chunk_tokens_and_token_table(page_size, chunk):
         np.testing.assert_array_equal(tab, np.stack([np.zeros_like(t), t], 1))
 
 
-def test_page_sizes_above_128_must_be_multiples_of_128():
-    with pytest.raises(ValueError, match="page_size=200"):
-        chunk_tokens(200)
+@pytest.mark.parametrize("page_size", [129, 200, 300])
+def test_page_sizes_above_128_must_be_multiples_of_128(page_size):
+    with pytest.raises(ValueError, match=f"page_size={page_size}"):
+        chunk_tokens(page_size)
 
 
 @pytest.mark.parametrize("layout", ["NHD", "HND"])
@@ -128,6 +152,7 @@ def test_layout_rows_address_every_token(layout, fused):
     geo = PagedKVLayout(7, 5, 3, 8, layout, fused)
     dec = make_layout(geo)
     assert dec.strides == (dec.rows_per_page, dec.entry_stride, dec.v_rows)
+    assert all(type(x) is int for x in dec.strides)       # static kernel arguments: exact ints
     for p in range(7):
         for e in range(5):
             for kv in (0, 1) if fused else (0,):
@@ -205,9 +230,41 @@ def test_two_cores_cut_partitions_every_request_and_balances(seed):
 
 def test_one_core_load_is_chunks_iterations_and_items():
     indptr, kv = np.array([0, 64, 64]), np.array([1024, 0])
-    work = decode_work(indptr, kv, -1, 16, 2, 1)
+    work = decode_work(indptr, kv, -1, 16, 2)               # one core unless asked for two
     # 8 mask-free chunks: one iteration of a block of 8; the empty request costs its item only
     assert work.loads == (pytest.approx(8 + ITERATION_COST_CHUNKS + 2 * ITEM_COST_CHUNKS),)
+    assert work.items.dtype == work.spans.dtype == np.int32 and work.spans.tolist() == [[0, 2, 0]]
+    # 1100 keys, a window of 301 from key 799 (inside chunk 6 of 0..8): masked chunks 6 and 8,
+    # mask-free chunk 7 (a block of 1): 3 chunks, 3 iterations
+    work = decode_work(np.array([0, 69]), np.array([1100]), 300, 16, 1)
+    assert work.loads == (pytest.approx(3 + 3 * ITERATION_COST_CHUNKS + ITEM_COST_CHUNKS),)
+    req = query_blocks(np.array([0, 69]), np.array([1100]), np.array([1]), 1, 300, True, 16)
+    assert split_work(req, 16, 1).loads == work.loads
+
+
+def test_two_cores_over_an_empty_batch_run_only_the_padding_row():
+    work = decode_work(np.zeros(1, np.int32), np.zeros(0), -1, 16, 1, 2)
+    assert work.spans.dtype == work.items.dtype == np.int32
+    assert work.spans.tolist() == [[2, 2, 0], [2, 2, 1]]
+    assert work.items.shape == (3, META_COLS) and not work.items.any()
+
+
+def test_one_long_request_is_cut_into_equal_loads():
+    work = decode_work(np.array([0, 2048]), np.array([32768]), -1, 16, 1, 2)
+    assert work.loads[0] == pytest.approx(work.loads[1])
+    assert [(r[C0], r[C1]) for r in work.items[:2]] == [(0, 128), (128, 256)]
+
+
+def test_an_empty_request_at_the_cut_is_split_into_two_empty_parts():
+    """[100, 0, 100] tokens: the cut falls in the empty middle request; both its parts are
+    empty and the loads add up."""
+    indptr, kv = np.array([0, 7, 7, 14]), np.array([100, 0, 100])
+    work = decode_work(indptr, kv, -1, 16, 3, 2)
+    assert (work.items[0:2, OUT] == 1).all()
+    assert (work.items[0:2, C0] == work.items[0:2, C1]).all() and not work.items[0:2, LEN].any()
+    one = decode_work(indptr, kv, -1, 16, 3, 1)
+    assert sum(work.loads) == pytest.approx(one.loads[0] + ITEM_COST_CHUNKS)
+    assert work.loads[0] == pytest.approx(work.loads[1])
 
 
 def test_cores_must_be_one_or_two():
