@@ -58,7 +58,7 @@ from .kernel_queries import group_queries
 from .kernel_softmax import (chunk_scores, finalize, init_state, k_transposed, mask_bias,
                              merge_with_partner, softmax_step)
 from .plan import (BOUNDARY, C0, C1, CHUNK_BLOCKS, END, FIRST, FULL_HI, FULL_LO, META_COLS, OUT,
-                   SPAN_COLS)
+                   SPAN_COLS, items_per_iteration)
 
 
 # Chunks per softmax step: a mask-free block gathered several tokens per partition folds them
@@ -262,7 +262,12 @@ def attention(q, k_rows, v_rows, meta, spans, kv_indices, tok_tab, row_tab, sink
     span = nl.ndarray((1, SPAN_COLS), nl.int32, buffer=nl.sbuf, name="span")
     nisa.dma_copy(dst=span, src=spans[p:p + 1, :])
     first, end = nisa.scalar_load(span[0:1, FIRST:FIRST + 1]), nisa.scalar_load(span[0:1, END:END + 1])
-    nl.fori_loop(first, end, whole)
+    per = items_per_iteration(Qb, B // Qb)    # items sharing a loop iteration (spans padded)
+
+    def items(i):
+        for k in range(per):
+            whole(i + k)
+    nl.fori_loop(first, end, items, step=per)
     if cores == 2:          # the request split between the cores: merge the two partial states
         b, states = attend(nisa.scalar_load(span[0:1, BOUNDARY:BOUNDARY + 1]))
         for (h0, n, q0), state in zip(tiles, states):

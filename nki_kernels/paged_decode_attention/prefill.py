@@ -19,7 +19,7 @@ from .decode import cache_rows, kernel_arguments
 from .head_scales import fold_head_scales, scale_heads
 from .kernel import append_attention_kernel, batch_decode_kernel
 from .prefill_append import append_arguments
-from .plan import query_blocks, split_work
+from .plan import items_per_iteration, query_blocks, split_work
 
 
 def batch_prefill(q, paged_kv_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len,
@@ -201,7 +201,8 @@ def plan_prefill(prob, q_lens, qo_indptr, kv_indptr, kv_indices, paged_kv_cache,
     items = query_blocks(kv_indptr, prob.kv_lens, q_lens, qb, window_left, causal,
                          prob.geo.page_size)
     n_items = items.L.size
-    work = split_work(items, prob.geo.page_size, bucket(n_items), cores)
+    work = split_work(items, prob.geo.page_size, bucket(n_items), cores,
+                      items_per_iteration(qb, bucket(n_items)))
     # item k covers tokens q0 .. q0 + qb of its request, at padded rows k*qb ..
     tok = items.q0[:, None] + np.arange(qb)[None, :]
     real = tok < q_lens[items.request][:, None]

@@ -10,8 +10,9 @@ import pytest
 from nki_kernels.access_patterns import PagedKVLayout
 from nki_kernels.paged_decode_attention.plan import (
     BOUNDARY, C0, C1, CHUNK_BLOCKS, END, ENTRY0, FIRST, FULL_HI, FULL_LO, HI_BASE,
-    ITEM_COST_CHUNKS, ITERATION_COST_CHUNKS, LEN, META_COLS, NO_WINDOW, OUT, POS0, PTR, Q_BASE,
-    SLOT0, W_SPAN, WIN, causal_pairs, chunk_tokens, decode_work, loop_iterations, make_layout,
+    DECODE_ITEMS_PER_ITERATION, ITEM_COST_CHUNKS, ITERATION_COST_CHUNKS, LEN, META_COLS, NO_WINDOW, OUT, POS0, PTR, Q_BASE,
+    SLOT0, W_SPAN, WIN, causal_pairs, chunk_tokens, decode_work, items_per_iteration,
+    loop_iterations, make_layout,
     query_blocks, request_table, split_work)
 
 
@@ -160,6 +161,13 @@ def test_layout_rows_address_every_token(layout, fused):
                 assert row * geo.head_dim == geo.start(p, e, kv)
 
 
+def test_items_per_iteration_by_bucket():
+    """Four decode items share a loop iteration, never more than the bucket holds; a block of
+    query tokens (prefill) takes an iteration of its own."""
+    assert [items_per_iteration(1, b) for b in (0, 1, 2, 3, 4, 8, 256)] == [1, 1, 2, 3, 4, 4, 4]
+    assert [items_per_iteration(q, 64) for q in (2, 8, 128)] == [1, 1, 1]
+
+
 def test_loop_iterations_take_the_largest_blocks_first():
     def greedy(n):
         count = 0
@@ -185,28 +193,46 @@ def _items_of_core(work, core):
     return list(range(span[FIRST], span[END])), int(span[BOUNDARY])
 
 
+def _check_region(items, full, U):
+    """A core's rows: the empty items padding ``full`` (its whole items) to a multiple of U,
+    each taking the first item's output row, then ``full`` in order."""
+    assert len(items) % U == 0 and len(items) - len(full) == (-len(full)) % U
+    pad = len(items) - len(full)
+    np.testing.assert_array_equal(items[pad:], full)
+    if pad:
+        assert (items[:pad, OUT] == full[0][OUT]).all()
+        assert not np.delete(items[:pad], OUT, axis=1).any()
+
+
+@pytest.mark.parametrize("U", [1, 4])
 @pytest.mark.parametrize("seed", range(12))
-def test_two_cores_cut_partitions_every_request_and_balances(seed):
+def test_two_cores_cut_partitions_every_request_and_balances(seed, U):
     rng = np.random.default_rng(seed)
     P = int(rng.choice([1, 16, 128, 256]))
     indptr, kv, ql = _random_batch(rng, P)
     qb = int(rng.choice([1, 8]))
     req = query_blocks(indptr, kv, ql, qb, int(rng.choice([-1, 50])), True, P)
     rows = req.L.size + int(rng.integers(0, 3))
-    one = split_work(req, P, rows, 1)
-    two = split_work(req, P, rows, 2)
+    one = split_work(req, P, rows, 1, U)
+    two = split_work(req, P, rows, 2, U)
     n = req.L.size
-    # one core: every item whole, in order
-    np.testing.assert_array_equal(one.spans, [[0, n, 0]])
+    # one core: every item whole, in order, after the padding items
     full = req.items(np.arange(n), req.c0, req.c1, P)
-    np.testing.assert_array_equal(one.items[:n], full)
-    assert not one.items[n:].any() and one.items.shape == (rows, META_COLS)
+    assert one.spans.shape == (1, 3) and one.spans[0][FIRST] == 0 and one.spans[0][BOUNDARY] == 0
+    _check_region(one.items[:one.spans[0][END]], full, U)
+    assert not one.items[one.spans[0][END]:].any()
+    assert one.items.shape == (rows + U - 1, META_COLS)
     # two cores: items 0 and 1 are the split request's halves, the rest whole; each core's whole
-    # items are consecutive, core 0 before core 1
-    assert two.items.shape == (rows + 2, META_COLS)
+    # items are consecutive (padded as above), core 0 before core 1
+    assert two.items.shape == (rows + 2 + 2 * (U - 1), META_COLS)
     (w0, b0), (w1, b1) = _items_of_core(two, 0), _items_of_core(two, 1)
-    assert (b0, b1) == (0, 1) and (not w0 or w0[0] == 2) and (not w1 or not w0 or w1[0] == w0[-1] + 1)
-    k = len(w0)                                   # the split request's index
+    assert (b0, b1) == (0, 1) and two.spans[0][FIRST] == 2
+    assert two.spans[1][FIRST] == two.spans[0][END]
+    # the split request: the first whose rows are not among core 0's whole items
+    k = next(b for b in range(n + 1) if b == n or not any(
+        np.array_equal(two.items[i], full[b]) for i in w0))
+    _check_region(two.items[w0[0]:w0[-1] + 1] if w0 else two.items[2:2], full[:k], U)
+    _check_region(two.items[w1[0]:w1[-1] + 1] if w1 else two.items[2:2], full[k + 1:], U)
     halves = two.items[0:2]
     np.testing.assert_array_equal(np.delete(halves[0], [C0, FULL_LO, FULL_HI, C1, SLOT0, ENTRY0,
                                                         POS0]),
@@ -220,8 +246,6 @@ def test_two_cores_cut_partitions_every_request_and_balances(seed):
         assert h[FULL_LO] == want_lo and h[FULL_HI] == np.clip(full[k][FULL_HI], want_lo, h[C1])
         T = chunk_tokens(P)
         assert h[POS0] == h[C0] * T and h[SLOT0] == h[PTR] + h[C0] * T // P
-    whole = [i for i in range(n) if i != k]
-    np.testing.assert_array_equal(two.items[2:2 + len(whole)], full[whole])
     # loads: the one-core total plus one more item's fixed cost, cut within a chunk's work plus
     # one loop iteration and one item
     assert np.isclose(sum(two.loads), one.loads[0] + ITEM_COST_CHUNKS)
@@ -230,10 +254,16 @@ def test_two_cores_cut_partitions_every_request_and_balances(seed):
 
 def test_one_core_load_is_chunks_iterations_and_items():
     indptr, kv = np.array([0, 64, 64]), np.array([1024, 0])
-    work = decode_work(indptr, kv, -1, 16, 2)               # one core unless asked for two
+    work = decode_work(indptr, kv, -1, 16, 4)               # one core unless asked for two
     # 8 mask-free chunks: one iteration of a block of 8; the empty request costs its item only
     assert work.loads == (pytest.approx(8 + ITERATION_COST_CHUNKS + 2 * ITEM_COST_CHUNKS),)
-    assert work.items.dtype == work.spans.dtype == np.int32 and work.spans.tolist() == [[0, 2, 0]]
+    # in a bucket of 4, 4 items share a loop iteration: two requests led by two empty items
+    # writing request 0's row
+    assert DECODE_ITEMS_PER_ITERATION == 4
+    assert work.items.dtype == work.spans.dtype == np.int32 and work.spans.tolist() == [[0, 4, 0]]
+    assert work.items.shape == (4 + DECODE_ITEMS_PER_ITERATION - 1, META_COLS)
+    assert work.items[:2, OUT].tolist() == [0, 0] and not work.items[:2, LEN:].any()
+    assert work.items[2:4, OUT].tolist() == [0, 1] and work.items[2, LEN] == 1024
     # 1100 keys, a window of 301 from key 799 (inside chunk 6 of 0..8): masked chunks 6 and 8,
     # mask-free chunk 7 (a block of 1): 3 chunks, 3 iterations
     work = decode_work(np.array([0, 69]), np.array([1100]), 300, 16, 1)
@@ -246,7 +276,7 @@ def test_two_cores_over_an_empty_batch_run_only_the_padding_row():
     work = decode_work(np.zeros(1, np.int32), np.zeros(0), -1, 16, 1, 2)
     assert work.spans.dtype == work.items.dtype == np.int32
     assert work.spans.tolist() == [[2, 2, 0], [2, 2, 1]]
-    assert work.items.shape == (3, META_COLS) and not work.items.any()
+    assert work.items.shape == (1 + 2, META_COLS) and not work.items.any()   # a bucket of 1
 
 
 def test_one_long_request_is_cut_into_equal_loads():
