@@ -11,8 +11,11 @@ The simulator runs kernels as Python, so it checks, at launch:
   function, ``NKIObject`` or ``Enum`` member, or a tuple / dict (string keys) of those.
 
 Each refusal is a ``SubsetError`` naming the construct and the kernel line, or the argument.
-The check covers the ``nki.jit`` function's own body (the helpers it calls are inlined by the
-real compiler and would be checked there; here they are not).
+The check covers the ``nki.jit`` function's body and, as the real compiler inlines them, the
+helper functions it calls, transitively: every call whose callee resolves statically (a name in
+the function's globals or closure, or ``module.name`` / ``Class.name`` of one) to a Python
+function outside the simulator, NumPy and the standard library. Calls through values known only
+at run time (a function passed as an argument, a method of an instance) are not followed.
 """
 
 from __future__ import annotations
@@ -20,6 +23,8 @@ from __future__ import annotations
 import ast
 import enum
 import inspect
+import os
+import sysconfig
 import textwrap
 
 import numpy as np
@@ -63,17 +68,21 @@ def _violation(tree):
 
 
 def check_function(fn) -> None:
-    """Raise ``SubsetError`` when ``fn``'s source uses Python the NKI compiler refuses."""
+    """Raise ``SubsetError`` when ``fn``'s source, or a helper it calls, uses Python the NKI
+    compiler refuses."""
     code = getattr(fn, "__code__", None)
     if code is None:
         return
     if code not in _checked:
-        _checked[code] = _scan(fn, code)
+        _checked[code] = _scan(fn, code, fn.__name__, set())
     if _checked[code] is not None:
         raise _checked[code]
 
 
-def _scan(fn, code):
+def _scan(fn, code, kernel, seen):
+    """The first refusal in ``fn`` or the helpers it calls (None when clean); ``kernel``
+    names the launched function in the message, ``seen`` the code objects visited."""
+    seen.add(code)
     try:
         lines, first = inspect.getsourcelines(fn)
     except (OSError, TypeError):
@@ -83,11 +92,73 @@ def _scan(fn, code):
     except SyntaxError:
         return None
     found = _violation(tree)
-    if found is None:
-        return None
-    node, message = found
-    where = f"{code.co_filename.rsplit('/', 1)[-1]}:{first + node.lineno - 1}"
-    return SubsetError(f"kernel {fn.__name__}: {message}", op="nki.jit", location=where)
+    if found is not None:
+        node, message = found
+        where = f"{code.co_filename.rsplit('/', 1)[-1]}:{first + node.lineno - 1}"
+        via = "" if fn.__name__ == kernel else f" (in helper {fn.__name__}, which it calls)"
+        return SubsetError(f"kernel {kernel}{via}: {message}", op="nki.jit", location=where)
+    for helper in _helpers(fn, tree):
+        hcode = helper.__code__
+        if hcode in seen:
+            continue
+        if hcode in _checked and _checked[hcode] is None:
+            continue                                 # checked clean before
+        error = _scan(helper, hcode, kernel, seen)
+        if error is not None:
+            return error
+    return None
+
+
+def _helpers(fn, tree):
+    """Python functions ``fn`` calls by a name its globals or closure bind (or an attribute
+    of one), outside the simulator, NumPy and the standard library."""
+    scope = dict(fn.__globals__)
+    if fn.__closure__:
+        for name, cell in zip(fn.__code__.co_freevars, fn.__closure__):
+            try:
+                scope[name] = cell.cell_contents
+            except ValueError:                       # an empty cell (assigned later)
+                pass
+    out = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call):
+            continue
+        target, chain = node.func, []
+        while isinstance(target, ast.Attribute):
+            chain.append(target.attr)
+            target = target.value
+        if not isinstance(target, ast.Name) or target.id not in scope:
+            continue
+        value = scope[target.id]
+        for attr in reversed(chain):
+            if not (inspect.ismodule(value) or inspect.isclass(value)):
+                value = None
+                break
+            value = inspect.getattr_static(value, attr, None)
+            if isinstance(value, (staticmethod, classmethod)):
+                value = value.__func__
+        if inspect.isfunction(value) and _user_code(value.__code__.co_filename):
+            out.append(value)
+    return out
+
+
+def _user_code(filename: str) -> bool:
+    """Kernel-side Python: this project's kernels, or code outside the simulator, installed
+    packages and the standard library."""
+    path = os.path.realpath(filename)
+    if path.startswith(_SIMULATOR):
+        return False
+    if path.startswith(_KERNELS):
+        return True
+    return not path.startswith(_INSTALLED)
+
+
+_SIMULATOR = os.path.dirname(os.path.realpath(__file__)) + os.sep
+_PARENT = os.path.dirname(_SIMULATOR.rstrip(os.sep))    # installed: nki_kernels/simulate
+_KERNELS = (_PARENT if os.path.basename(_PARENT) == "nki_kernels"
+            else os.path.join(_PARENT, "nki_kernels")) + os.sep
+_INSTALLED = tuple(os.path.realpath(sysconfig.get_paths()[k]) + os.sep
+                   for k in ("stdlib", "purelib", "platlib"))
 
 
 def check_argument(value, where: str) -> None:

@@ -110,3 +110,47 @@ def test_nkiobject_classes_derive_from_nkiobject_only():
     class Derived(Config):                       # NKIObject subclasses of subclasses are fine
         cols = 2
     assert Derived().cols == 2
+
+
+def _helper_with_try(x):
+    try:
+        return _copy(x)
+    except ValueError:
+        return None
+
+
+def _helper_calling_a_bad_one(x):
+    return _helper_with_try(x)
+
+
+class _Helpers:
+    @staticmethod
+    def copy_with_a_set(x):
+        return _copy(x), len({1, 2})
+
+
+@jit
+def _calls_a_bad_helper_two_levels_down(x):
+    return _helper_calling_a_bad_one(x)
+
+
+@jit
+def _calls_a_static_method_with_a_set(x):
+    return _Helpers.copy_with_a_set(x)
+
+
+@jit
+def _calls_clean_helpers(x):
+    return _copy(x)
+
+
+@pytest.mark.parametrize("kernel, helper, what", [
+    (_calls_a_bad_helper_two_levels_down, "_helper_with_try", "try/except"),
+    (_calls_a_static_method_with_a_set, "copy_with_a_set", "set displays")])
+def test_helpers_the_kernel_calls_are_checked_too(kernel, helper, what):
+    """The real compiler inlines helpers, so their Python must be in the subset as well: the
+    refusal names the kernel, the helper and the helper's line."""
+    with pytest.raises(SubsetError, match=f"in helper {helper}, which it calls.*{what}") as err:
+        kernel(X)
+    assert "test_python_subset.py:" in str(err.value)
+    np.testing.assert_array_equal(_calls_clean_helpers(X), X)
