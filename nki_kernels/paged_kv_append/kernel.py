@@ -11,6 +11,8 @@ Args:
     counts: [1, 2] int32 @ HBM: real tokens, tiles of n holding them (runtime data)
     token_pattern: one token's K (or V) elements from its first, ``(step, num)`` pairs built by
         ``access_patterns.PagedKVLayout.token`` (NHD: one run of H*D; HND: H runs of D, P*D apart)
+    parts: 0, or the packed write's head groups per token (``slots`` [2 * T * parts, 1]: each
+        part's first row in rows of D, ``layout.CacheGeometry.packed_slots``)
     quant: None, or [2, H*D] float32 @ HBM: quantize on write (an fp8 cache, wider rows): element
         e of a token's K (row 0) / V (row 1) is multiplied by quant[., e] (the reciprocal of its
         head's scale), clamped to +-``limit`` (the cache dtype's largest finite value) and
@@ -18,7 +20,10 @@ Args:
 Paths (units of work: 128-token tiles on trn2, tokens on trn1):
     NeuronCore-v3+ (trn2): per tile of n tokens, the slots are loaded to SBUF and K and V are
         copied HBM to HBM by one indirect DMA each (``vector_offset`` = the tile's slots on the
-        destination); NHD moves one contiguous H*D run per token, HND H runs of D.
+        destination); NHD moves one contiguous H*D run per token, HND H runs of D. A fused
+        cache's bucket of T <= 64 tokens (``parts`` > 0, host-chosen: ``packed_parts``) stages
+        K and V in one SBUF tile and writes both by ONE indirect DMA over 2 * T * parts
+        partitions (``_scatter_packed``; ``slots`` then holds its destinations).
     NeuronCore-v2 (trn1, no indirect DMA): per token, its slot is loaded and its K and V rows are
         copied HBM to HBM by two ``scalar_offset`` DMAs.
     Every iteration of a device loop costs a scheduling barrier (~9 us, nki-library's dynamic
