@@ -19,9 +19,19 @@ def packing(geo: CacheGeometry, tokens: int, quantized: bool = False, lnc: int =
     """``parts`` for the kernel: > 0 when a bucket of ``tokens`` K/V rows of a fused cache goes
     out in one DMA (NeuronCore-v3+, one core, no quantization, K and V on <= 128 partitions;
     ``kernel.packed_parts``), else 0 (one DMA per K and per V)."""
-    if not geo.fused or quantized or lnc != 1 or nisa.get_nc_version() < 3:
+    if not geo.fused or quantized or lnc != 1 or _host_nc_version() < 3:
         return 0
     return packed_parts(tokens, geo.num_heads)
+
+
+def _host_nc_version() -> int:
+    """The target's NeuronCore version as host code sees it (the simulator's selected target);
+    0 where the backend cannot tell outside a kernel, which keeps the write unpacked (correct on
+    every target)."""
+    try:
+        return int(nisa.get_nc_version())
+    except Exception:                   # the Neuron SDK outside a kernel: unknown
+        return 0
 
 
 def padded_slots(rows, keep, geo: CacheGeometry, spare_page=None, parts=0):
