@@ -272,18 +272,27 @@ def test_one_core_load_is_chunks_iterations_and_items():
     assert split_work(req, 16, 1).loads == work.loads
 
 
-def test_a_cut_just_before_a_request_gives_core_0_none_of_it():
-    """[2000, 1054, 1054] tokens: core 0's whole request stops just short of half the work, so
-    the balanced share of the next request is below zero: core 0 takes none of it (an empty
-    first half), never a negative chunk count."""
+def test_a_cut_just_before_a_request_never_makes_a_negative_half():
+    """[A, B, B] tokens over a grid: where core 0's whole request stops just short of half the
+    work, the balanced share of the next request is below zero: core 0 then takes none of it
+    (an empty first half), never a negative chunk count."""
+    empty_first = 0
+    for A in range(2000, 6000, 61):
+        for B in range(100, 3000, 89):
+            lens = np.array([A, B, B])
+            indptr = np.concatenate([[0], np.cumsum(-(-lens // 16))])
+            halves = decode_work(indptr, lens, -1, 16, 4, 2).items[0:2]
+            assert halves[0][C0] <= halves[0][C1] == halves[1][C0] <= halves[1][C1], (A, B)
+            empty_first += int(halves[0][C0] == halves[0][C1] and halves[1][C1] > 0)
+    assert empty_first > 0                       # the grid reaches the case
+
+
+def test_split_work_takes_one_item_per_iteration_unless_told():
     lens = np.array([2000, 1054, 1054])
-    indptr = np.concatenate([[0], np.cumsum(-(-lens // 16))])
-    work = decode_work(indptr, lens, -1, 16, 4, 2)
-    halves = work.items[0:2]
-    assert (halves[:, OUT] == 1).all() and halves[0][C0] == halves[0][C1] == 0
-    assert (halves[1][C0], halves[1][C1]) == (0, 9)
-    req = query_blocks(indptr, lens, np.ones(3, np.int64), 1, -1, True, 16)
-    assert split_work(req, 16, 4).items.shape == (4, META_COLS)     # one item per iteration
+    req = query_blocks(np.concatenate([[0], np.cumsum(-(-lens // 16))]), lens,
+                       np.ones(3, np.int64), 1, -1, True, 16)
+    assert split_work(req, 16, 4).items.shape == (4, META_COLS)
+    assert split_work(req, 16, 4, 1, 4).items.shape == (7, META_COLS)
 
 
 def test_two_cores_over_an_empty_batch_run_only_the_padding_row():
