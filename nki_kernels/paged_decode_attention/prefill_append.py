@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from nki_kernels.buckets import pad_rows
-from nki_kernels.paged_kv_append.append import bucket_tokens, packing, padded_slots
+from nki_kernels.paged_kv_append.append import bucket_tokens, padded_slots
 from nki_kernels.paged_kv_append.batch_indices import get_batch_indices_positions
 from nki_kernels.paged_kv_append.checks import check_append_rows, destination_slots
 from nki_kernels.paged_kv_append.layout import check_writable, split_cache
@@ -44,9 +44,8 @@ def append_plan(append_key, append_value, paged_kv_cache, kv_layout, qo_indptr, 
         append_key, append_value, batch, positions, paged_kv_cache, kv_indices, kv_indptr,
         kv_last_page_len, kv_layout, k_scale if quantize else None, v_scale if quantize else None)
     pages, entries, keep = destination_slots(batch, positions, kv_indices, kv_indptr, kv_lens, geo)
-    parts = packing(geo, bucket_tokens(total_q), quant is not None, lnc)
-    slots, counts = padded_slots(geo.rows(pages, entries), None if keep.all() else keep, geo,
-                                 parts=parts)
+    slots, counts, parts = padded_slots(geo.rows(pages, entries), None if keep.all() else keep,
+                                        geo, quantized=quant is not None, lnc=lnc)
     return slots, counts, quant, (tuple(geo.token_pattern), geo.v_offset, geo.row_elems, limit,
                                   parts)
 

@@ -34,12 +34,13 @@ def _host_nc_version() -> int:
         return 0
 
 
-def padded_slots(rows, keep, geo: CacheGeometry, spare_page=None, parts=0):
-    """[Tb, 1] int32 slots for a token bucket Tb >= T (a multiple of 128 above 128), and the
-    [1, 2] counts table (real tokens, 128-token tiles). Skipped and padded tokens get SKIP_SLOT,
-    or with ``spare_page`` a row of that page (entry t mod P), so nothing relies on
-    ``oob_mode.skip`` (NxD Inference's way: the allocator reserves the page). ``parts`` > 0
-    (``packing``): the packed write's [2 * Tb * parts, 1] destinations instead."""
+def padded_slots(rows, keep, geo: CacheGeometry, spare_page=None, quantized=False, lnc=1):
+    """(slots, counts, parts) for a token bucket Tb = ``bucket_tokens(T)``: [Tb, 1] int32
+    slots, or with ``parts`` > 0 (``packing``: the one place the write is packed or not) the
+    packed write's [2 * Tb * parts, 1] destinations; the [1, 2] counts table (real tokens,
+    128-token tiles). Skipped and padded tokens get SKIP_SLOT, or with ``spare_page`` a row of
+    that page (entry t mod P), so nothing relies on ``oob_mode.skip`` (NxD Inference's way: the
+    allocator reserves the page)."""
     T = int(rows.shape[0])
     Tb = bucket_tokens(T)
     real = np.asarray(rows, np.int64)
@@ -54,9 +55,10 @@ def padded_slots(rows, keep, geo: CacheGeometry, spare_page=None, parts=0):
         entries = np.arange(Tb) % geo.page_size
         slots[dropped] = geo.rows(np.full(Tb, spare_page), entries)[dropped]
     counts = np.array([[T, -(-T // min(P_MAX, Tb))]], np.int32)
+    parts = packing(geo, Tb, quantized, lnc)
     if parts:
-        return geo.packed_slots(slots, parts, SKIP_SLOT), counts
-    return slots.astype(np.int32).reshape(-1, 1), counts
+        return geo.packed_slots(slots, parts, SKIP_SLOT), counts, parts
+    return slots.astype(np.int32).reshape(-1, 1), counts, 0
 
 
 def bucket_tokens(T: int) -> int:
@@ -83,8 +85,7 @@ def scatter_tokens(append_key, append_value, paged_kv_cache, geo: CacheGeometry,
         return
     k_rows, v_rows = row_views(paged_kv_cache, geo)
     Tb = bucket_tokens(append_key.shape[0])
-    parts = packing(geo, Tb, quant[0] is not None, lnc)
-    slots, counts = padded_slots(rows, keep, geo, spare_page, parts)
+    slots, counts, parts = padded_slots(rows, keep, geo, spare_page, quant[0] is not None, lnc)
     kernel = paged_kv_scatter_kernel if lnc == 1 else paged_kv_scatter_kernel[lnc]
     kernel(k_rows, v_rows, pad_rows(append_key, Tb), pad_rows(append_value, Tb), slots, counts,
            geo.token_pattern, geo.v_offset, *quant, parts)

@@ -44,6 +44,8 @@ from __future__ import annotations
 from nki_kernels.backend import nki, nisa, nl
 from nki_kernels.launch_options import program_cores
 
+from .layout import split_token_pattern
+
 P_MAX = 128
 SKIP_SLOT = 2 ** 31 - 1
 
@@ -190,8 +192,7 @@ def _scatter_packed(rows, key, value, sub_slots, token_pattern, parts):
     T, H, D = key.shape
     n = T * parts
     part_elems = H * D // parts
-    step, num = token_pattern[0]
-    pattern = [[step, num // parts], *[list(p) for p in token_pattern[1:]]]
+    pattern, _ = split_token_pattern(token_pattern, parts)
     kv = nl.ndarray((2 * n, part_elems), key.dtype, buffer=nl.sbuf, name="kv_rows")
     for k, src in enumerate((key, value)):
         nisa.dma_copy(dst=kv[k * n:(k + 1) * n, :], src=src.reshape((n, part_elems)))

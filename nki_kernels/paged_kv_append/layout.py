@@ -44,8 +44,7 @@ class CacheGeometry(PagedKVLayout):
         [j, j + 1) * H / parts) of token t's K (kv 0) / V (kv 1) starts; ``rows`` [T] are the
         tokens' K rows in the row view, ``skip`` marks (and stays) a token not written."""
         rows = np.asarray(rows, np.int64).reshape(-1)
-        step, num = self.token_pattern[0]
-        part = np.arange(parts, dtype=np.int64) * (num // parts) * step
+        part = np.arange(parts, dtype=np.int64) * split_token_pattern(self.token_pattern, parts)[1]
         kv = np.array([0, self.v_offset], np.int64)
         elem = (kv[:, None, None] + rows[None, :, None] * self.row_elems + part[None, None, :])
         out = np.where((rows == skip)[None, :, None], skip, elem // self.head_dim)
@@ -54,6 +53,15 @@ class CacheGeometry(PagedKVLayout):
     def rows(self, pages: np.ndarray, entries: np.ndarray) -> np.ndarray:
         """First row of each token's K in the row view (int64)."""
         return (self.start(pages.astype(np.int64), entries.astype(np.int64)) // self.row_elems)
+
+
+def split_token_pattern(token_pattern, parts):
+    """A token's pattern cut into ``parts`` equal groups of its outermost dimension (heads, or
+    the one run of all heads): (one part's ``(step, num)`` pairs, elements from one part's start
+    to the next). Used by the packed write's kernel and its host-made destinations alike."""
+    step, num = token_pattern[0]
+    pattern = [[step, num // parts]] + [list(p) for p in token_pattern[1:]]
+    return pattern, (num // parts) * step
 
 
 CACHE_DTYPES = ("float32", "float16", "bfloat16", "float8_e4m3fn", "float8_e5m2", "float8_e4m3",

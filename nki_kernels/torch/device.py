@@ -45,7 +45,7 @@ def append_device(append_key, append_value, batch_indices, positions, kv_cache, 
     from nki_kernels.paged_kv_append.checks import (check_append_rows, check_page_table,
                                                     destination_slots)
     from nki_kernels.buckets import pad_rows
-    from nki_kernels.paged_kv_append.append import bucket_tokens, packing, padded_slots
+    from nki_kernels.paged_kv_append.append import bucket_tokens, padded_slots
     from nki_kernels.paged_kv_append.kernel import paged_kv_scatter_kernel
     idx = [_host(t) for t in (batch_indices, positions, kv_indices, kv_indptr, kv_last_page_len)]
     geo, (quant, limit) = check_append_rows(_meta(append_key), _meta(append_value), idx[0], idx[1],
@@ -54,9 +54,8 @@ def append_device(append_key, append_value, batch_indices, positions, kv_cache, 
     lens = check_page_table(idx[2], idx[3], idx[4], geo)
     pages, entries, keep = destination_slots(idx[0], idx[1], idx[2], idx[3], lens, geo)
     Tb = bucket_tokens(append_key.shape[0])
-    parts = packing(geo, Tb, quant is not None)
-    slots, counts = padded_slots(geo.rows(pages, entries), None if keep.all() else keep, geo,
-                                 parts=parts)
+    slots, counts, parts = padded_slots(geo.rows(pages, entries), None if keep.all() else keep,
+                                        geo, quantized=quant is not None)
     rows = kv_cache.view(-1, geo.row_elems)
     written = paged_kv_scatter_kernel(rows, None, pad_rows(append_key, Tb),
                                       pad_rows(append_value, Tb), _dev(slots, kv_cache),
