@@ -79,7 +79,7 @@ class Resolved:
         storage = self.tensor._storage
         if storage.mm_written is not None:          # a non-matmul write ends PSUM accumulation
             storage.mm_written[self.flat_indices().ravel()] = False
-        mask = _and(self.row_mask, row_mask)
+        mask = rows_in_both(self.row_mask, row_mask)
         values = np.broadcast_to(values, self.shape)
         if self.indices is not None:
             idx = self.indices if mask is None else self.indices[mask]
@@ -102,12 +102,18 @@ def dropped(*operands: Resolved) -> bool:
     return any(r.skipped for r in operands)
 
 
-def _and(a, b):
+def rows_in_both(a, b):
+    """The rows two row masks (bool, None = every row) both keep."""
     if a is None:
         return b
     if b is None:
         return a
     return a & b
+
+
+def elems_in_rows(mask, size: int, rows: int) -> int:
+    """Elements of a ``size``-element operand of ``rows`` rows that a row mask keeps."""
+    return size if mask is None else int(mask.sum()) * (size // max(1, rows))
 
 
 def resolve(t, op: str, role: str, oob_mode: str = "error") -> Resolved:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from nki_kernels import access_patterns as aps
 
 from .. import context, dtypes
-from ..access import Resolved, dropped, resolve
+from ..access import Resolved, dropped, elems_in_rows, resolve
 from ..errors import TargetError
 from .core import fail, record
 from .enums import dge_mode as dge_enum, oob_mode as oob_enum
@@ -78,9 +78,7 @@ def _row_mask(d: Resolved, s: Resolved):
 def _moved_elems(d, s, mask) -> int:
     if dropped(d, s):
         return 0
-    if mask is None:
-        return d.tensor.size
-    return int(mask.sum()) * (d.tensor.size // max(1, d.shape[0]))
+    return elems_in_rows(mask, d.tensor.size, d.shape[0])
 
 
 def _run_elems(r: Resolved) -> int:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import context, dtypes
-from ..access import dropped, resolve
+from ..access import dropped, elems_in_rows, resolve, rows_in_both
 from ..errors import TargetError
 from .core import fail, record
 from .enums import dge_mode as dge_enum, oob_mode as oob_enum
@@ -82,7 +82,7 @@ def dma_transpose(dst, src, axes=None, priority=None, dge_mode=dge_enum.unknown,
             # its elements (the last axis of the transposed tile) keep what dst held
             keep = s.row_mask.reshape((1,) * (rank - 1) + (-1,))
             values = np.where(keep, values, d.read().reshape(values.shape))
-            moved = int(s.row_mask.sum()) * (src.size // src.shape[0])
+            moved = elems_in_rows(s.row_mask, src.size, src.shape[0])
         d.write(np.ascontiguousarray(values).reshape(dst.shape))
     return record(o, "dma", {"dst": d, "src": s}, name=name, dma_bytes=moved * dst.dtype.itemsize,
                   hbm_read_bytes=_bytes(s, src, moved), hbm_write_bytes=_bytes(d, dst, moved),
@@ -136,9 +136,7 @@ def dma_compute(dst, srcs, reduce_op, scales=None, unique_indices=True, oob_mode
         # a row any source skipped (oob_mode.skip) leaves dst's row as it was
         d.write(dtypes.cast(np.asarray(total, np.float32), dst.dtype).reshape(dst.shape),
                 row_mask=rows)
-        written = rows if d.row_mask is None else d.row_mask if rows is None else rows & d.row_mask
-        if written is not None:
-            moved = int(written.sum()) * (dst.size // dst.shape[0])
+        moved = elems_in_rows(rows_in_both(rows, d.row_mask), dst.size, dst.shape[0])
     reads = sum(_bytes(r, t, moved) for r, t in zip(rs, srcs))
     return record(o, "dma", {"dst": d, **{f"src{k}": r for k, r in enumerate(rs)}}, name=name,
                   dma_bytes=moved * dst.dtype.itemsize, hbm_read_bytes=reads,
@@ -156,5 +154,5 @@ def _source_rows(rs, dst, o):
         if r.shape[0] != dst.shape[0]:
             fail(f"skipped rows of srcs[{k}] need dst rows to match: dst dim 0 is "
                  f"{dst.shape[0]}, srcs[{k}] has {r.shape[0]} rows", o, f"srcs[{k}]")
-        rows = r.row_mask if rows is None else rows & r.row_mask
+        rows = rows_in_both(rows, r.row_mask)
     return rows
