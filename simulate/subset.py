@@ -101,8 +101,6 @@ def _scan(fn, code, kernel, seen):
         hcode = helper.__code__
         if hcode in seen:
             continue
-        if hcode in _checked and _checked[hcode] is None:
-            continue                                 # checked clean before
         error = _scan(helper, hcode, kernel, seen)
         if error is not None:
             return error
