@@ -50,16 +50,34 @@ def compare(name, lens, rng):
             f"| {two.hbm_bytes / one.hbm_bytes:.3f} |")
 
 
+def _counts(lens):
+    """(work items, loop iterations, chunks) of a one-core decode step over requests ``lens``."""
+    from nki_kernels.buckets import bucket
+    from nki_kernels.paged_decode_attention.plan import (ITEM_CLASSES, decode_work,
+                                                         items_per_iteration, loop_widths,
+                                                         span_column)
+    lens = np.array(lens)
+    indptr = np.concatenate([[0], np.cumsum(-(-lens // P))])
+    rows = bucket(len(lens))
+    U = items_per_iteration(1)
+    span = decode_work(indptr, lens, -1, P, rows).spans[0]
+    items = iterations = 0
+    for kind in range(len(ITEM_CLASSES)):
+        for w in loop_widths(U):
+            col = span_column(kind, w, U)
+            items += int(span[col + 1] - span[col])
+            iterations += int(span[col + 1] - span[col]) // w
+    return items, iterations, int((-(-lens // 128)).sum())
+
+
 def fit(rng):
     """Per-item and per-loop-iteration cost in chunk-equivalents (LNC=1): least squares of the
     modelled time over batches mixing request lengths, so blocks and single chunks all occur."""
-    from nki_kernels.paged_decode_attention.plan import loop_iterations
     cases = [[128 * 64], [128 * 16] * 4, [128] * 32, [128 * 12] * 4, [128 * 3] * 8,
-             [128 * 20] * 2, [128 * 7] * 6]
+             [128 * 20] * 2, [128 * 7] * 6, [128 * 5 + 9] * 16, [128 * 33] * 3]
     rows, times = [], []
     for lens in cases:
-        full = np.array([n // 128 for n in lens])
-        rows.append([len(lens), loop_iterations(full, 0 * full).sum(), full.sum()])
+        rows.append(list(_counts(lens)))
         times.append(_run(_case(rng, lens), 1).seconds)
     (item, iteration, chunk), *_ = np.linalg.lstsq(np.array(rows, float), np.array(times),
                                                    rcond=None)

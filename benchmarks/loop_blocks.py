@@ -26,8 +26,15 @@ sys.path.insert(0, __file__.rsplit("/", 1)[0])
 from decode_two_cores import _case, _run  # noqa: E402
 
 
-def decode_row(blocks, lens, rng):
+def _set_blocks(blocks):
+    """Mask-free block sizes of a work item (largest first, the rest halving down to 1)."""
     decode_kernel.CHUNK_BLOCKS = plan.CHUNK_BLOCKS = blocks
+    decode_kernel.ITEM_CLASSES = plan.ITEM_CLASSES = (((0, False), (1, True))
+                                                      + tuple((b, False) for b in blocks))
+
+
+def decode_row(blocks, lens, rng):
+    _set_blocks(blocks)
     simulate.reset_compile_stats()
     est = _run(_case(rng, lens), 1)
     trace = simulate.last_trace()
@@ -56,8 +63,8 @@ def main():
         print("| decode chunk blocks | 8 x 4096: us | program | iterations "
               "| 32 x 300: us | program | iterations |")
         print("|---|---|---|---|---|---|---|")
-        for blocks in [(1,), (4, 1), (8, 1), (16, 4, 1), (16, 4, 2, 1), (16, 8, 4, 2, 1),
-                       (32, 4, 2, 1)]:
+        for top in (1, 4, 8, 16, 32, 64):
+            blocks = tuple(top >> k for k in range(top.bit_length()))
             a = decode_row(blocks, [4096] * 8, rng)
             b = decode_row(blocks, [300] * 32, rng)
             print(f"| {blocks} | {a[0] * 1e6:.0f} | {a[1]} | {a[2]} | {b[0] * 1e6:.0f} | {b[1]} "
@@ -68,7 +75,7 @@ def main():
             t, prog, it = append_row(per, 1024, rng)
             print(f"| {per} | {t * 1e6:.1f} | {prog} | {it} |", flush=True)
     finally:
-        decode_kernel.CHUNK_BLOCKS = plan.CHUNK_BLOCKS = saved[0]
+        _set_blocks(saved[0])
         append_kernel.UNITS_PER_ITERATION = saved[1]
 
 

@@ -14,7 +14,7 @@ from nki_kernels.paged_kv_append.layout import split_cache
 from .checks import check_batch_decode_inputs, soft_cap
 from .head_scales import fold_head_scales, scale_heads
 from .kernel import batch_decode_kernel
-from .plan import decode_work, make_layout
+from .plan import capacity_chunks, chunk_tokens, decode_work, make_layout
 
 
 def cache_rows(paged_kv_cache, D):
@@ -92,10 +92,22 @@ def prepare_decode(q, paged_kv_cache, kv_indptr, kv_indices, kv_last_page_len, k
                                      kv_layout, sm_scale, logits_soft_cap, window_left, sinks,
                                      k_scale, v_scale)
     rows = bucket(prob.batch)
-    work = decode_work(kv_indptr, prob.kv_lens, window_left, prob.geo.page_size, rows, cores)
+    work = decode_work(kv_indptr, prob.kv_lens, window_left, prob.geo.page_size, rows, cores,
+                       capacity=table_capacity(prob.geo, kv_indptr))
     arrays, statics = kernel_arguments(prob, paged_kv_cache, kv_indptr, kv_indices, work, None,
                                        sinks, logits_soft_cap, k_scale, v_scale)
     return DecodeLaunch(arrays, statics, prob.batch, rows)
+
+
+def page_table_rows(geo, kv_indptr) -> int:
+    """Rows of the padded page list the kernel reads: the cache's pages or the bucket of the
+    table's, whichever is more, plus a chunk of slack (a shape of the cache and the bucket)."""
+    return max(geo.num_pages, bucket(int(kv_indptr[-1]))) + chunk_tokens(geo.page_size)
+
+
+def table_capacity(geo, kv_indptr) -> int:
+    """Chunks the padded page list can hold: sets the work-item table's static row count."""
+    return capacity_chunks(page_table_rows(geo, kv_indptr), geo.page_size)
 
 
 def kernel_arguments(prob, paged_kv_cache, kv_indptr, kv_indices, work, row_tab, sinks,
@@ -106,8 +118,7 @@ def kernel_arguments(prob, paged_kv_cache, kv_indptr, kv_indices, work, row_tab,
     layout = make_layout(geo)
     k_dtype = split_cache(paged_kv_cache)[0].dtype
     pages = int(kv_indptr[-1])
-    capacity = max(geo.num_pages, bucket(pages)) + layout.chunk
-    padded = np.zeros((capacity, 1), np.int32)
+    padded = np.zeros((page_table_rows(geo, kv_indptr), 1), np.int32)
     padded[:pages, 0] = kv_indices[:pages]
     mm_dtype = k_dtype.name if k_dtype.itemsize >= 2 else "bfloat16"
     sinks32 = None if sinks is None else np.asarray(sinks, np.float32).reshape(-1, 1)

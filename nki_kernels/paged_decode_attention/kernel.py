@@ -8,10 +8,13 @@ Args (device):
     q: [B, HQ, D] @ HBM (fp32 / fp16 / bf16); a work item's queries are rows OUT..OUT+Qb
     k_rows, v_rows: the cache as rows of D elements [R, D] @ HBM (v_rows None for a fused cache:
         V rows sit ``v_rows_offset`` rows after K rows)
-    meta: [rows, META_COLS] int32 work items (plan.py: a request, a block of its queries, or the
-        part of either a core takes: kv_indices start, keys end and window start of the item,
-        chunk bounds, where the first chunk starts, first query row, each query row's causal
-        bound and window span); spans: [cores, SPAN_COLS] int32, which items each core runs
+    meta: [rows, META_COLS] int32 work items (plan.py): a unit (request, or block of its
+        queries) over one kind of chunk range (plan.ITEM_CLASSES: no keys, one masked chunk, or
+        a mask-free block of 32, 16, ..., 1 chunks): kv_indices start, keys end and window start
+        of the unit, the item's chunk bounds and where its first chunk starts, first query row,
+        each query row's causal bound and window span, and the softmax-state slots it chains
+        through (LOAD, STORE); spans: [cores, plan.span_cols(U)] int32, the rows each core runs
+        per kind and loop width, and the split unit's slot and output row (LNC=2)
     kv_indices: [>= pages + T, 1] int32 (padded)
     tok_tab: [T, 2] int32 (page slot, entry of chunk-local token t)
     row_tab: [G*Qb, 1] int32, the query token (r // G) of a kv head's score row r, or None
@@ -22,13 +25,18 @@ Args (device):
         shape bucket
 Returns out [B, HQ, D] (q dtype) and lse [B, HQ, 1] fp32, base 2, @ shared HBM.
 
-Control flow is on the device: one loop over work items and, per item, three loops over its
-chunks (masked first chunk, unmasked middle, masked last chunk) with trip counts read from
-``meta`` by ``nisa.scalar_load``. The program size does not grow with batch or length, and the
-work done is the chunks each request owns. With ``kernel[2]`` (LNC=2) each program instance runs
-its own span of whole requests, then its part of the one request split between the two (the
-host cuts the step's chunks into equal halves, plan.decode_work); the two partial softmax states
-of that request are exchanged with ``nisa.sendrecv`` and merged, and program 0 writes it.
+Control flow is on the device: one loop per kind of work item and width (U items per iteration,
+then U/2, ..., 1 for the remainder), trip counts read from ``spans`` by ``nisa.scalar_load``; the
+body of a kind is that kind's static program (a block of 32 chunks: 32 chunks of straight-line
+code). No loop runs per request, so a step pays a loop barrier per U items, not per request and
+kind of chunk, and the program size does not grow with batch or length. A unit's softmax state
+(fp32 [rows, D + 2]: -max, sum, acc) chains from item to item through an HBM scratch: an item
+folds its chunks into a fresh state, merges the state its unit's earlier items left in slot LOAD
+(the identity for its first item), keeps the result in slot STORE and writes the unit's output
+(rewritten by the unit's later items). With ``kernel[2]`` (LNC=2) each program instance runs the
+items of its own units and of its part of the one unit split between the two (the host cuts the
+step's chunks into equal halves, plan.decode_work); the two parts' states are exchanged with
+``nisa.sendrecv`` and merged, and program 0 writes that unit.
 Tiling per work item: tiles of score rows, each a group of kv heads and Qt = min(Qb, 128 // G)
 of the item's query tokens (rows R = heads x G x Qt <= 128 on partitions, kv head j's rows
 ordered (query token, g); each row masked to its own keys; the tiles of one step share the
@@ -37,7 +45,7 @@ accumulate one matmul per head in PSUM fp32 (stationary = that head's qT zero-pa
 moving = K^T made on TensorE, D > 128 in 128-row K-tiles), one online softmax for the whole group
 (VectorE max, ScalarE exp with fused row sum, running rescale), and P @ V per head as
 (V_j stationary, head j's columns of P^T moving) into head j's columns of a [D, R] PSUM tile,
-transposed back once per step. Each loop body is software-pipelined in program order (gathers
+transposed back once per step. Each item is software-pipelined in program order (gathers
 two steps ahead, scores up to 8 tiles ahead, the cache rows of a whole block of chunks made up
 front), so every engine has the next step's work queued while the current one finishes.
 """
@@ -49,16 +57,17 @@ from nki_kernels.kernel_dtypes import dtype_bytes
 from nki_kernels.launch_options import program_cores
 from nki_kernels.paged_kv_append.kernel import scatter_rows
 
-from .kernel_cursor import (Geometry, advance, block_bounds, query_of_row, request_bounds,
-                            start_cursor, token_validity)
+from .kernel_cursor import (Geometry, advance, block_bounds, item_columns, query_of_row,
+                            request_bounds, start_cursor, token_validity)
 from .kernel_load import (ROW_LIMIT, KVTile, block_page_ids, block_rows, converted_v,
                           group_entry_rows, group_size, load_chunk_indirect, load_chunk_pages,
                           load_group_indirect, load_group_pages, step_chunks)
 from .kernel_queries import group_queries
-from .kernel_softmax import (chunk_scores, finalize, init_state, k_transposed, mask_bias,
-                             merge_with_partner, softmax_step)
-from .plan import (BOUNDARY, C0, C1, CHUNK_BLOCKS, END, FIRST, FULL_HI, FULL_LO, META_COLS, OUT,
-                   SPAN_COLS, items_per_iteration)
+from .kernel_softmax import (chunk_scores, finalize, k_transposed, load_state, mask_bias,
+                             merge_states, merge_with_partner, softmax_step, state_tile,
+                             state_views, store_state)
+from .plan import (CHUNK_BLOCKS, ITEM_CLASSES, LOAD, OUT, STORE, items_per_iteration,
+                   loop_widths, span_column, state_slots)
 
 
 # Chunks per softmax step: a mask-free block gathered several tokens per partition folds them
@@ -71,11 +80,9 @@ FOLD_WIDTH = 4
 # Tiles of query rows whose scores are made ahead of the softmax (a step ahead when a step has
 # no more tiles than this; each is an [R, <= 512] fp32 tile in SBUF).
 SCORES_AHEAD = 8
-# Mask-free chunks handled per device-loop iteration, largest block first (plan.CHUNK_BLOCKS):
-# a loop iteration costs a scheduling barrier (~9 us, nki_kernels/profile) plus the pipeline's
-# fill, several times one chunk's work, so long requests take 32 chunks (4096 tokens) per
-# iteration and the remainder in blocks of 8, 4, 2, 1 (benchmarks/loop_blocks.py has the sweep:
-# decode 8 x 4096 on trn2 1002 us at 16 chunks per iteration, 860 us at 32).
+# Mask-free chunks of a work item come in blocks of plan.CHUNK_BLOCKS: a block of 32 chunks (4096
+# tokens) is one item, so a loop iteration of U items carries enough work to hide its barrier
+# (~9 us, nki_kernels/profile) and pipeline fill (benchmarks/loop_blocks.py has the sweep).
 
 
 @nki.jit
@@ -151,129 +158,165 @@ def attention(q, k_rows, v_rows, meta, spans, kv_indices, tok_tab, row_tab, sink
     entry_rows = {g: group_entry_rows(tok_tab, geo, g) for g in sorted(set(gathered.values()))
                   if blocked and indirect}
 
-    def attend(i):
-        """Work item i: (its output row, the softmax state of each head group over its chunks)."""
-        row = nl.ndarray((1, META_COLS), nl.int32, buffer=nl.sbuf, name="meta_row")
-        nisa.dma_copy(dst=row, src=meta.ap([[META_COLS, 1], [1, META_COLS]], scalar_offset=i,
-                                           indirect_dim=0))
-        c0, full_lo, full_hi, c1, b = (nisa.scalar_load(row[0:1, c:c + 1])
-                                       for c in (C0, FULL_LO, FULL_HI, C1, OUT))
-        q_pads = [group_queries(q, b, h0, n, G, Qt, mm_dtype, q0) for h0, n, q0 in tiles]
+    U = items_per_iteration(Qb)
+    units = B // Qb
+    scratch = nl.ndarray((state_slots(units), len(tiles) * R, D + 2), nl.float32,
+                         buffer=nl.private_hbm, name="states")
+    identity = state_slots(units) - 1
+    start = state_tile(R, D)
+    for t in range(len(tiles)):
+        nisa.dma_copy(dst=scratch[identity, t * R:(t + 1) * R, :], src=start)
+
+    def prepare(i, count, masked):
+        """Work item i's setup, issued for all items of a loop iteration before any of their
+        chunks: its table row, queries, bounds, cursor and a mask-free block's cache rows, so
+        the next item's first gather never waits behind this one's chunks."""
+        cols = item_columns(meta, i, max(T, R) if count else 1)
+        item = {"b": nisa.scalar_load(cols[0:1, OUT:OUT + 1]),
+                "load": nisa.scalar_load(cols[0:1, LOAD:LOAD + 1]),
+                "store": nisa.scalar_load(cols[0:1, STORE:STORE + 1]),
+                "states": [state_tile(n * GQ, D) for _, n, _ in tiles]}
+        if count == 0:
+            return item
+        item["q"] = [group_queries(q, item["b"], h0, n, G, Qt, mm_dtype, q0)
+                     for h0, n, q0 in tiles]
         # per first query token of a tile: the item's bounds (the token-level ones are common)
-        bounds = ({0: request_bounds(meta, i, T, R)} if Qb == 1 else
-                  block_bounds(meta, i, T, row_q))
-        states = [init_state(n * GQ, D) for _, n, _ in tiles]
-        cursor = start_cursor(meta, i, tok_sb, R)
-        def chunks(count, masked):
-            """Loop body: ``count`` chunks, ``width`` per softmax step (one [rows, width*T]
-            score tile), software-pipelined in program order: gathers run two steps ahead and
-            scores up to SCORES_AHEAD tiles ahead of the softmax (a whole step when it has no
-            more tiles), so TensorE makes the next scores while VectorE and ScalarE finish these,
-            and the DMAs overlap both. A mask-free block's cache
-            rows are made up front and its gathers take ``group`` tokens per partition, folded
-            ``width`` chunks per softmax step (``per_load`` steps per gather)."""
-            group = 1 if masked else gathered[count]
-            width = (step_chunks(geo, group) if group > 1 else
-                     min(count, FOLD_WIDTH if len(tiles) > 1 and Qb > 1 else 1))
-            steps = count // width
-            per_load = max(1, group // width)          # softmax steps per load
+        item["bounds"] = ({0: request_bounds(cols, T, R)} if Qb == 1 else
+                          block_bounds(cols, T, row_q))
+        cursor = item["cursor"] = start_cursor(cols, tok_sb, R)
+        group = 1 if masked else gathered[count]
+        item["rows"] = item["pids"] = None
+        if blocked and not masked and indirect:
+            item["rows"] = block_rows(kv_indices, cursor, count, geo, group, entry_rows[group])
+        elif blocked and not masked and group > 1:
+            item["pids"] = block_page_ids(kv_indices, cursor, count, geo)
+        return item
 
-            def body(c):
-                rows = pids = None
-                if blocked and not masked and indirect:
-                    rows = block_rows(kv_indices, cursor, count, geo, group, entry_rows[group])
-                elif blocked and not masked and group > 1:
-                    pids = block_page_ids(kv_indices, cursor, count, geo)
+    def shape(count, masked):
+        """(tokens per partition of a gather, chunks per softmax step, softmax steps) of an
+        item of ``count`` chunks."""
+        group = 1 if masked else gathered[count]
+        width = (step_chunks(geo, group) if group > 1 else
+                 min(count, FOLD_WIDTH if len(tiles) > 1 and Qb > 1 else 1))
+        return group, width, count // width
 
-                def load(g):
-                    if group > 1 and indirect:
-                        return [(views, None) for views in
-                                load_group_indirect(sources, rows[:, g:g + 1], geo, group,
-                                                    v_dtype)]
-                    if group > 1:
-                        first = g * T * group // page_size
-                        return [(views, None) for views in
-                                load_group_pages(sources, pids, first, geo, group, v_dtype)]
-                    return [_load_chunk(consts, kv_indices, cursor, bounds, masked,
-                                        None if rows is None else rows[:, k:k + 1])
-                            for k in range(g * width, (g + 1) * width)]
+    def loader(item, count, masked):
+        """load(g): the (K, V) views and mask bias of the item's gather g."""
+        group, width, _ = shape(count, masked)
+        rows, pids, cursor, bounds = item["rows"], item["pids"], item["cursor"], item["bounds"]
 
-                loads, kts = {}, {}
+        def load(g):
+            if group > 1 and indirect:
+                return [(views, None) for views in
+                        load_group_indirect(sources, rows[:, g:g + 1], geo, group, v_dtype)]
+            if group > 1:
+                first = g * T * group // page_size
+                return [(views, None) for views in
+                        load_group_pages(sources, pids, first, geo, group, v_dtype)]
+            return [_load_chunk(consts, kv_indices, cursor, bounds, masked,
+                                None if rows is None else rows[:, k:k + 1])
+                    for k in range(g * width, (g + 1) * width)]
+        return load
 
-                def step(s):
-                    """The chunks of softmax step s, loading them on first use."""
-                    if s // per_load not in loads:
-                        loads[s // per_load] = load(s // per_load)
-                    k = (s % per_load) * width
-                    return loads[s // per_load][k:k + width]
+    def fold(item, count, masked, after_first=None):
+        """The item's ``count`` chunks, ``width`` per softmax step (one [rows, width*T] score
+        tile), software-pipelined in program order: gathers run two steps ahead and scores up
+        to SCORES_AHEAD tiles ahead of the softmax (a whole step when it has no more tiles), so
+        TensorE makes the next scores while VectorE and ScalarE finish these, and the DMAs
+        overlap both. A mask-free block's gathers take ``group`` tokens per partition, folded
+        ``width`` chunks per softmax step (``per_load`` steps per gather). ``after_first`` runs
+        after the first softmax step; ``item["loads"]``: gathers issued before (by gather)."""
+        group, width, steps = shape(count, masked)
+        per_load = max(1, group // width)          # softmax steps per load
+        states = [state_views(t) for t in item["states"]]
+        load = loader(item, count, masked)
 
-                def score(u):
-                    """Scores of unit u = (step, tile); K^T of a step's chunks made once per kv
-                    heads, at their first tile, dropped after their last."""
-                    s, t = divmod(u, len(tiles))
-                    h0, n, q0 = tiles[t]
-                    loaded = step(s)
-                    if (s, h0) not in kts:
-                        kts[(s, h0)] = [k_transposed(views[0], h0, n, D, mm_dtype)
-                                        for views, _ in loaded]
-                    bias = loaded[0][1]               # masked chunks are folded one at a time
-                    tile_rows = q_pads[t][0][0].shape[1]
-                    scores = chunk_scores(q_pads[t], kts[(s, h0)], T,
-                                          None if bias is None else bias[q0][0:tile_rows, :],
-                                          scale, soft_cap, mm_dtype)
-                    if t + 1 == len(tiles) or tiles[t + 1][0] != h0:
-                        del kts[(s, h0)]
-                    return scores
+        loads, kts = item.get("loads", {}), {}
 
-                units, ahead = steps * len(tiles), min(len(tiles), SCORES_AHEAD)
-                for s in range(min(2, steps)):
-                    step(s)
-                pending = [score(u) for u in range(min(ahead, units))]
-                for u in range(units):
-                    s, t = divmod(u, len(tiles))
-                    if t == 0 and s + 2 < steps:
-                        step(s + 2)
-                    if u + ahead < units:
-                        pending.append(score(u + ahead))
-                    h0, n, _ = tiles[t]
-                    softmax_step(states[t], pending.pop(0), n, [v for (_, v), _ in step(s)], h0,
-                                 D, mm_dtype)
-                    if t + 1 == len(tiles) and s % per_load == per_load - 1:
-                        del loads[s // per_load]     # its tiles are free from here on
-            return body
+        def step(s):
+            """The chunks of softmax step s, loading them on first use."""
+            if s // per_load not in loads:
+                loads[s // per_load] = load(s // per_load)
+            k = (s % per_load) * width
+            return loads[s // per_load][k:k + width]
 
-        # mask-free chunks in blocks of CHUNK_BLOCKS[0] per loop iteration (each iteration pays
-        # the loop barrier), the rest in the smaller blocks that fit, down to single chunks
-        nl.fori_loop(c0, full_lo, chunks(1, True))
-        lo = full_lo
-        for size in CHUNK_BLOCKS:
-            hi = lo + ((full_hi - lo) // size) * size if size > 1 else full_hi
-            nl.fori_loop(lo, hi, chunks(size, False), step=size)
-            lo = hi
-        nl.fori_loop(full_hi, c1, chunks(1, True))
-        return b, states
+        def score(u):
+            """Scores of unit u = (step, tile); K^T of a step's chunks made once per kv heads,
+            at their first tile, dropped after their last."""
+            s, t = divmod(u, len(tiles))
+            h0, n, q0 = tiles[t]
+            loaded = step(s)
+            if (s, h0) not in kts:
+                kts[(s, h0)] = [k_transposed(views[0], h0, n, D, mm_dtype)
+                                for views, _ in loaded]
+            bias = loaded[0][1]               # masked chunks are folded one at a time
+            tile_rows = item["q"][t][0][0].shape[1]
+            scores = chunk_scores(item["q"][t], kts[(s, h0)], T,
+                                  None if bias is None else bias[q0][0:tile_rows, :],
+                                  scale, soft_cap, mm_dtype)
+            if t + 1 == len(tiles) or tiles[t + 1][0] != h0:
+                del kts[(s, h0)]
+            return scores
 
-    def whole(i):
-        b, states = attend(i)
-        for (h0, n, q0), state in zip(tiles, states):
-            finalize(state, out, lse, sinks, b, h0, G, Qt, v_scale, q0)
+        units_, ahead = steps * len(tiles), min(len(tiles), SCORES_AHEAD)
+        for s in range(min(2, steps)):
+            step(s)
+        pending = [score(u) for u in range(min(ahead, units_))]
+        for u in range(units_):
+            s, t = divmod(u, len(tiles))
+            if t == 0 and s + 2 < steps:
+                step(s + 2)
+            if u + ahead < units_:
+                pending.append(score(u + ahead))
+            h0, n, _ = tiles[t]
+            softmax_step(states[t], pending.pop(0), n, [v for (_, v), _ in step(s)], h0, D,
+                         mm_dtype)
+            if t + 1 == len(tiles) and s % per_load == per_load - 1:
+                del loads[s // per_load]     # its tiles are free from here on
+            if u + 1 == len(tiles) and after_first is not None:
+                after_first()                # the previous item's finish (see iteration)
+
+    def finish(item):
+        """Chain the item's state onto its unit's (scratch slot LOAD: the unit's earlier items,
+        or the identity), keep it in slot STORE and write the unit's output and LSE (a later
+        item of the unit writes them again)."""
+        for t, ((h0, n, q0), tile) in enumerate(zip(tiles, item["states"])):
+            kept = load_state(scratch, item["load"], t, R, n * GQ)
+            merge_states(state_views(tile), state_views(kept))
+            store_state(scratch, item["store"], t, R, tile)
+            finalize(state_views(tile), out, lse, sinks, item["b"], h0, G, Qt, v_scale, q0)
 
     p, cores = nl.program_id(0), program_cores()
-    span = nl.ndarray((1, SPAN_COLS), nl.int32, buffer=nl.sbuf, name="span")
+    span = nl.ndarray((1, spans.shape[1]), nl.int32, buffer=nl.sbuf, name="span")
     nisa.dma_copy(dst=span, src=spans[p:p + 1, :])
-    first, end = nisa.scalar_load(span[0:1, FIRST:FIRST + 1]), nisa.scalar_load(span[0:1, END:END + 1])
-    per = items_per_iteration(Qb, B // Qb)    # items sharing a loop iteration (spans padded)
+    for kind, (count, masked) in enumerate(ITEM_CLASSES):
+        for width in loop_widths(U):
+            col = span_column(kind, width, U)
+            first, end = (nisa.scalar_load(span[0:1, c:c + 1]) for c in (col, col + 1))
 
-    def items(i):
-        for k in range(per):
-            whole(i + k)
-    nl.fori_loop(first, end, items, step=per)
-    if cores == 2:          # the request split between the cores: merge the two partial states
-        b, states = attend(nisa.scalar_load(span[0:1, BOUNDARY:BOUNDARY + 1]))
-        for (h0, n, q0), state in zip(tiles, states):
-            merge_with_partner(state, p)
+            def iteration(i, count=count, masked=masked, width=width):
+                batch = [prepare(i + k, count, masked) for k in range(width)]
+                if masked:      # every item's gather before any softmax: each one's addresses
+                    for item in batch:   # (VectorE) never wait behind another's softmax
+                        item["loads"] = {0: loader(item, count, masked)(0)}
+                # an item finishes inside the next one's chunks, after that one's first softmax
+                # step: its DMAs then sit behind gathers already issued, not in front of them
+                for k, item in enumerate(batch):
+                    before = (lambda k=k: finish(batch[k - 1])) if k else None
+                    if count:
+                        fold(item, count, masked, before)
+                    elif before:
+                        before()
+                finish(batch[-1])
+            nl.fori_loop(first, end, iteration, step=width)
+    if cores == 2:          # the unit split between the cores: merge the two partial states
+        cols = spans.shape[1]
+        slot, b = (nisa.scalar_load(span[0:1, c:c + 1]) for c in (cols - 2, cols - 1))
+        for t, (h0, n, q0) in enumerate(tiles):
+            tile = load_state(scratch, slot, t, R, n * GQ)
+            merge_with_partner(tile, p)
             if p == 0:
-                finalize(state, out, lse, sinks, b, h0, G, Qt, v_scale, q0)
+                finalize(state_views(tile), out, lse, sinks, b, h0, G, Qt, v_scale, q0)
     return out, lse
 
 

@@ -30,11 +30,11 @@ class Geometry(NamedTuple):
     token_pattern: tuple    # one token's heads from its first element: ((step, num), ...)
 
 
-def meta_broadcast(meta, b, col, parts, name):
-    """[parts, 1] int32 tile holding meta[b, col] in every partition (b: a device scalar)."""
-    t = nl.ndarray((parts, 1), nl.int32, buffer=nl.sbuf, name=name)
-    nisa.dma_copy(dst=t, src=meta.ap([[0, parts], [1, 1]], offset=col, scalar_offset=b,
-                                     indirect_dim=0))
+def item_columns(meta, i, parts):
+    """[parts, META_COLS] int32: work item i's table row in every partition (i: a device
+    scalar), one DMA: the item's scalars, bounds and cursor are all read from it."""
+    t = nl.ndarray((parts, META_COLS), nl.int32, buffer=nl.sbuf, name="item")
+    nisa.dma_copy(dst=t, src=meta.ap([[0, parts], [1, META_COLS]], scalar_offset=i, indirect_dim=0))
     return t
 
 
@@ -47,9 +47,10 @@ class Bounds(NamedTuple):
     W_r: object
 
 
-def request_bounds(meta, b, T, R):
-    return Bounds(meta_broadcast(meta, b, LEN, T, "len_t"), meta_broadcast(meta, b, WIN, T, "win_t"),
-                  meta_broadcast(meta, b, LEN, R, "len_r"), meta_broadcast(meta, b, WIN, R, "win_r"))
+def request_bounds(cols, T, R):
+    """The item's [WIN, LEN) on T token rows and R score rows (``cols``: ``item_columns``)."""
+    return Bounds(cols[0:T, LEN:LEN + 1], cols[0:T, WIN:WIN + 1], cols[0:R, LEN:LEN + 1],
+                  cols[0:R, WIN:WIN + 1])
 
 
 def query_of_row(row_tab, R, GQ, first=0):
@@ -61,21 +62,14 @@ def query_of_row(row_tab, R, GQ, first=0):
     return t
 
 
-def _item_columns(meta, i, parts, name):
-    """[parts, META_COLS] int32: work item i's table row in every partition (i: device scalar)."""
-    t = nl.ndarray((parts, META_COLS), nl.int32, buffer=nl.sbuf, name=name)
-    nisa.dma_copy(dst=t, src=meta.ap([[0, parts], [1, META_COLS]], scalar_offset=i, indirect_dim=0))
-    return t
-
-
-def block_bounds(meta, i, T, row_qs):
+def block_bounds(cols, T, row_qs):
     """Bounds of a block of query tokens, per tile {q0: Bounds} (``row_qs``: {q0: row_q}): the
     item's [WIN, LEN) on the T token rows (what it gathers; common to the tiles), and on each
     score row r of a tile (query qi = row_q[r]) its own keys
     [max(0, Q_BASE + qi - W_SPAN), min(HI_BASE + qi, LEN)) (causal mask and window per query).
-    The item's table row is loaded once for all tiles."""
+    ``cols``: the item's ``item_columns``."""
     R = next(iter(row_qs.values())).shape[0]
-    tok, rows = _item_columns(meta, i, T, "item_t"), _item_columns(meta, i, R, "item_r")
+    tok, rows = cols[0:T, :], cols[0:R, :]
     bounds = {}
     for q0, row_q in row_qs.items():
         L_r = nl.ndarray((R, 1), nl.int32, buffer=nl.sbuf, name="len_r")
@@ -93,19 +87,21 @@ def _add_tiles(dst, a, b):
     nisa.tensor_tensor(dst=dst, data1=a, data2=b, op=nl.add)
 
 
-def start_cursor(meta, b, tok_sb, R):
-    """The cursor at chunk c0 of request b: pos = POS0 + t, slot = SLOT0 + slot(t),
-    entry = ENTRY0 + entry(t), start = POS0 (tok_sb: the [T, 2] chunk-local token table)."""
+def start_cursor(cols, tok_sb, R):
+    """The cursor at the item's first chunk: pos = POS0 + t, slot = SLOT0 + slot(t),
+    entry = ENTRY0 + entry(t), start = POS0 (``cols``: ``item_columns``; tok_sb: the [T, 2]
+    chunk-local token table), in tiles of its own (the loop advances them)."""
     T = tok_sb.shape[0]
     iota_t = nl.ndarray((T, 1), nl.int32, buffer=nl.sbuf, name="iota_t")
     nisa.iota(dst=iota_t, pattern=[[1, 1]], offset=0, channel_multiplier=1)
-    pos = meta_broadcast(meta, b, POS0, T, "pos")
-    _add_tiles(pos, pos, iota_t)
-    slot = meta_broadcast(meta, b, SLOT0, T, "slot")
-    _add_tiles(slot, slot, tok_sb[:, 0:1])
-    entry = meta_broadcast(meta, b, ENTRY0, T, "entry")
-    _add_tiles(entry, entry, tok_sb[:, 1:2])
-    return {"pos": pos, "slot": slot, "entry": entry, "start": meta_broadcast(meta, b, POS0, R, "start")}
+    cursor = {}
+    for key, col, add in (("pos", POS0, iota_t), ("slot", SLOT0, tok_sb[:, 0:1]),
+                          ("entry", ENTRY0, tok_sb[:, 1:2])):
+        cursor[key] = nl.ndarray((T, 1), nl.int32, buffer=nl.sbuf, name=key)
+        _add_tiles(cursor[key], cols[0:T, col:col + 1], add)
+    cursor["start"] = nl.ndarray((R, 1), nl.int32, buffer=nl.sbuf, name="start")
+    nisa.tensor_copy(dst=cursor["start"], src=cols[0:R, POS0:POS0 + 1])
+    return cursor
 
 
 def advance(cursor, page_size, chunks=1):

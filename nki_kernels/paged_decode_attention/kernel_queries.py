@@ -33,11 +33,13 @@ def group_queries(q, t0, h0, n, G, Qb, mm_dtype, q0=0):
         dp = min(128, D - d0)
         qT_ps = nl.ndarray((dp, R), transpose_dtype(q.dtype), buffer=nl.psum, name="qT_ps")
         nisa.nc_transpose(dst=qT_ps, data=rows[:, d0:d0 + dp])
+        # the n stationaries side by side in one tile, zeroed by one memset on GpSimd (VectorE
+        # has the softmax), head j's columns copied onto its block's diagonal by one copy
+        pad = nl.ndarray((dp, n * R), mm_dtype, buffer=nl.sbuf, name="q_pad")
+        if n > 1:
+            nisa.memset(dst=pad, value=0.0, engine=nisa.engine.gpsimd)
+        nisa.tensor_copy(dst=pad.ap([[n * R, dp], [R + GQ, n], [1, GQ]]),
+                         src=qT_ps.ap([[R, dp], [GQ, n], [1, GQ]]))
         for j in range(n):
-            pad = nl.ndarray((dp, R), mm_dtype, buffer=nl.sbuf, name="q_pad")
-            if n > 1:
-                nisa.memset(dst=pad, value=0.0)
-            cols = slice(j * GQ, (j + 1) * GQ)
-            nisa.tensor_copy(dst=pad[:, cols], src=qT_ps[:, cols])
-            pads[j].append(pad)
+            pads[j].append(pad[:, j * R:(j + 1) * R])
     return pads

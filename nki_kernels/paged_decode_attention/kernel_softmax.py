@@ -22,13 +22,37 @@ def _f32(shape, name):
     return nl.ndarray(shape, nl.float32, buffer=nl.sbuf, name=name)
 
 
-def init_state(G, D):
-    """[negm, l, acc]: negm = -(running max), starting at -NEG_BIG (finite)."""
-    negm, l, acc = _f32((G, 1), "neg_m"), _f32((G, 1), "l"), _f32((G, D), "acc")
-    nisa.memset(dst=negm, value=-NEG_BIG)
-    nisa.memset(dst=l, value=0.0)
-    nisa.memset(dst=acc, value=0.0)
-    return [negm, l, acc]
+def state_tile(rows, D):
+    """[rows, D + 2] fp32 SBUF tile of one softmax state, columns [negm, l, acc (D)], holding
+    the identity: negm = -NEG_BIG (finite), l = 0, acc = 0. One tile, so a state moves to and
+    from HBM (the chain of a unit's work items) and to the other core in one transfer."""
+    st = _f32((rows, D + 2), "state")
+    nisa.memset(dst=st[:, 1:D + 2], value=0.0, engine=nisa.engine.gpsimd)
+    nisa.memset(dst=st[:, 0:1], value=-NEG_BIG, engine=nisa.engine.gpsimd)
+    return st
+
+
+def state_views(st):
+    """[negm, l, acc] views of a ``state_tile``."""
+    return [st[:, 0:1], st[:, 1:2], st[:, 2:st.shape[1]]]
+
+
+def _slot_rows(scratch, slot, t, R, rows):
+    """Rows of tile t's state in scratch slot ``slot`` (a device scalar): scratch is
+    [slots, tiles * R, D + 2] fp32 in HBM."""
+    E = scratch.shape[2]
+    return scratch.ap([[E, rows], [1, E]], offset=t * R * E, scalar_offset=slot, indirect_dim=0)
+
+
+def load_state(scratch, slot, t, R, rows):
+    """A new [rows, D + 2] state tile holding tile t's state kept in scratch slot ``slot``."""
+    st = _f32((rows, scratch.shape[2]), "kept_state")
+    nisa.dma_copy(dst=st, src=_slot_rows(scratch, slot, t, R, rows))
+    return st
+
+
+def store_state(scratch, slot, t, R, st):
+    nisa.dma_copy(dst=_slot_rows(scratch, slot, t, R, st.shape[0]), src=st)
 
 
 def mask_bias(cursor, bounds, iota_rt):
@@ -238,25 +262,28 @@ def _write_rows(dst, rows, b, h0, G, Qb, q0):
                                  indirect_dim=0), src=rows[j * GQ:(j + 1) * GQ, :])
 
 
-def merge_with_partner(state, p):
-    """LNC=2: swap this group's state with the other core (``nisa.sendrecv``, SBUF to SBUF) and
-    merge the two in place: m = max(m0, m1), l = l0 a0 + l1 a1, acc = acc0 a0 + acc1 a1 with
-    a_i = exp(m_i - m). Both cores end with the same state; an empty part (l = 0, m = -NEG_BIG
-    sentinel) weighs 0."""
+def merge_with_partner(st, p):
+    """LNC=2: swap a ``state_tile`` with the other core (one ``nisa.sendrecv``, SBUF to SBUF) and
+    merge the two in place (``merge_states``): both cores end with the same state."""
+    peer = _f32(st.shape, "peer_state")
+    nisa.sendrecv(src=st, dst=peer, send_to_rank=1 - p, recv_from_rank=1 - p, pipe_id=0)
+    merge_states(state_views(st), state_views(peer))
+
+
+def merge_states(state, other):
+    """state <- the softmax state of both key sets: m = max(m0, m1), l = l0 a0 + l1 a1,
+    acc = acc0 a0 + acc1 a1 with a_i = exp(m_i - m); an empty one (l = 0, the finite -NEG_BIG
+    max) weighs 0. ``state``, ``other``: [negm, l, acc] (``state_views``)."""
     negm, l, acc = state
-    peer = [_f32(t.shape, "peer_" + n) for t, n in zip(state, ("neg_m", "l", "acc"))]
-    for pipe, (mine, theirs) in enumerate(zip(state, peer)):
-        nisa.sendrecv(src=mine, dst=theirs, send_to_rank=1 - p, recv_from_rank=1 - p,
-                      pipe_id=pipe)
     R = negm.shape[0]
     negm_new, a_mine, a_peer = _f32((R, 1), "neg_m"), _f32((R, 1), "alpha"), _f32((R, 1), "alpha")
-    nisa.tensor_tensor(dst=negm_new, data1=negm, data2=peer[0], op=nl.minimum)
+    nisa.tensor_tensor(dst=negm_new, data1=negm, data2=other[0], op=nl.minimum)
     nisa.activation(dst=a_mine, op=nl.exp, data=negm, bias=negm_new, scale=-1.0)
-    nisa.activation(dst=a_peer, op=nl.exp, data=peer[0], bias=negm_new, scale=-1.0)
+    nisa.activation(dst=a_peer, op=nl.exp, data=other[0], bias=negm_new, scale=-1.0)
     nisa.tensor_scalar(dst=l, data=l, op0=nl.multiply, operand0=a_mine)
-    nisa.scalar_tensor_tensor(dst=l, data=peer[1], op0=nl.multiply, operand0=a_peer, op1=nl.add,
+    nisa.scalar_tensor_tensor(dst=l, data=other[1], op0=nl.multiply, operand0=a_peer, op1=nl.add,
                               operand1=l)
     nisa.tensor_scalar(dst=acc, data=acc, op0=nl.multiply, operand0=a_mine)
-    nisa.scalar_tensor_tensor(dst=acc, data=peer[2], op0=nl.multiply, operand0=a_peer, op1=nl.add,
-                              operand1=acc)
+    nisa.scalar_tensor_tensor(dst=acc, data=other[2], op0=nl.multiply, operand0=a_peer,
+                              op1=nl.add, operand1=acc)
     nisa.tensor_copy(dst=negm, src=negm_new)

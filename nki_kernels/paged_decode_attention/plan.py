@@ -27,9 +27,9 @@ import numpy as np
 # either that one core takes. Keys of query row qi of the block: [W_r, L_r) with
 # L_r = min(HI_BASE + qi, LEN) and W_r = max(0, Q_BASE + qi - W_SPAN); LEN / WIN are the largest
 # L_r / smallest W_r of the block's real rows (what the item gathers).
-PTR, LEN, WIN, C0, FULL_LO, FULL_HI, C1, SLOT0, ENTRY0, POS0, OUT, HI_BASE, Q_BASE, W_SPAN = \
-    range(14)
-META_COLS = 14
+PTR, LEN, WIN, C0, FULL_LO, FULL_HI, C1, SLOT0, ENTRY0, POS0, OUT, HI_BASE, Q_BASE, W_SPAN, \
+    LOAD, STORE = range(16)
+META_COLS = 16
 NO_WINDOW = 1 << 24          # W_SPAN without a sliding window: every W_r clamps to 0
 
 
@@ -166,38 +166,77 @@ def _whole_requests(req: _Requests, rows: int, page_size: int) -> np.ndarray:
 
 
 # Modelled work, in chunk-equivalents (one mask-free chunk inside a block), of the rest of what
-# a core does: a work item's fixed cost (request table, q load, state, finalize, its own loop
-# iteration) and each further device-loop iteration (the barrier and the pipeline's fill; chunks
-# run in blocks of kernel.CHUNK_BLOCKS). Least-squares fit to the dependency-aware schedule on
-# trn2 over seven batches (benchmarks/decode_two_cores.py fit): an item 10.28 chunks, an
-# iteration 8.56 (bf16, 8 kv heads, G 4, D 128, pages of 16; a chunk of a grouped gather is
-# cheap, so the fixed costs weigh more chunks than with one gather per chunk).
-ITEM_COST_CHUNKS = 10.28
-ITERATION_COST_CHUNKS = 8.56
-CHUNK_BLOCKS = (32, 8, 4, 2, 1)    # kernel.CHUNK_BLOCKS (the kernel imports it from here);
-                                   # chosen with benchmarks/loop_blocks.py
+# a core does: a work item's fixed cost (its table row, q load, the softmax state it loads,
+# stores and finalizes) and each device-loop iteration (the barrier and the pipeline's fill).
+# Least-squares fit to the dependency-aware schedule on trn2 (benchmarks/decode_two_cores.py
+# fit over nine batches; bf16, 8 kv heads, G 4, D 128, pages of 16): an item 6.95 chunks, an
+# iteration 4.07.
+ITEM_COST_CHUNKS = 6.95
+ITERATION_COST_CHUNKS = 4.07
+# Mask-free chunks of one work item, largest first (a request's mask-free chunks: as many
+# blocks of 32 as fit, then at most one of each smaller size); chosen with benchmarks/loop_blocks.py
+CHUNK_BLOCKS = (32, 16, 8, 4, 2, 1)
+# Kinds of work item, each with its own device loop whose body is that kind's static program:
+# (chunks, masked): an item with no keys (it only writes its empty result), one masked chunk,
+# then the mask-free blocks. The kernel runs the loops in this order.
+ITEM_CLASSES = ((0, False), (1, True)) + tuple((size, False) for size in CHUNK_BLOCKS)
 
 
-def loop_iterations(full, masked):
-    """Device-loop iterations of a request's chunks: masked ones singly, mask-free ones in blocks
-    of CHUNK_BLOCKS, largest first."""
-    iterations = np.asarray(masked, np.int64).copy()
-    rest = np.asarray(full, np.int64).copy()
-    for size in CHUNK_BLOCKS:
-        iterations += rest // size
-        rest = rest % size
-    return iterations
+def loop_widths(per_iteration: int) -> tuple:
+    """Items per iteration of each loop over one kind of item: ``per_iteration`` (a power of
+    two), then the halves down to 1 for the remainder (at most one iteration each)."""
+    if per_iteration < 1 or per_iteration & (per_iteration - 1):
+        raise ValueError(f"per_iteration={per_iteration!r} must be a power of two")
+    widths = []
+    while per_iteration:
+        widths.append(per_iteration)
+        per_iteration //= 2
+    return tuple(widths)
+
+
+def span_cols(per_iteration: int) -> int:
+    """Columns of a core's span row: [first, end) per (item kind, loop width), then BSLOT, BOUT."""
+    return 2 * len(ITEM_CLASSES) * len(loop_widths(per_iteration)) + 2
+
+
+def span_column(kind: int, width: int, per_iteration: int) -> int:
+    """Column of the FIRST of item kind ``kind``'s loop of ``width`` items per iteration (its END
+    follows)."""
+    widths = loop_widths(per_iteration)
+    return 2 * (kind * len(widths) + widths.index(width))
+
+
+def state_slots(units: int) -> int:
+    """Softmax-state slots of the kernel's HBM scratch: one per unit (request or query block),
+    one per core for the request split between the two, and the identity state last."""
+    return units + 3
+
+
+def table_rows(units: int, capacity_chunks: int, sharing: int = 1) -> int:
+    """Static bound on the work items of a launch over ``units`` units whose keys fill at most
+    ``capacity_chunks`` chunks, each key read by at most ``sharing`` units (query blocks of one
+    request read the same keys): per unit two masked chunks, one block of each size below the
+    largest (per part: the split unit has two) and an empty item, plus the largest blocks."""
+    return 8 * units + 10 + sharing * (capacity_chunks // CHUNK_BLOCKS[0])
+
+
+def capacity_chunks(capacity_pages: int, page_size: int) -> int:
+    """Chunks the pages of a page table of ``capacity_pages`` entries can hold."""
+    return capacity_pages * page_size // chunk_tokens(page_size) + 1
 
 
 @dataclass(frozen=True)
 class DecodeWork:
     """The device tables of one launch.
 
-    items: [rows, META_COLS] int32 work items (request_table's columns, chunk bounds of the part
-        of the request the item covers).
-    spans: [cores, SPAN_COLS] int32: core p runs items FIRST..END-1 whole and, with two cores,
-        item BOUNDARY: its part of the one request split between the cores, whose partial
-        softmax states the cores exchange and merge (program 0 writes the result).
+    items: [rows, META_COLS] int32 work items: a unit (request, or block of a request's queries)
+        over one kind of chunk range (ITEM_CLASSES), its softmax state chained through the
+        scratch slot STORE (loaded from LOAD: the unit's slot, or the identity for its first
+        item on the core); unused rows zero.
+    spans: [cores, span_cols(U)] int32: per item kind and loop width, the rows [first, end) the
+        core runs in that loop; BSLOT / BOUT: with two cores, the scratch slot of the core's part
+        of the one unit split between the cores (the identity slot if it has none) and that
+        unit's output row (program 0 merges the two parts and writes it).
     loads: modelled work of each core, in chunk-equivalents (host-side, for reports).
     """
 
@@ -206,91 +245,152 @@ class DecodeWork:
     loads: tuple
 
 
-FIRST, END, BOUNDARY = range(3)
-SPAN_COLS = 3
-# Work items per iteration of the kernel's loop over items. A decode item (one query token) is
+# Work items per iteration of the kernel's loops over items. A decode item (one query token) is
 # a few chunks of work, less than a loop iteration's barrier and pipeline fill, so DECODE_ITEMS
-# share one (a core's items padded to a multiple with empty items, which run first and write
-# the output row of the core's first real item, rewritten by it); a block of query tokens pays
-# its own. Measured (cost model, trn2, bf16 8 kv x 32 q heads, D 128): decode 32 x 4096 2711 us
-# with 1 item per iteration, 2462 with 4, 2420 with 8; 15 x 1228: 1273, 1165, 1144 (the program
-# doubles from 4 to 8 for 2%).
+# share one; a block of query tokens pays its own. Measured (cost model, trn2, bf16 8 kv x 32 q
+# heads, D 128): see benchmarks/loop_blocks.py.
 DECODE_ITEMS_PER_ITERATION = 4
 
 
-def items_per_iteration(q_block: int, batch_rows: int) -> int:
-    """Items per loop iteration for items of ``q_block`` queries in a bucket of ``batch_rows``
-    (never more than the bucket: a lone request has no empty items before it)."""
-    return min(DECODE_ITEMS_PER_ITERATION, max(1, batch_rows)) if q_block == 1 else 1
+def items_per_iteration(q_block: int) -> int:
+    """Items per loop iteration for items of ``q_block`` queries (a power of two). Decode items
+    share iterations whatever the bucket: a lone long request's blocks are several items too
+    (the remainder of each kind runs in narrower loops, so nothing is padded)."""
+    return DECODE_ITEMS_PER_ITERATION if q_block == 1 else 1
 
 
-def _padded(req: _Requests, idx: np.ndarray, per_iteration: int, page_size: int) -> np.ndarray:
-    """Rows of items ``idx`` (whole) led by the empty items that make their count a multiple of
-    ``per_iteration``; those take the first item's output row (it is written again after)."""
-    pad = (-idx.size) % per_iteration
-    rows = np.zeros((pad + idx.size, META_COLS), np.int64)
-    if idx.size:
-        rows[pad:] = req.items(idx, req.c0[idx], req.c1[idx], page_size)
-        rows[:pad, OUT] = req.out[idx[0]]
+def core_rows(span_row, per_iteration: int) -> list:
+    """Rows of the work-item table one core runs, in the kernel's order (kinds in ITEM_CLASSES
+    order, each kind's loops widest first), from the core's span row."""
+    rows = []
+    for kind in range(len(ITEM_CLASSES)):
+        for width in loop_widths(per_iteration):
+            col = span_column(kind, width, per_iteration)
+            rows.extend(range(int(span_row[col]), int(span_row[col + 1])))
     return rows
 
 
+def class_items(full_lo, full_hi, a, e):
+    """[(kind, first chunk, end chunk)] of a unit's chunks [a, e) with mask-free range
+    [full_lo, full_hi): each masked chunk alone, the mask-free ones in CHUNK_BLOCKS (all the
+    32-blocks that fit, then at most one of each smaller size); kinds index ITEM_CLASSES."""
+    out = [(1, c, c + 1) for c in range(a, e) if not full_lo <= c < full_hi]
+    lo, hi = max(a, full_lo), min(e, full_hi)
+    for kind, (size, masked) in enumerate(ITEM_CLASSES):
+        if size and not masked:
+            while hi - lo >= size:
+                out.append((kind, lo, lo + size))
+                lo += size
+    return out
+
+
+def _part_items(full_lo, full_hi, a, e):
+    """Items ``class_items`` makes of chunks [a, e) (arrays of cuts), counted without listing."""
+    a, e = np.asarray(a, np.int64), np.asarray(e, np.int64)
+    masked = (np.clip(full_lo, a, e) - a) + (e - np.clip(full_hi, a, e))
+    free = np.maximum(0, np.minimum(e, full_hi) - np.maximum(a, full_lo))
+    big = CHUNK_BLOCKS[0]
+    bits = np.zeros_like(free)
+    for size in CHUNK_BLOCKS[1:]:
+        bits += (free % big) // size % 2
+    return masked + free // big + bits
+
+
 def decode_work(kv_indptr, kv_lens, window_left: int, page_size: int, batch_rows: int,
-                cores: int = 1, per_iteration: int = None) -> DecodeWork:
+                cores: int = 1, per_iteration: int = None, capacity: int = None) -> DecodeWork:
     """Share a decode step between ``cores`` (1, or 2 under LNC=2) program instances.
 
     Two cores: requests keep their order and the sequence of all their chunks is cut in two
-    halves of equal modelled work (chunks, ITERATION_COST_CHUNKS per device-loop iteration and
-    ITEM_COST_CHUNKS per item): core 0 takes the requests before the cut, core 1 those after it,
-    and the request the cut falls in is split at a chunk boundary (split-KV), so one long request
-    uses both cores as evenly as many short ones. Table rows: [boundary of core 0, boundary of
-    core 1, core 0's whole requests, core 1's], each core's whole requests led by the empty items
-    that make them a multiple of ``per_iteration`` (items_per_iteration); ``batch_rows + 2 +
-    2 * (per_iteration - 1)`` rows in all (one core: ``batch_rows + per_iteration - 1``), a
-    shape of the batch bucket only.
+    halves of equal modelled work: core 0 takes the requests before the cut, core 1 those after
+    it, and the request the cut falls in is split at a chunk boundary (split-KV), so one long
+    request uses both cores as evenly as many short ones. ``capacity``: chunks the page table can
+    hold (sets the table's static row count; default: what these requests need).
     """
     if per_iteration is None:
-        per_iteration = items_per_iteration(1, batch_rows)
+        per_iteration = items_per_iteration(1)
     return split_work(_requests(kv_indptr, kv_lens, window_left, page_size), page_size, batch_rows,
-                      cores, per_iteration)
+                      cores, per_iteration, capacity)
+
+
+def _item_cost(n_items, per_iteration):
+    return n_items * (ITEM_COST_CHUNKS + ITERATION_COST_CHUNKS / per_iteration)
 
 
 def split_work(req: _Requests, page_size: int, batch_rows: int, cores: int = 1,
-               per_iteration: int = 1) -> DecodeWork:
-    """decode_work over any work items (requests or query blocks, ``query_blocks``)."""
+               per_iteration: int = 1, capacity: int = None, sharing: int = 1) -> DecodeWork:
+    """decode_work over any work items (requests or query blocks, ``query_blocks``); units are
+    numbered by row, ``batch_rows`` of them (a bucket); ``sharing``: see ``table_rows``."""
     U = per_iteration
-    B = req.L.size
-    chunks = (req.c1 - req.c0).astype(np.float64)
-    masked = (req.full_lo - req.c0) + (req.c1 - req.full_hi)
-    work = chunks + ITERATION_COST_CHUNKS * loop_iterations(req.full_hi - req.full_lo, masked)
-    if cores == 1:
-        table = np.zeros((batch_rows + U - 1, META_COLS), np.int64)
-        rows = _padded(req, np.arange(B), U, page_size)
-        table[:len(rows)] = rows
-        return DecodeWork(table.astype(np.int32), np.array([[0, len(rows), 0]], np.int32),
-                          (float(work.sum() + ITEM_COST_CHUNKS * B),))
-    if cores != 2:
+    widths = loop_widths(U)
+    if cores not in (1, 2):
         raise ValueError(f"cores={cores!r} must be 1 or 2")
-    table = np.zeros((batch_rows + 2 + 2 * (U - 1), META_COLS), np.int64)
-    if B == 0:                 # both boundary items: the empty padding request 0
-        return DecodeWork(table.astype(np.int32), np.array([[2, 2, 0], [2, 2, 1]], np.int32),
-                          (0.0, 0.0))
-    cum = np.cumsum(work + ITEM_COST_CHUNKS)
-    total = float(cum[-1])
-    k = min(int(np.searchsorted(cum, total / 2)), B - 1)     # the request the cut falls in
-    before, after = (float(cum[k - 1]) if k else 0.0), total - float(cum[k])
-    # core 0 takes chunks [c0, c0 + s) of request k, core 1 the rest: equal loads (request k's
-    # work taken as spread evenly over its chunks)
-    share = np.clip((after - before + work[k]) / 2, 0.0, work[k])
-    s = int(round(share / work[k] * chunks[k])) if work[k] else 0
-    ck = req.c0[k]
-    table[0:2] = req.items(np.array([k, k]), np.array([ck, ck + s]),
-                           np.array([ck + s, req.c1[k]]), page_size)
-    first = _padded(req, np.arange(k), U, page_size)              # core 0's whole requests
-    second = _padded(req, np.arange(k + 1, B), U, page_size)      # core 1's
-    mid = 2 + len(first)
-    table[2:mid], table[mid:mid + len(second)] = first, second
-    spans = np.array([[2, mid, 0], [mid, mid + len(second), 1]], np.int32)
-    part = work[k] * s / chunks[k] if chunks[k] else 0.0
-    loads = (before + ITEM_COST_CHUNKS + part, after + ITEM_COST_CHUNKS + work[k] - part)
-    return DecodeWork(table.astype(np.int32), spans, loads)
+    B = req.L.size
+    chunks = (req.c1 - req.c0).astype(np.int64)
+    if capacity is None:
+        capacity = int(chunks.sum()) + 1
+    parts = [class_items(int(req.full_lo[b]), int(req.full_hi[b]), int(req.c0[b]), int(req.c1[b]))
+             for b in range(B)]
+    work = np.array([chunks[b] + _item_cost(max(1, len(parts[b])), U) for b in range(B)],
+                    np.float64)
+    ident = state_slots(batch_rows) - 1
+    # per core: [(unit, slot, item rows' kinds and ranges)] and the split unit's part
+    if cores == 1:
+        plan = [[(b, b, parts[b]) for b in range(B)]]
+        split, loads = None, (float(work.sum()),)
+    elif B == 0:
+        plan, split, loads = [[], []], None, (0.0, 0.0)
+    else:
+        cum = np.cumsum(work)
+        total = float(cum[-1])
+        k = min(int(np.searchsorted(cum, total / 2)), B - 1)     # the unit the cut falls in
+        before, after = (float(cum[k - 1]) if k else 0.0), total - float(cum[k])
+        ck, ek = int(req.c0[k]), int(req.c1[k])
+        lo, hi = int(req.full_lo[k]), int(req.full_hi[k])
+        # core 0 takes chunks [ck, ck + s) of unit k, core 1 the rest: the s whose two sides'
+        # modelled work (chunks and the items each part splits into) differ least
+        cut = np.arange(ck, ek + 1)
+        side0 = (cut - ck) + _item_cost(_part_items(lo, hi, ck, cut), U)
+        side1 = (ek - cut) + _item_cost(_part_items(lo, hi, cut, ek), U)
+        s = int(np.argmin(np.abs(before + side0 - after - side1)))
+        halves = (class_items(lo, hi, ck, ck + s), class_items(lo, hi, ck + s, int(req.c1[k])))
+        plan = [[(b, b, parts[b]) for b in range(k)] + [(k, batch_rows, halves[0])],
+                [(k, batch_rows + 1, halves[1])] + [(b, b, parts[b]) for b in range(k + 1, B)]]
+        split = k
+        part = [sum(e - a for _, a, e in h) for h in halves]
+        loads = tuple(float(x) for x in (
+            before + part[0] + _item_cost(len(halves[0]), U),
+            after + part[1] + _item_cost(len(halves[1]), U)))
+    rows, spans = [], np.zeros((cores, span_cols(U)), np.int64)
+    for p, units in enumerate(plan):
+        chained = set()
+        for kind, _ in enumerate(ITEM_CLASSES):
+            mine = []
+            for b, slot, its in units:
+                if not its and kind == 0 and b != split:
+                    its = [(0, int(req.c0[b]), int(req.c0[b]))]    # no keys: its empty result
+                for k_, a, e in its:
+                    if k_ == kind:
+                        row = req.items(np.array([b]), np.array([a]), np.array([e]), page_size)[0]
+                        row[LOAD] = slot if slot in chained else ident
+                        row[STORE] = slot
+                        chained.add(slot)
+                        mine.append(row)
+            start = len(rows)
+            rows.extend(mine)
+            for w in widths:                  # whole iterations of each width, widest first
+                col = span_column(kind, w, U)
+                n = (len(rows) - start) // w * w
+                spans[p, col], spans[p, col + 1] = start, start + n
+                start += n
+        if split is not None:
+            spans[p, -2] = batch_rows + p if batch_rows + p in chained else ident
+            spans[p, -1] = req.out[split]
+        else:
+            spans[p, -2], spans[p, -1] = ident, 0
+    n_rows = table_rows(batch_rows, capacity, sharing)
+    if len(rows) > n_rows:
+        raise AssertionError(f"{len(rows)} work items exceed the table's {n_rows} rows")
+    table = np.zeros((n_rows, META_COLS), np.int64)
+    if rows:
+        table[:len(rows)] = np.array(rows)
+    return DecodeWork(table.astype(np.int32), spans.astype(np.int32), loads)

@@ -15,7 +15,7 @@ from nki_kernels.launch_options import check_lnc
 from nki_kernels.paged_kv_append.checks import csr_counts, require_int32_vector
 
 from .checks import check_batch_decode_inputs, soft_cap
-from .decode import cache_rows, kernel_arguments
+from .decode import cache_rows, kernel_arguments, table_capacity
 from .head_scales import fold_head_scales, scale_heads
 from .kernel import append_attention_kernel, batch_decode_kernel
 from .prefill_append import append_arguments
@@ -202,7 +202,8 @@ def plan_prefill(prob, q_lens, qo_indptr, kv_indptr, kv_indices, paged_kv_cache,
                          prob.geo.page_size)
     n_items = items.L.size
     work = split_work(items, prob.geo.page_size, bucket(n_items), cores,
-                      items_per_iteration(qb, bucket(n_items)))
+                      items_per_iteration(qb),
+                      table_capacity(prob.geo, kv_indptr), 1 if qb == 1 else bucket(n_items))
     # item k covers tokens q0 .. q0 + qb of its request, at padded rows k*qb ..
     tok = items.q0[:, None] + np.arange(qb)[None, :]
     real = tok < q_lens[items.request][:, None]

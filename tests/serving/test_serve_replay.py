@@ -7,7 +7,7 @@ import pytest
 
 from nki_kernels.buckets import bucket
 from nki_kernels.cli import main
-from nki_kernels.paged_decode_attention.plan import items_per_iteration
+from nki_kernels.paged_decode_attention.plan import span_cols
 from nki_kernels.serve import ServeConfig, replay, summary_markdown
 
 pytestmark = pytest.mark.sim_only
@@ -22,12 +22,15 @@ def test_replay_compiles_once_per_bucket(target):
     # append launches: prefill launches (prompt sums) and decode appends (one per request)
     assert trace.compilations["paged_kv_scatter_kernel"] <= 2 * len(trace.steps)
     assert sum(s.compiles for s in trace.steps[len(trace.steps) // 2:]) <= 2
-    # the program holds a fixed number of item bodies whatever the lengths (the measured size is
-    # a lower bound: a loop that did not run in the first iteration is not counted)
-    assert max(s.program_instructions for s in trace.steps) < 700
-    # trn1 reads whole pages (P = 16): a partly filled last page costs up to 15 tokens per request,
-    # about 9% at these short lengths (~150 tokens per request), < 1% at thousands
-    limit = 1.06 if target == "trn2" else 1.10
+    # the program holds a fixed number of item bodies whatever the lengths: one per kind of work
+    # item and loop width (the measured size is a lower bound: a loop that did not run in the
+    # first iteration is not counted)
+    assert max(s.program_instructions for s in trace.steps) < 1000
+    # each work item (2-3 per request here) also loads and stores its request's fp32 softmax
+    # state ([rows, D + 2], 2 x 2 KiB in this tiny model of 2 kv heads x 64): up to 15% of these
+    # ~150-token requests' bytes (a 32-block of a Llama-8B layer: 0.2%); trn1 also reads whole
+    # pages (P = 16): a partly filled last page costs up to 15 tokens per request, about 9% more
+    limit = 1.16 if target == "trn2" else 1.21
     assert all(1.0 <= s.hbm_bytes / s.min_hbm_bytes < limit for s in trace.steps)
     assert "compilations" in summary_markdown(trace)
 
@@ -45,11 +48,12 @@ def test_lnc2_replay_shares_steps_over_two_cores():
     assert two.max_error < 1e-5
     assert two.compilations == one.compilations          # LNC=2 adds no compile keys per bucket
     for a, b in zip(one.steps, two.steps):
-        # the same K/V bytes, shared; each core also reads its own tables, slots and the split
-        # request's q, and pads its whole requests to 4 per loop iteration with empty items,
-        # each reading its q row and writing an output row (up to 6% at these ~400-token steps)
+        # the same K/V bytes, shared; each core also reads its own tables and the split
+        # request's q, and each work item loads and stores its request's fp32 softmax state
+        # and writes its output row (up to 6% over one core, 15% over the minimum, at these
+        # ~400-token steps of a tiny model)
         assert a.hbm_bytes <= b.hbm_bytes <= 1.06 * a.hbm_bytes
-        assert b.hbm_bytes < 1.10 * b.min_hbm_bytes
+        assert b.hbm_bytes < 1.20 * b.min_hbm_bytes
         assert b.floor_seconds == pytest.approx(a.floor_seconds / 2)
         assert b.seconds < a.seconds
 
@@ -84,13 +88,16 @@ def test_chunked_prefill_replay_mixes_prefill_and_decode(target):
     blocks = {query_block(n, config.group, config.kv_heads, config.head_dim) for n in range(1, 49)}
     for key in keys:
         shapes = [a[1] for a in key[0] if a[0] == "tensor"]
-        q_rows, slot_rows, items = shapes[0][0], shapes[2][0], shapes[6][0]
-        # blocks of queries: a bucket of items; single queries (Qb = 1): a bucket of requests
-        # plus the rows of the empty items that pad a loop iteration's items
-        if q_rows == items - (items_per_iteration(1, q_rows) - 1):
+        q_rows, slot_rows, items, spans = shapes[0][0], shapes[2][0], shapes[6][0], shapes[7]
+        # single queries (Qb = 1, four items per loop iteration): a bucket of requests; blocks of
+        # queries (one item per iteration): a bucket of blocks of a size the planner chooses
+        U = 4 if spans[1] == span_cols(4) else 1
+        assert spans[1] == span_cols(U)
+        if U == 4:
             assert q_rows == bucket(q_rows)
         else:
-            assert items == bucket(items) and q_rows // items in blocks and q_rows % items == 0
+            assert any(q_rows % qb == 0 and q_rows // qb == bucket(q_rows // qb) for qb in blocks)
+        assert items >= 8 * (q_rows // max(blocks) if U == 1 else q_rows)
         assert slot_rows == bucket(slot_rows) or slot_rows % 128 == 0
     assert sum(s.compiles for s in trace.steps[len(trace.steps) // 2:]) <= 2
     assert "chunked prefill, 48 prompt tokens" in summary_markdown(trace)

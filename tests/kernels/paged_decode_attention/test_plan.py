@@ -1,7 +1,8 @@
 """The host plan (plan.py) against its meaning, without the simulator: decode every work-item row
 back into the keys each query row may see and compare with FlashInfer's rules computed here one
 query at a time; check the chunk ranges the kernel loops over (masked / mask-free), the page
-addressing columns, the LNC=2 cut and the loop-iteration count. Fast: these run under mutation
+addressing columns, the split into kinds of work item, their softmax-state chains, the LNC=2
+cut and the spans of each core's loops. Fast: these run under mutation
 testing of plan.py (docs/contributing.md)."""
 
 import numpy as np
@@ -9,11 +10,11 @@ import pytest
 
 from nki_kernels.access_patterns import PagedKVLayout
 from nki_kernels.paged_decode_attention.plan import (
-    BOUNDARY, C0, C1, CHUNK_BLOCKS, END, ENTRY0, FIRST, FULL_HI, FULL_LO, HI_BASE,
-    DECODE_ITEMS_PER_ITERATION, ITEM_COST_CHUNKS, ITERATION_COST_CHUNKS, LEN, META_COLS, NO_WINDOW, OUT, POS0, PTR, Q_BASE,
-    SLOT0, W_SPAN, WIN, causal_pairs, chunk_tokens, decode_work, items_per_iteration,
-    loop_iterations, make_layout,
-    query_blocks, request_table, split_work)
+    C0, C1, CHUNK_BLOCKS, DECODE_ITEMS_PER_ITERATION, ENTRY0, FULL_HI, FULL_LO, HI_BASE,
+    ITEM_CLASSES, ITEM_COST_CHUNKS, ITERATION_COST_CHUNKS, LEN, LOAD, META_COLS, NO_WINDOW, OUT,
+    POS0, PTR, Q_BASE, SLOT0, STORE, W_SPAN, WIN, capacity_chunks, causal_pairs, chunk_tokens,
+    _part_items, class_items, core_rows, decode_work, items_per_iteration, loop_widths, make_layout,
+    query_blocks, request_table, span_cols, span_column, split_work, state_slots, table_rows)
 
 
 def _visible(kv_len, q_len, qi, window_left, causal):
@@ -162,24 +163,45 @@ def test_layout_rows_address_every_token(layout, fused):
 
 
 def test_items_per_iteration_by_bucket():
-    """Four decode items share a loop iteration, never more than the bucket holds; a block of
-    query tokens (prefill) takes an iteration of its own."""
-    assert [items_per_iteration(1, b) for b in (0, 1, 2, 3, 4, 8, 256)] == [1, 1, 2, 3, 4, 4, 4]
-    assert [items_per_iteration(q, 64) for q in (2, 8, 128)] == [1, 1, 1]
+    """Four decode items share a loop iteration whatever the batch (a lone request's chunk
+    blocks are items too); a block of query tokens (prefill) takes an iteration of its own."""
+    assert items_per_iteration(1) == 4
+    assert [items_per_iteration(q) for q in (2, 8, 128)] == [1, 1, 1]
+    assert DECODE_ITEMS_PER_ITERATION == 4
 
 
-def test_loop_iterations_take_the_largest_blocks_first():
-    def greedy(n):
-        count = 0
-        for size in CHUNK_BLOCKS:
-            count += n // size
-            n %= size
-        return count
-    full = np.arange(0, 200)
-    np.testing.assert_array_equal(loop_iterations(full, np.zeros_like(full)),
-                                  [greedy(int(n)) for n in full])
-    np.testing.assert_array_equal(loop_iterations(np.array([33, 0]), np.array([2, 1])), [4, 1])
-    assert CHUNK_BLOCKS[-1] == 1 and list(CHUNK_BLOCKS) == sorted(CHUNK_BLOCKS, reverse=True)
+def test_loop_widths_and_span_columns():
+    assert loop_widths(4) == (4, 2, 1) and loop_widths(1) == (1,)
+    for bad in (0, 3, 6):
+        with pytest.raises(ValueError, match=f"per_iteration={bad}"):
+            loop_widths(bad)
+    cols = [span_column(k, w, 4) for k in range(len(ITEM_CLASSES)) for w in (4, 2, 1)]
+    assert cols == list(range(0, 2 * len(cols), 2))              # [first, end) pairs, no overlap
+    assert span_cols(4) == 2 * len(cols) + 2 and span_cols(1) == 2 * len(ITEM_CLASSES) + 2
+
+
+def test_class_items_split_a_range_into_masked_chunks_and_blocks():
+    kinds = {k: c for k, c in enumerate(ITEM_CLASSES)}
+    for full_lo, full_hi, a, e in [(1, 70, 0, 71), (0, 0, 0, 0), (3, 3, 0, 6), (0, 31, 0, 31),
+                                   (2, 100, 5, 90), (0, 64, 0, 64), (5, 6, 0, 9)]:
+        items = class_items(full_lo, full_hi, a, e)
+        covered = sorted(c for _, lo, hi in items for c in range(lo, hi))
+        assert covered == list(range(a, e))                       # every chunk exactly once
+        sizes = []
+        for kind, lo, hi in items:
+            size, masked = kinds[kind]
+            assert hi - lo == size
+            inside = full_lo <= lo and hi <= full_hi
+            assert masked == (not inside)
+            if not masked:
+                sizes.append(size)
+        small = [x for x in sizes if x < CHUNK_BLOCKS[0]]
+        assert len(small) == len(set(small))                     # one block of each smaller size
+        free = max(0, min(e, full_hi) - max(a, full_lo))
+        assert sizes.count(CHUNK_BLOCKS[0]) == free // CHUNK_BLOCKS[0]
+        assert _part_items(full_lo, full_hi, a, e) == len(items)   # the count the cut uses
+    assert ITEM_CLASSES[0] == (0, False) and ITEM_CLASSES[1] == (1, True)
+    assert list(CHUNK_BLOCKS) == sorted(CHUNK_BLOCKS, reverse=True) and CHUNK_BLOCKS[-1] == 1
 
 
 def test_causal_pairs_counts_each_query_key_pair():
@@ -188,135 +210,170 @@ def test_causal_pairs_counts_each_query_key_pair():
     assert causal_pairs(ql, kv) == want
 
 
-def _items_of_core(work, core):
-    span = work.spans[core]
-    return list(range(span[FIRST], span[END])), int(span[BOUNDARY])
+def _check_work(req, work, rows_bucket, U, P, cores):
+    """Every unit's chunks [c0, c1) run exactly once over the cores, each item a row of
+    req.items over its range with the kind's size; chains: a unit's first item on a core loads
+    the identity, later ones the slot it stored; the split unit's parts in slots rows + p."""
+    kinds = dict(enumerate(ITEM_CLASSES))
+    ident = state_slots(rows_bucket) - 1
+    assert work.items.shape == (table_rows(rows_bucket, int((req.c1 - req.c0).sum()) + 1),
+                                META_COLS)
+    assert work.spans.shape == (cores, span_cols(U))
+    seen, used = {}, set()
+    split_slots = {}
+    for p in range(cores):
+        span = work.spans[p]
+        stored = set()
+        for kind in range(len(ITEM_CLASSES)):
+            for w in loop_widths(U):
+                col = span_column(kind, w, U)
+                assert (span[col + 1] - span[col]) % w == 0
+        order = core_rows(span, U)
+        assert order == sorted(order) and not used & set(order)
+        used |= set(order)
+        for i in order:
+            row = work.items[i]
+            unit = int(row[OUT]) // max(1, int(req.out[1] - req.out[0]) if req.L.size > 1 else 1)
+            unit = int(np.flatnonzero(req.out == row[OUT])[0])
+            kind = next(k for k in range(len(ITEM_CLASSES)) if i in core_rows(
+                _only(span, k, U), U))
+            size, masked = kinds[kind]
+            a, e = int(row[C0]), int(row[C1])
+            assert e - a == size
+            want = req.items(np.array([unit]), np.array([a]), np.array([e]), P)[0]
+            np.testing.assert_array_equal(np.delete(row, [LOAD, STORE]), np.delete(want, [LOAD,
+                                                                                          STORE]))
+            if size:
+                inside = req.full_lo[unit] <= a and e <= req.full_hi[unit]
+                assert masked == (not inside)
+            slot = int(row[STORE])
+            assert slot == unit or slot == rows_bucket + p
+            if slot != unit:
+                split_slots[p] = slot
+            assert row[LOAD] == (slot if slot in stored else ident)
+            stored.add(slot)
+            seen.setdefault(unit, []).extend(range(a, e))
+            if size == 0:
+                assert req.c0[unit] == req.c1[unit]
+    assert not work.items[sorted(set(range(len(work.items))) - used)].any()
+    for b in range(req.L.size):
+        assert sorted(seen.get(b, [])) == list(range(int(req.c0[b]), int(req.c1[b]))), b
+        if req.c0[b] == req.c1[b] and not (cores == 2 and b == _split_unit(work, req)):
+            assert b in seen                                      # an empty item writes it
+    if cores == 2:
+        for p in range(2):
+            assert work.spans[p][-2] == split_slots.get(p, ident)
+            assert work.spans[p][-1] == req.out[_split_unit(work, req)]
 
 
-def _check_region(items, full, U):
-    """A core's rows: the empty items padding ``full`` (its whole items) to a multiple of U,
-    each taking the first item's output row, then ``full`` in order."""
-    assert len(items) % U == 0 and len(items) - len(full) == (-len(full)) % U
-    pad = len(items) - len(full)
-    np.testing.assert_array_equal(items[pad:], full)
-    if pad:
-        assert (items[:pad, OUT] == full[0][OUT]).all()
-        assert not np.delete(items[:pad], OUT, axis=1).any()
+def _only(span, kind, U):
+    """A span row keeping one kind's loops."""
+    out = np.zeros_like(span)
+    for w in loop_widths(U):
+        col = span_column(kind, w, U)
+        out[col:col + 2] = span[col:col + 2]
+    return out
 
 
-@pytest.mark.parametrize("U", [1, 4])
+def _split_unit(work, req):
+    return int(np.flatnonzero(req.out == work.spans[0][-1])[0])
+
+
+@pytest.mark.parametrize("U", [1, 2, 4])
 @pytest.mark.parametrize("seed", range(12))
-def test_two_cores_cut_partitions_every_request_and_balances(seed, U):
+def test_work_runs_every_chunk_once_and_two_cores_balance(seed, U):
     rng = np.random.default_rng(seed)
     P = int(rng.choice([1, 16, 128, 256]))
     indptr, kv, ql = _random_batch(rng, P)
+    kv[rng.random(kv.size) < 0.2] *= 20               # some requests long enough for 32-blocks
+    indptr = np.concatenate([[0], np.cumsum(-(-kv // P) + 1)])
     qb = int(rng.choice([1, 8]))
-    req = query_blocks(indptr, kv, ql, qb, int(rng.choice([-1, 50])), True, P)
+    req = query_blocks(indptr, kv, np.minimum(ql, kv), qb, int(rng.choice([-1, 50])), True, P)
     rows = req.L.size + int(rng.integers(0, 3))
     one = split_work(req, P, rows, 1, U)
     two = split_work(req, P, rows, 2, U)
-    n = req.L.size
-    # one core: every item whole, in order, after the padding items
-    full = req.items(np.arange(n), req.c0, req.c1, P)
-    assert one.spans.shape == (1, 3) and one.spans[0][FIRST] == 0 and one.spans[0][BOUNDARY] == 0
-    _check_region(one.items[:one.spans[0][END]], full, U)
-    assert not one.items[one.spans[0][END]:].any()
-    assert one.items.shape == (rows + U - 1, META_COLS)
-    # two cores: items 0 and 1 are the split request's halves, the rest whole; each core's whole
-    # items are consecutive (padded as above), core 0 before core 1
-    assert two.items.shape == (rows + 2 + 2 * (U - 1), META_COLS)
-    (w0, b0), (w1, b1) = _items_of_core(two, 0), _items_of_core(two, 1)
-    assert (b0, b1) == (0, 1) and two.spans[0][FIRST] == 2
-    assert two.spans[1][FIRST] == two.spans[0][END]
-    # the split request: the first whose rows are not among core 0's whole items
-    k = next(b for b in range(n + 1) if b == n or not any(
-        np.array_equal(two.items[i], full[b]) for i in w0))
-    _check_region(two.items[w0[0]:w0[-1] + 1] if w0 else two.items[2:2], full[:k], U)
-    _check_region(two.items[w1[0]:w1[-1] + 1] if w1 else two.items[2:2], full[k + 1:], U)
-    halves = two.items[0:2]
-    np.testing.assert_array_equal(np.delete(halves[0], [C0, FULL_LO, FULL_HI, C1, SLOT0, ENTRY0,
-                                                        POS0]),
-                                  np.delete(full[k], [C0, FULL_LO, FULL_HI, C1, SLOT0, ENTRY0,
-                                                      POS0]))
-    assert halves[0][C0] == full[k][C0] and halves[0][C1] == halves[1][C0]
-    assert halves[1][C1] == full[k][C1]
-    for h in halves:                              # each half's mask-free range is its own
-        assert h[C0] <= h[FULL_LO] <= h[FULL_HI] <= h[C1]
-        want_lo = np.clip(full[k][FULL_LO], h[C0], h[C1])
-        assert h[FULL_LO] == want_lo and h[FULL_HI] == np.clip(full[k][FULL_HI], want_lo, h[C1])
-        T = chunk_tokens(P)
-        assert h[POS0] == h[C0] * T and h[SLOT0] == h[PTR] + h[C0] * T // P
-    # loads: the one-core total plus one more item's fixed cost, cut within a chunk's work plus
-    # one loop iteration and one item
-    assert np.isclose(sum(two.loads), one.loads[0] + ITEM_COST_CHUNKS)
-    assert abs(two.loads[0] - two.loads[1]) <= 1 + ITERATION_COST_CHUNKS + ITEM_COST_CHUNKS
+    _check_work(req, one, rows, U, P, 1)
+    _check_work(req, two, rows, U, P, 2)
+    # loads: the split unit pays its items on both cores; the halves within one item's work
+    assert abs(two.loads[0] - two.loads[1]) <= 1 + 2 * (ITEM_COST_CHUNKS + ITERATION_COST_CHUNKS)
 
 
-def test_one_core_load_is_chunks_iterations_and_items():
+def test_one_core_load_is_chunks_and_items():
     indptr, kv = np.array([0, 64, 64]), np.array([1024, 0])
     work = decode_work(indptr, kv, -1, 16, 4)               # one core unless asked for two
-    # 8 mask-free chunks: one iteration of a block of 8; the empty request costs its item only
-    assert work.loads == (pytest.approx(8 + ITERATION_COST_CHUNKS + 2 * ITEM_COST_CHUNKS),)
-    # in a bucket of 4, 4 items share a loop iteration: two requests led by two empty items
-    # writing request 0's row
-    assert DECODE_ITEMS_PER_ITERATION == 4
-    assert work.items.dtype == work.spans.dtype == np.int32 and work.spans.tolist() == [[0, 4, 0]]
-    assert work.items.shape == (4 + DECODE_ITEMS_PER_ITERATION - 1, META_COLS)
-    assert work.items[:2, OUT].tolist() == [0, 0] and not work.items[:2, LEN:].any()
-    assert work.items[2:4, OUT].tolist() == [0, 1] and work.items[2, LEN] == 1024
+    per_item = ITEM_COST_CHUNKS + ITERATION_COST_CHUNKS / 4
+    # 8 mask-free chunks: one block of 8; the empty request: one empty item
+    assert work.loads == (pytest.approx(8 + 2 * per_item),)
+    assert work.items.dtype == work.spans.dtype == np.int32
+    order = core_rows(work.spans[0], 4)
+    assert [tuple(work.items[i][[OUT, C0, C1]]) for i in order] == [(1, 0, 0), (0, 0, 8)]
     # 1100 keys, a window of 301 from key 799 (inside chunk 6 of 0..8): masked chunks 6 and 8,
-    # mask-free chunk 7 (a block of 1): 3 chunks, 3 iterations
+    # mask-free chunk 7 (a block of 1): 3 items, chained
     work = decode_work(np.array([0, 69]), np.array([1100]), 300, 16, 1)
-    assert work.loads == (pytest.approx(3 + 3 * ITERATION_COST_CHUNKS + ITEM_COST_CHUNKS),)
+    assert work.loads == (pytest.approx(3 + 3 * per_item),)     # decode: 4 items an iteration
+    order = core_rows(work.spans[0], 4)
+    assert [tuple(work.items[i][[C0, C1, LOAD, STORE]]) for i in order] == [
+        (6, 7, 3, 0), (8, 9, 0, 0), (7, 8, 0, 0)]
     req = query_blocks(np.array([0, 69]), np.array([1100]), np.array([1]), 1, 300, True, 16)
-    assert split_work(req, 16, 1).loads == work.loads
+    assert split_work(req, 16, 1, per_iteration=4).loads == work.loads
+    assert split_work(req, 16, 1).loads == (
+        pytest.approx(3 + 3 * (ITEM_COST_CHUNKS + ITERATION_COST_CHUNKS)),)
 
 
 def test_a_cut_just_before_a_request_never_makes_a_negative_half():
     """[A, B, B] tokens over a grid: where core 0's whole request stops just short of half the
     work, the balanced share of the next request is below zero: core 0 then takes none of it
-    (an empty first half), never a negative chunk count."""
+    (its boundary slot is the identity), never a negative chunk count."""
     empty_first = 0
     for A in range(2000, 6000, 61):
         for B in range(100, 3000, 89):
             lens = np.array([A, B, B])
             indptr = np.concatenate([[0], np.cumsum(-(-lens // 16))])
-            halves = decode_work(indptr, lens, -1, 16, 4, 2).items[0:2]
-            assert halves[0][C0] <= halves[0][C1] == halves[1][C0] <= halves[1][C1], (A, B)
-            empty_first += int(halves[0][C0] == halves[0][C1] and halves[1][C1] > 0)
+            work = decode_work(indptr, lens, -1, 16, 4, 2)
+            ranges = [(int(work.items[i][C0]), int(work.items[i][C1]))
+                      for p in (0, 1) for i in core_rows(work.spans[p], 4)]
+            assert all(a < e for a, e in ranges), (A, B)
+            empty_first += int(work.spans[0][-2] == state_slots(4) - 1)
     assert empty_first > 0                       # the grid reaches the case
 
 
-def test_split_work_takes_one_item_per_iteration_unless_told():
+def test_table_rows_are_a_shape_of_the_bucket_and_capacity():
     lens = np.array([2000, 1054, 1054])
     req = query_blocks(np.concatenate([[0], np.cumsum(-(-lens // 16))]), lens,
                        np.ones(3, np.int64), 1, -1, True, 16)
-    assert split_work(req, 16, 4).items.shape == (4, META_COLS)
-    assert split_work(req, 16, 4, 1, 4).items.shape == (7, META_COLS)
+    assert split_work(req, 16, 4, capacity=1000).items.shape == (table_rows(4, 1000), META_COLS)
+    assert split_work(req, 16, 4, 2, 4, capacity=1000).items.shape == (table_rows(4, 1000),
+                                                                       META_COLS)
+    assert capacity_chunks(100, 16) == 100 * 16 // 128 + 1
+    assert capacity_chunks(10, 256) == 10 * 2 + 1
 
 
-def test_two_cores_over_an_empty_batch_run_only_the_padding_row():
+def test_two_cores_over_an_empty_batch_run_nothing():
     work = decode_work(np.zeros(1, np.int32), np.zeros(0), -1, 16, 1, 2)
     assert work.spans.dtype == work.items.dtype == np.int32
-    assert work.spans.tolist() == [[2, 2, 0], [2, 2, 1]]
-    assert work.items.shape == (1 + 2, META_COLS) and not work.items.any()   # a bucket of 1
+    ident = state_slots(1) - 1
+    assert work.spans[:, :-2].sum() == 0 and work.spans[:, -2].tolist() == [ident, ident]
+    assert not work.items.any() and work.loads == (0.0, 0.0)
 
 
 def test_one_long_request_is_cut_into_equal_loads():
     work = decode_work(np.array([0, 2048]), np.array([32768]), -1, 16, 1, 2)
     assert work.loads[0] == pytest.approx(work.loads[1])
-    assert [(r[C0], r[C1]) for r in work.items[:2]] == [(0, 128), (128, 256)]
+    per_core = [sorted(c for i in core_rows(work.spans[p], 1)
+                       for c in range(work.items[i][C0], work.items[i][C1])) for p in (0, 1)]
+    assert per_core == [list(range(0, 128)), list(range(128, 256))]
+    assert work.spans[:, -2].tolist() == [1, 2] and work.spans[:, -1].tolist() == [0, 0]
 
 
-def test_an_empty_request_at_the_cut_is_split_into_two_empty_parts():
-    """[100, 0, 100] tokens: the cut falls in the empty middle request; both its parts are
-    empty and the loads add up."""
+def test_an_empty_request_at_the_cut_has_no_items_on_either_core():
+    """[100, 0, 100] tokens: the cut falls in the empty middle request; neither core has an item
+    of it, both merge the identity and program 0 writes its empty result."""
     indptr, kv = np.array([0, 7, 7, 14]), np.array([100, 0, 100])
-    work = decode_work(indptr, kv, -1, 16, 3, 2)
-    assert (work.items[0:2, OUT] == 1).all()
-    assert (work.items[0:2, C0] == work.items[0:2, C1]).all() and not work.items[0:2, LEN].any()
-    one = decode_work(indptr, kv, -1, 16, 3, 1)
-    assert sum(work.loads) == pytest.approx(one.loads[0] + ITEM_COST_CHUNKS)
+    work = decode_work(indptr, kv, -1, 16, 4, 2)
+    ident = state_slots(4) - 1
+    assert work.spans[:, -2].tolist() == [ident, ident] and work.spans[:, -1].tolist() == [1, 1]
+    outs = [int(work.items[i][OUT]) for p in (0, 1) for i in core_rows(work.spans[p], 4)]
+    assert sorted(outs) == [0, 2]
     assert work.loads[0] == pytest.approx(work.loads[1])
 
 

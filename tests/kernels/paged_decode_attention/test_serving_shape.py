@@ -77,36 +77,42 @@ def test_program_size_is_independent_of_lengths_and_work_follows_them(rng, targe
     assert sizes[0] == sizes[1]
     assert executed[0] == executed[1]               # 4 chunks per request in both steps
     assert read[0] == read[1]                        # same 401-token window in both
-    chunk_loops = [l for l in trace.loops if l["depth"] == 1]
-    # per request: masked first chunk, blocks of 32, 8, 4 and 2 mask-free chunks (one block of 2
-    # here), single chunks (none left), masked last chunk; the two requests (a bucket of 2)
-    # share a loop iteration
-    assert [l["iterations"] for l in chunk_loops] == [1, 0, 0, 0, 1, 0, 1] * 2
+    loops = [l["iterations"] for l in trace.loops if l["depth"] == 0]
+    # one loop per kind of work item (empty, masked chunk, mask-free blocks of 32, 16, 8, 4, 2,
+    # 1) and width (4, 2 and 1 items per iteration): each request has a masked first and last
+    # chunk (four masked items: one iteration of 4) and a block of 2 mask-free chunks (two
+    # items: one iteration of 2); the two requests' items share iterations
+    expected = [0] * 24
+    expected[1 * 3 + 0] = 1                          # masked chunks, width 4
+    expected[6 * 3 + 1] = 1                          # blocks of 2, width 2
+    assert loops == expected
+    assert not [l for l in trace.loops if l["depth"] > 0]      # no loop per request
 
 
 def test_padded_batch_rows_do_no_work(rng):
-    """Batch 5 runs in bucket 8: the request loop's trip count follows the real batch (device
-    data), 4 requests per iteration, so 2 iterations (3 empty items lead the first, visiting no
-    chunk) and the bucket's three padded rows are never visited."""
+    """Batch 5 runs in bucket 8: the loops' trip counts follow the real batch (device data): the
+    five masked single chunks run as one iteration of 4 items and one of 1, and the bucket's
+    three padded rows are never visited."""
     batch_decode(*FixedCache(rng).step([40, 40, 40, 40, 40]))
     trace = simulate.last_trace()
-    outer = [l for l in trace.loops if l["depth"] == 0]
-    assert [l["iterations"] for l in outer] == [2]
-    chunk_loops = [l for l in trace.loops if l["depth"] == 1]
-    assert len(chunk_loops) == 8 * 7
-    assert sum(l["iterations"] for l in chunk_loops) == 5
+    loops = [l["iterations"] for l in trace.loops]
+    assert len(loops) == 8 * 3                     # 8 kinds of item x widths 4, 2, 1
+    assert loops[3:6] == [1, 0, 1] and sum(loops) == 2
 
 
 def test_long_requests_take_mask_free_chunks_in_blocks(rng, target):
     """A request of 42 chunks (the last partial, so masked): 41 mask-free chunks run as 1 block
-    of 32, 1 of 8, none of 4 or 2 and 1 single chunk; the output matches the reference."""
+    of 32, 1 of 8 and 1 single chunk, each a work item chained to the last through the
+    softmax-state scratch; the output matches the reference."""
     from nki_kernels.paged_decode_attention.kernel import CHUNK_BLOCKS
-    assert CHUNK_BLOCKS == (32, 8, 4, 2, 1)
+    assert CHUNK_BLOCKS == (32, 16, 8, 4, 2, 1)
     args = FixedCache(rng, pages=400).step([41 * 128 + 5])
     out, lse = batch_decode(*args, return_lse=True)
     trace = simulate.last_trace()
-    chunk_loops = [l["iterations"] for l in trace.loops if l["depth"] == 1]
-    assert chunk_loops == [0, 1, 1, 0, 0, 1, 1]
+    loops = [l["iterations"] for l in trace.loops]
+    # one iteration of width 1 (the last of each kind's three loops) for kinds masked, 32, 8, 1
+    widths_1 = loops[2::3]                          # empty, masked, 32, 16, 8, 4, 2, 1
+    assert widths_1 == [0, 1, 1, 0, 1, 0, 0, 1] and sum(loops) == 4
     ref, ref_lse = batch_decode_ref(*args, return_lse=True)
     np.testing.assert_allclose(out, ref, rtol=2e-5, atol=2e-5)
     np.testing.assert_allclose(lse, ref_lse, rtol=2e-5, atol=2e-5)

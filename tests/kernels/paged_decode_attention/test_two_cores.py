@@ -9,8 +9,9 @@ import pytest
 from nki_kernels import simulate
 from nki_kernels.paged_decode_attention import batch_decode, batch_decode_ref
 from nki_kernels.profile import estimate
-from nki_kernels.paged_decode_attention.plan import (BOUNDARY, C0, C1, END, FIRST, ITEM_COST_CHUNKS,
-                                                     ITERATION_COST_CHUNKS,                                                     LEN, OUT, chunk_tokens, decode_work)
+from nki_kernels.paged_decode_attention.plan import (C0, C1, ITEM_COST_CHUNKS,
+                                                     ITERATION_COST_CHUNKS, OUT, chunk_tokens,
+                                                     core_rows, decode_work, state_slots)
 
 from .conftest import assert_close, make_decode_case
 
@@ -20,15 +21,15 @@ pytestmark = pytest.mark.sim_only
 def _work(lens, page_size=16, window_left=-1, rows=None):
     counts = [-(-n // page_size) for n in lens]
     indptr = np.concatenate([[0], np.cumsum(counts)]).astype(np.int32)
-    return decode_work(indptr, np.array(lens), window_left, page_size, rows or max(1, len(lens)), 2)
+    return decode_work(indptr, np.array(lens), window_left, page_size, rows or max(1, len(lens)), 2,
+                       1)
 
 
 def _chunks_by_request(work, page_size=16):
     """{request: sorted chunk ranges} over both cores' items."""
     got = {}
     for core, span in enumerate(work.spans):
-        ids = list(range(span[FIRST], span[END])) + [span[BOUNDARY]]
-        for i in ids:
+        for i in core_rows(span, 1):
             row = work.items[i]
             if row[C1] > row[C0]:
                 got.setdefault(int(row[OUT]), []).append((int(row[C0]), int(row[C1])))
@@ -44,21 +45,22 @@ def test_work_covers_every_chunk_once_and_balances(lens):
         flat = [c for lo, hi in ranges for c in range(lo, hi)]
         assert flat == list(range(0, -(-lens[b] // T))), (b, ranges)
     assert set(_chunks_by_request(work)) == {b for b, n in enumerate(lens) if n}
-    # the two halves differ by at most one chunk in its own iteration plus one item's fixed cost
+    # the two halves differ by at most one item's work
     assert abs(work.loads[0] - work.loads[1]) <= 1 + ITERATION_COST_CHUNKS + ITEM_COST_CHUNKS
 
 
 def test_a_single_long_request_is_split_in_halves():
     work = _work([32768])
-    c = [(work.items[i][C0], work.items[i][C1]) for i in (0, 1)]
-    assert c == [(0, 128), (128, 256)]
-    assert work.spans[0][FIRST] == work.spans[0][END]          # no whole request on either core
+    halves = [sorted(c for i in core_rows(work.spans[p], 1)
+                     for c in range(work.items[i][C0], work.items[i][C1])) for p in (0, 1)]
+    assert halves == [list(range(0, 128)), list(range(128, 256))]
+    assert work.spans[:, -2].tolist() == [1, 2]           # each core's part in its own slot
 
 
-def test_empty_batch_boundaries_are_the_padding_row():
+def test_an_empty_batch_has_no_items():
     work = decode_work(np.zeros(1, np.int32), np.zeros(0), -1, 16, 1, 2)
-    assert (work.items[0:2, LEN] == 0).all() and (work.items[0:2, OUT] == 0).all()
-    assert work.loads == (0.0, 0.0)
+    assert not work.items.any() and work.loads == (0.0, 0.0)
+    assert (work.spans[:, -2] == state_slots(1) - 1).all()
 
 
 CASES = [
