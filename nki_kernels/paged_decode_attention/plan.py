@@ -169,10 +169,10 @@ def _whole_requests(req: _Requests, rows: int, page_size: int) -> np.ndarray:
 # a core does: a work item's fixed cost (its table row, q load, the softmax state it loads,
 # stores and finalizes) and each device-loop iteration (the barrier and the pipeline's fill).
 # Least-squares fit to the dependency-aware schedule on trn2 (benchmarks/decode_two_cores.py
-# fit over nine batches; bf16, 8 kv heads, G 4, D 128, pages of 16): an item 6.95 chunks, an
-# iteration 4.07.
-ITEM_COST_CHUNKS = 6.95
-ITERATION_COST_CHUNKS = 4.07
+# fit over nine batches, eight items per iteration; bf16, 8 kv heads, G 4, D 128, pages of 16):
+# an item 5.76 chunks, an iteration 6.02.
+ITEM_COST_CHUNKS = 5.76
+ITERATION_COST_CHUNKS = 6.02
 # Mask-free chunks of one work item, largest first (a request's mask-free chunks: as many
 # blocks of 32 as fit, then at most one of each smaller size); chosen with benchmarks/loop_blocks.py
 CHUNK_BLOCKS = (32, 16, 8, 4, 2, 1)
@@ -249,7 +249,7 @@ class DecodeWork:
 # a few chunks of work, less than a loop iteration's barrier and pipeline fill, so DECODE_ITEMS
 # share one; a block of query tokens pays its own. Measured (cost model, trn2, bf16 8 kv x 32 q
 # heads, D 128): see benchmarks/loop_blocks.py.
-DECODE_ITEMS_PER_ITERATION = 4
+DECODE_ITEMS_PER_ITERATION = 8
 
 
 def items_per_iteration(q_block: int) -> int:
@@ -262,6 +262,9 @@ def items_per_iteration(q_block: int) -> int:
 def core_rows(span_row, per_iteration: int) -> list:
     """Rows of the work-item table one core runs, in the kernel's order (kinds in ITEM_CLASSES
     order, each kind's loops widest first), from the core's span row."""
+    if len(span_row) != span_cols(per_iteration):
+        raise ValueError(f"a span row of {len(span_row)} columns is not one of per_iteration="
+                         f"{per_iteration} ({span_cols(per_iteration)} columns)")
     rows = []
     for kind in range(len(ITEM_CLASSES)):
         for width in loop_widths(per_iteration):
@@ -284,16 +287,32 @@ def class_items(full_lo, full_hi, a, e):
     return out
 
 
+def _kind_counts(full_lo, full_hi, a, e):
+    """[..., kinds] items of each ITEM_CLASSES kind ``class_items`` makes of chunks [a, e)
+    (arrays of cuts), counted without listing; an empty range has none."""
+    a, e = np.asarray(a, np.int64), np.asarray(e, np.int64)
+    free = np.maximum(0, np.minimum(e, full_hi) - np.maximum(a, full_lo))
+    out = np.zeros(np.broadcast(a, e).shape + (len(ITEM_CLASSES),), np.int64)
+    out[..., 1] = (np.clip(full_lo, a, e) - a) + (e - np.clip(full_hi, a, e))
+    big = CHUNK_BLOCKS[0]
+    for kind, (size, masked) in enumerate(ITEM_CLASSES):
+        if size and not masked:
+            out[..., kind] = free // big if size == big else (free % big) // size % 2
+    return out
+
+
 def _part_items(full_lo, full_hi, a, e):
     """Items ``class_items`` makes of chunks [a, e) (arrays of cuts), counted without listing."""
-    a, e = np.asarray(a, np.int64), np.asarray(e, np.int64)
-    masked = (np.clip(full_lo, a, e) - a) + (e - np.clip(full_hi, a, e))
-    free = np.maximum(0, np.minimum(e, full_hi) - np.maximum(a, full_lo))
-    big = CHUNK_BLOCKS[0]
-    bits = np.zeros_like(free)
-    for size in CHUNK_BLOCKS[1:]:
-        bits += (free % big) // size % 2
-    return masked + free // big + bits
+    return _kind_counts(full_lo, full_hi, a, e).sum(axis=-1)
+
+
+def loop_iterations(counts, per_iteration: int):
+    """Loop iterations a core runs for ``counts`` [..., kinds] items of each kind: per kind,
+    whole iterations of ``per_iteration`` items, then one of each width the remainder needs."""
+    counts = np.asarray(counts, np.int64)
+    rest = counts % per_iteration
+    bits = sum((rest >> k) & 1 for k in range(max(1, per_iteration.bit_length())))
+    return (counts // per_iteration + bits).sum(axis=-1)
 
 
 def decode_work(kv_indptr, kv_lens, window_left: int, page_size: int, batch_rows: int,
@@ -312,8 +331,12 @@ def decode_work(kv_indptr, kv_lens, window_left: int, page_size: int, batch_rows
                       cores, per_iteration, capacity)
 
 
-def _item_cost(n_items, per_iteration):
-    return n_items * (ITEM_COST_CHUNKS + ITERATION_COST_CHUNKS / per_iteration)
+def _core_load(chunks, counts, per_iteration):
+    """Modelled work of a core (in chunks): its chunks, a fixed cost per work item and one per
+    loop iteration (``counts``: [..., kinds] items of each kind)."""
+    counts = np.asarray(counts, np.int64)
+    return (chunks + counts.sum(axis=-1) * ITEM_COST_CHUNKS
+            + loop_iterations(counts, per_iteration) * ITERATION_COST_CHUNKS)
 
 
 def split_work(req: _Requests, page_size: int, batch_rows: int, cores: int = 1,
@@ -330,36 +353,43 @@ def split_work(req: _Requests, page_size: int, batch_rows: int, cores: int = 1,
         capacity = int(chunks.sum()) + 1
     parts = [class_items(int(req.full_lo[b]), int(req.full_hi[b]), int(req.c0[b]), int(req.c1[b]))
              for b in range(B)]
-    work = np.array([chunks[b] + _item_cost(max(1, len(parts[b])), U) for b in range(B)],
-                    np.float64)
+    kinds = np.zeros((B, len(ITEM_CLASSES)), np.int64)
+    for b in range(B):
+        for kind, _, _ in parts[b] or [(0, 0, 0)]:        # no keys: one empty item
+            kinds[b, kind] += 1
     ident = state_slots(batch_rows) - 1
     # per core: [(unit, slot, item rows' kinds and ranges)] and the split unit's part
     if cores == 1:
         plan = [[(b, b, parts[b]) for b in range(B)]]
-        split, loads = None, (float(work.sum()),)
+        split, loads = None, (float(_core_load(chunks.sum(), kinds.sum(axis=0), U)),)
     elif B == 0:
         plan, split, loads = [[], []], None, (0.0, 0.0)
     else:
-        cum = np.cumsum(work)
-        total = float(cum[-1])
-        k = min(int(np.searchsorted(cum, total / 2)), B - 1)     # the unit the cut falls in
-        before, after = (float(cum[k - 1]) if k else 0.0), total - float(cum[k])
-        ck, ek = int(req.c0[k]), int(req.c1[k])
-        lo, hi = int(req.full_lo[k]), int(req.full_hi[k])
-        # core 0 takes chunks [ck, ck + s) of unit k, core 1 the rest: the s whose two sides'
-        # modelled work (chunks and the items each part splits into) differ least
-        cut = np.arange(ck, ek + 1)
-        side0 = (cut - ck) + _item_cost(_part_items(lo, hi, ck, cut), U)
-        side1 = (ek - cut) + _item_cost(_part_items(lo, hi, cut, ek), U)
-        s = int(np.argmin(np.abs(before + side0 - after - side1)))
-        halves = (class_items(lo, hi, ck, ck + s), class_items(lo, hi, ck + s, int(req.c1[k])))
-        plan = [[(b, b, parts[b]) for b in range(k)] + [(k, batch_rows, halves[0])],
-                [(k, batch_rows + 1, halves[1])] + [(b, b, parts[b]) for b in range(k + 1, B)]]
-        split = k
-        part = [sum(e - a for _, a, e in h) for h in halves]
-        loads = tuple(float(x) for x in (
-            before + part[0] + _item_cost(len(halves[0]), U),
-            after + part[1] + _item_cost(len(halves[1]), U)))
+        # every cut (unit k, chunk c): core 0 takes the units before k and chunks [c0, c) of k,
+        # core 1 the rest; the cut with the least modelled time of the slower core (its
+        # chunks, items and loop iterations, each kind's loops counted exactly), ties going to
+        # the most even
+        k = np.repeat(np.arange(B), chunks + 1)
+        c = req.c0[k] + (np.arange(k.size) - np.repeat(np.cumsum(chunks + 1) - chunks - 1,
+                                                       chunks + 1))
+        lo, hi, c0, c1 = req.full_lo[k], req.full_hi[k], req.c0[k], req.c1[k]
+        before_kinds = np.concatenate([np.zeros((1, kinds.shape[1]), np.int64),
+                                       np.cumsum(kinds, axis=0)])
+        before_chunks = np.concatenate([[0], np.cumsum(chunks)])
+        side = [_core_load(before_chunks[k] + (c - c0),
+                           before_kinds[k] + _kind_counts(lo, hi, c0, c), U),
+                _core_load(before_chunks[B] - before_chunks[k + 1] + (c1 - c),
+                           before_kinds[B] - before_kinds[k + 1] + _kind_counts(lo, hi, c, c1),
+                           U)]
+        best = np.lexsort((np.abs(side[0] - side[1]), np.maximum(side[0], side[1])))[0]
+        split, cut = int(k[best]), int(c[best])
+        lo_k, hi_k = int(req.full_lo[split]), int(req.full_hi[split])
+        halves = (class_items(lo_k, hi_k, int(req.c0[split]), cut),
+                  class_items(lo_k, hi_k, cut, int(req.c1[split])))
+        plan = [[(b, b, parts[b]) for b in range(split)] + [(split, batch_rows, halves[0])],
+                [(split, batch_rows + 1, halves[1])] + [(b, b, parts[b])
+                                                        for b in range(split + 1, B)]]
+        loads = (float(side[0][best]), float(side[1][best]))
     rows, spans = [], np.zeros((cores, span_cols(U)), np.int64)
     for p, units in enumerate(plan):
         chained = set()

@@ -7,7 +7,7 @@ import pytest
 
 from nki_kernels.buckets import bucket
 from nki_kernels.cli import main
-from nki_kernels.paged_decode_attention.plan import span_cols
+from nki_kernels.paged_decode_attention.plan import items_per_iteration, span_cols
 from nki_kernels.serve import ServeConfig, replay, summary_markdown
 
 pytestmark = pytest.mark.sim_only
@@ -89,11 +89,12 @@ def test_chunked_prefill_replay_mixes_prefill_and_decode(target):
     for key in keys:
         shapes = [a[1] for a in key[0] if a[0] == "tensor"]
         q_rows, slot_rows, items, spans = shapes[0][0], shapes[2][0], shapes[6][0], shapes[7]
-        # single queries (Qb = 1, four items per loop iteration): a bucket of requests; blocks of
-        # queries (one item per iteration): a bucket of blocks of a size the planner chooses
-        U = 4 if spans[1] == span_cols(4) else 1
+        # single queries (Qb = 1, eight items per loop iteration): a bucket of requests; blocks
+        # of queries (one item per iteration): a bucket of blocks of a size the planner chooses
+        decode_u = items_per_iteration(1)
+        U = decode_u if spans[1] == span_cols(decode_u) else 1
         assert spans[1] == span_cols(U)
-        if U == 4:
+        if U == decode_u:
             assert q_rows == bucket(q_rows)
         else:
             assert any(q_rows % qb == 0 and q_rows // qb == bucket(q_rows // qb) for qb in blocks)

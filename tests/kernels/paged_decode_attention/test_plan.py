@@ -16,6 +16,8 @@ from nki_kernels.paged_decode_attention.plan import (
     _part_items, class_items, core_rows, decode_work, items_per_iteration, loop_widths, make_layout,
     query_blocks, request_table, span_cols, span_column, split_work, state_slots, table_rows)
 
+U = DECODE_ITEMS_PER_ITERATION              # decode items per loop iteration
+
 
 def _visible(kv_len, q_len, qi, window_left, causal):
     """[lo, hi) of the keys query qi of a request sees (FlashInfer: positions kv - q_len + qi)."""
@@ -163,11 +165,10 @@ def test_layout_rows_address_every_token(layout, fused):
 
 
 def test_items_per_iteration_by_bucket():
-    """Four decode items share a loop iteration whatever the batch (a lone request's chunk
+    """Eight decode items share a loop iteration whatever the batch (a lone request's chunk
     blocks are items too); a block of query tokens (prefill) takes an iteration of its own."""
-    assert items_per_iteration(1) == 4
+    assert items_per_iteration(1) == DECODE_ITEMS_PER_ITERATION == 8
     assert [items_per_iteration(q) for q in (2, 8, 128)] == [1, 1, 1]
-    assert DECODE_ITEMS_PER_ITERATION == 4
 
 
 def test_loop_widths_and_span_columns():
@@ -301,40 +302,83 @@ def test_work_runs_every_chunk_once_and_two_cores_balance(seed, U):
 def test_one_core_load_is_chunks_and_items():
     indptr, kv = np.array([0, 64, 64]), np.array([1024, 0])
     work = decode_work(indptr, kv, -1, 16, 4)               # one core unless asked for two
-    per_item = ITEM_COST_CHUNKS + ITERATION_COST_CHUNKS / 4
+    per_item = ITEM_COST_CHUNKS + ITERATION_COST_CHUNKS       # an item alone in its loop
     # 8 mask-free chunks: one block of 8; the empty request: one empty item
     assert work.loads == (pytest.approx(8 + 2 * per_item),)
     assert work.items.dtype == work.spans.dtype == np.int32
-    order = core_rows(work.spans[0], 4)
+    order = core_rows(work.spans[0], U)
     assert [tuple(work.items[i][[OUT, C0, C1]]) for i in order] == [(1, 0, 0), (0, 0, 8)]
     # 1100 keys, a window of 301 from key 799 (inside chunk 6 of 0..8): masked chunks 6 and 8,
     # mask-free chunk 7 (a block of 1): 3 items, chained
     work = decode_work(np.array([0, 69]), np.array([1100]), 300, 16, 1)
-    assert work.loads == (pytest.approx(3 + 3 * per_item),)     # decode: 4 items an iteration
-    order = core_rows(work.spans[0], 4)
+    # the two masked chunks share an iteration (of width 2), the block of 1 has its own
+    assert work.loads == (pytest.approx(3 + 3 * ITEM_COST_CHUNKS + 2 * ITERATION_COST_CHUNKS),)
+    order = core_rows(work.spans[0], U)
     assert [tuple(work.items[i][[C0, C1, LOAD, STORE]]) for i in order] == [
         (6, 7, 3, 0), (8, 9, 0, 0), (7, 8, 0, 0)]
     req = query_blocks(np.array([0, 69]), np.array([1100]), np.array([1]), 1, 300, True, 16)
-    assert split_work(req, 16, 1, per_iteration=4).loads == work.loads
+    assert split_work(req, 16, 1, per_iteration=U).loads == work.loads
     assert split_work(req, 16, 1).loads == (
         pytest.approx(3 + 3 * (ITEM_COST_CHUNKS + ITERATION_COST_CHUNKS)),)
 
 
-def test_a_cut_just_before_a_request_never_makes_a_negative_half():
-    """[A, B, B] tokens over a grid: where core 0's whole request stops just short of half the
-    work, the balanced share of the next request is below zero: core 0 then takes none of it
-    (its boundary slot is the identity), never a negative chunk count."""
-    empty_first = 0
+def _brute_force_best_load(lens):
+    """The slower core's modelled load under the best cut, listing every cut's items: requests
+    of ``lens`` tokens (> 0, no window, chunks of 128 tokens: all but a partial last chunk are
+    mask-free)."""
+    chunks = [(0, -(-int(n) // 128), int(n) // 128) for n in lens]     # (first, end, full end)
+
+    def load(items):
+        by_kind = [sum(1 for k, _, _ in items if k == kind) for kind in range(len(ITEM_CLASSES))]
+        iters = sum(n // U + bin(n % U).count("1") for n in by_kind)
+        return (sum(e - a for _, a, e in items) + len(items) * ITEM_COST_CHUNKS
+                + iters * ITERATION_COST_CHUNKS)
+
+    def items(b, a, e):
+        return class_items(0, chunks[b][2], a, e)
+    best = None
+    for k, (c0, c1, _) in enumerate(chunks):
+        left = [it for b in range(k) for it in items(b, *chunks[b][:2])]
+        right = [it for b in range(k + 1, len(lens)) for it in items(b, *chunks[b][:2])]
+        for c in range(c0, c1 + 1):
+            sides = (load(left + items(k, c0, c)), load(right + items(k, c, c1)))
+            best = max(sides) if best is None else min(best, max(sides))
+    return best
+
+
+@pytest.mark.parametrize("lens", [[2000, 100, 100], [4000, 2900, 2900], [5000, 10, 10, 10],
+                                  [300, 9, 1200, 64, 5], [128 * 33 + 7, 128 * 3], [32768]])
+def test_the_cut_is_the_best_of_every_cut(lens):
+    """The two cores' loads: the slower one is the least any cut gives (every cut listed, its
+    items made by class_items and their loop iterations counted per kind), every item holds
+    chunks, and each chunk runs once."""
+    lens = np.array(lens)
+    indptr = np.concatenate([[0], np.cumsum(-(-lens // 16))])
+    work = decode_work(indptr, lens, -1, 16, len(lens), 2)
+    assert max(work.loads) == pytest.approx(_brute_force_best_load(lens))
+    ranges = [(int(work.items[i][OUT]), int(work.items[i][C0]), int(work.items[i][C1]))
+              for p in (0, 1) for i in core_rows(work.spans[p], U)]
+    assert all(a < e for _, a, e in ranges)
+    for b, n in enumerate(lens):
+        chunks = sorted(c for o, a, e in ranges if o == b for c in range(a, e))
+        assert chunks == list(range(-(-int(n) // 128)))
+
+
+def test_a_cut_at_a_request_boundary_never_makes_a_negative_half():
+    """[A, B, B] tokens over a grid: wherever the best cut falls, every item of both cores holds
+    at least one chunk (a cut at a request's first or last chunk gives one core none of it:
+    that core's boundary slot is the identity)."""
+    at_boundary = 0
     for A in range(2000, 6000, 61):
         for B in range(100, 3000, 89):
             lens = np.array([A, B, B])
             indptr = np.concatenate([[0], np.cumsum(-(-lens // 16))])
             work = decode_work(indptr, lens, -1, 16, 4, 2)
             ranges = [(int(work.items[i][C0]), int(work.items[i][C1]))
-                      for p in (0, 1) for i in core_rows(work.spans[p], 4)]
+                      for p in (0, 1) for i in core_rows(work.spans[p], U)]
             assert all(a < e for a, e in ranges), (A, B)
-            empty_first += int(work.spans[0][-2] == state_slots(4) - 1)
-    assert empty_first > 0                       # the grid reaches the case
+            at_boundary += int(state_slots(4) - 1 in work.spans[:, -2])
+    assert at_boundary > 0                       # the grid reaches the case
 
 
 def test_table_rows_are_a_shape_of_the_bucket_and_capacity():
@@ -359,7 +403,7 @@ def test_two_cores_over_an_empty_batch_run_nothing():
 def test_one_long_request_is_cut_into_equal_loads():
     work = decode_work(np.array([0, 2048]), np.array([32768]), -1, 16, 1, 2)
     assert work.loads[0] == pytest.approx(work.loads[1])
-    per_core = [sorted(c for i in core_rows(work.spans[p], 1)
+    per_core = [sorted(c for i in core_rows(work.spans[p], U)
                        for c in range(work.items[i][C0], work.items[i][C1])) for p in (0, 1)]
     assert per_core == [list(range(0, 128)), list(range(128, 256))]
     assert work.spans[:, -2].tolist() == [1, 2] and work.spans[:, -1].tolist() == [0, 0]
@@ -372,7 +416,7 @@ def test_an_empty_request_at_the_cut_has_no_items_on_either_core():
     work = decode_work(indptr, kv, -1, 16, 4, 2)
     ident = state_slots(4) - 1
     assert work.spans[:, -2].tolist() == [ident, ident] and work.spans[:, -1].tolist() == [1, 1]
-    outs = [int(work.items[i][OUT]) for p in (0, 1) for i in core_rows(work.spans[p], 4)]
+    outs = [int(work.items[i][OUT]) for p in (0, 1) for i in core_rows(work.spans[p], U)]
     assert sorted(outs) == [0, 2]
     assert work.loads[0] == pytest.approx(work.loads[1])
 

@@ -7,6 +7,7 @@ import pytest
 from nki_kernels import simulate
 from nki_kernels.buckets import BucketPolicy, set_bucket_policy
 from nki_kernels.paged_decode_attention import batch_decode, batch_decode_kernel, batch_decode_ref
+from nki_kernels.paged_decode_attention.plan import ITEM_CLASSES, items_per_iteration, loop_widths
 
 from .conftest import assert_close, make_decode_case
 
@@ -79,12 +80,13 @@ def test_program_size_is_independent_of_lengths_and_work_follows_them(rng, targe
     assert read[0] == read[1]                        # same 401-token window in both
     loops = [l["iterations"] for l in trace.loops if l["depth"] == 0]
     # one loop per kind of work item (empty, masked chunk, mask-free blocks of 32, 16, 8, 4, 2,
-    # 1) and width (4, 2 and 1 items per iteration): each request has a masked first and last
-    # chunk (four masked items: one iteration of 4) and a block of 2 mask-free chunks (two
+    # 1) and width (8, 4, 2 and 1 items per iteration): each request has a masked first and
+    # last chunk (four masked items: one iteration of 4) and a block of 2 mask-free chunks (two
     # items: one iteration of 2); the two requests' items share iterations
-    expected = [0] * 24
-    expected[1 * 3 + 0] = 1                          # masked chunks, width 4
-    expected[6 * 3 + 1] = 1                          # blocks of 2, width 2
+    widths = loop_widths(items_per_iteration(1))
+    expected = [0] * (len(ITEM_CLASSES) * len(widths))
+    expected[1 * len(widths) + widths.index(4)] = 1      # masked chunks
+    expected[6 * len(widths) + widths.index(2)] = 1      # blocks of 2
     assert loops == expected
     assert not [l for l in trace.loops if l["depth"] > 0]      # no loop per request
 
@@ -96,8 +98,9 @@ def test_padded_batch_rows_do_no_work(rng):
     batch_decode(*FixedCache(rng).step([40, 40, 40, 40, 40]))
     trace = simulate.last_trace()
     loops = [l["iterations"] for l in trace.loops]
-    assert len(loops) == 8 * 3                     # 8 kinds of item x widths 4, 2, 1
-    assert loops[3:6] == [1, 0, 1] and sum(loops) == 2
+    widths = loop_widths(items_per_iteration(1))
+    assert widths == (8, 4, 2, 1) and len(loops) == 8 * 4     # 8 kinds of item x 4 widths
+    assert loops[4:8] == [0, 1, 0, 1] and sum(loops) == 2     # masked chunks: 4 + 1
 
 
 def test_long_requests_take_mask_free_chunks_in_blocks(rng, target):
@@ -110,9 +113,9 @@ def test_long_requests_take_mask_free_chunks_in_blocks(rng, target):
     out, lse = batch_decode(*args, return_lse=True)
     trace = simulate.last_trace()
     loops = [l["iterations"] for l in trace.loops]
-    # one iteration of width 1 (the last of each kind's three loops) for kinds masked, 32, 8, 1
-    widths_1 = loops[2::3]                          # empty, masked, 32, 16, 8, 4, 2, 1
-    assert widths_1 == [0, 1, 1, 0, 1, 0, 0, 1] and sum(loops) == 4
+    # one iteration of width 1 (the last of each kind's loops) for kinds masked, 32, 8, 1
+    widths_1 = loops[3::4]                          # empty, masked, 32, 16, 8, 4, 2, 1
+    assert len(loops) == 8 * 4 and widths_1 == [0, 1, 1, 0, 1, 0, 0, 1] and sum(loops) == 4
     ref, ref_lse = batch_decode_ref(*args, return_lse=True)
     np.testing.assert_allclose(out, ref, rtol=2e-5, atol=2e-5)
     np.testing.assert_allclose(lse, ref_lse, rtol=2e-5, atol=2e-5)
