@@ -15,6 +15,7 @@ from .. import context, dtypes
 from ..access import Resolved, dropped, elems_in_rows, resolve
 from ..errors import TargetError
 from .core import fail, record
+from .dma_rows import source_rows
 from .enums import dge_mode as dge_enum, oob_mode as oob_enum
 
 OP = "dma_copy"
@@ -68,11 +69,9 @@ def dma_copy(dst, src, priority=None, oob_mode=oob_enum.error, dge_mode=dge_enum
 
 
 def _row_mask(d: Resolved, s: Resolved):
-    mask = s.row_mask if s.row_mask is not None else d.row_mask
-    if s.row_mask is not None and d.shape[0] != s.shape[0]:
-        fail(f"skipped source rows need dst rows to match: dst dim 0 is {d.shape[0]}, src has "
-             f"{s.shape[0]} rows", OP, "dst")
-    return mask
+    """The rows written: the source's kept rows when it skips some, else the destination's."""
+    mask = source_rows([("src", s)], d.shape[0], OP)
+    return mask if mask is not None else d.row_mask
 
 
 def _moved_elems(d, s, mask) -> int:

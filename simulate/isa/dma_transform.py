@@ -16,6 +16,7 @@ from .. import context, dtypes
 from ..access import dropped, elems_in_rows, resolve, rows_in_both
 from ..errors import TargetError
 from .core import fail, record
+from .dma_rows import source_rows
 from .enums import dge_mode as dge_enum, oob_mode as oob_enum
 
 HBM = ("private_hbm", "shared_hbm")
@@ -129,7 +130,7 @@ def dma_compute(dst, srcs, reduce_op, scales=None, unique_indices=True, oob_mode
             context.fail(TargetError, f"read-modify-write dma_compute (vector_offset) needs "
                          f"NeuronCore-v3+ (target {target.name})", op=o, operand="dst")
     moved = 0 if dropped(d, *rs) else dst.size
-    rows = _source_rows(rs, dst, o)
+    rows = source_rows([(f"srcs[{k}]", r) for k, r in enumerate(rs)], dst.shape[0], o)
     if moved:
         with np.errstate(all="ignore"):
             total = sum(r.read().astype(np.float32).reshape(dst.shape) for r in rs)
@@ -142,17 +143,3 @@ def dma_compute(dst, srcs, reduce_op, scales=None, unique_indices=True, oob_mode
                   dma_bytes=moved * dst.dtype.itemsize, hbm_read_bytes=reads,
                   hbm_write_bytes=_bytes(d, dst, moved), dma_runs=1,
                   details={"rmw": rmw, "sources": len(srcs)})
-
-
-def _source_rows(rs, dst, o):
-    """The dst rows every source has (bool [dst.shape[0]], None = all): a source row skipped
-    under oob_mode.skip (an indirect row out of bounds) is a dst row not written."""
-    rows = None
-    for k, r in enumerate(rs):
-        if r.row_mask is None:
-            continue
-        if r.shape[0] != dst.shape[0]:
-            fail(f"skipped rows of srcs[{k}] need dst rows to match: dst dim 0 is "
-                 f"{dst.shape[0]}, srcs[{k}] has {r.shape[0]} rows", o, f"srcs[{k}]")
-        rows = rows_in_both(rows, r.row_mask)
-    return rows

@@ -250,3 +250,31 @@ def test_a_gathering_dma_compute_leaves_the_rows_it_skipped():
     want = np.full((4, 3), -1.0, np.float32)
     want[0], want[2] = 100 + src[5], 100 + src[0]
     np.testing.assert_array_equal(got, want)
+
+
+@jit
+def skip_into_other_rows(src, idx, op_name):
+    """A gather of 4 rows of 3 (rows out of bounds skipped) into a [2, 6] tile: the same element
+    count, but the skipped rows name no destination row."""
+    idx_sb = nl.ndarray((4, 1), nl.int32, buffer=nl.sbuf)
+    nisa.dma_copy(dst=idx_sb, src=idx)
+    gathered = src.ap([[3, 4], [1, 3]], offset=0, vector_offset=idx_sb, indirect_dim=0)
+    t = nl.ndarray((2, 6), src.dtype, buffer=nl.sbuf)
+    if op_name == "dma_copy":
+        nisa.dma_copy(dst=t, src=gathered, oob_mode=nisa.oob_mode.skip)
+    else:
+        base = nl.ndarray((2, 6), src.dtype, buffer=nl.sbuf)
+        nisa.memset(dst=base, value=0.0)
+        nisa.dma_compute(dst=t, srcs=[base, gathered], reduce_op=nl.add,
+                         oob_mode=nisa.oob_mode.skip)
+    return t
+
+
+@pytest.mark.parametrize("op_name, operand", [("dma_copy", "src"), ("dma_compute", "srcs[1]")])
+def test_skipped_source_rows_need_as_many_destination_rows(op_name, operand):
+    src = np.arange(6 * 3, dtype=np.float32).reshape(6, 3)
+    idx = np.array([[5], [6], [0], [1]], np.int32)            # row 1 out of bounds
+    with simulate.use_target("trn2"), pytest.raises(simulate.SimulationError) as err:
+        skip_into_other_rows(src, idx, op_name)
+    assert f"skipped rows of {operand} need dst rows to match" in str(err.value)
+    assert f"{operand} has 4 rows" in str(err.value) and "dst dim 0 is 2" in str(err.value)
