@@ -250,13 +250,18 @@ class DecodeWork:
 # share one; a block of query tokens pays its own. Measured (cost model, trn2, bf16 8 kv x 32 q
 # heads, D 128): see benchmarks/loop_blocks.py.
 DECODE_ITEMS_PER_ITERATION = 8
+# Query blocks up to this many tokens (speculative verification) share iterations like decode
+# items: their bodies are one or two score tiles; larger blocks (chunked prefill, up to 4 x 128
+# / group queries) take an iteration each, or the program would grow eightfold.
+SHARED_ITERATION_MAX_Q_BLOCK = 8
 
 
 def items_per_iteration(q_block: int) -> int:
-    """Items per loop iteration for items of ``q_block`` queries (a power of two). Decode items
-    share iterations whatever the bucket: a lone long request's blocks are several items too
-    (the remainder of each kind runs in narrower loops, so nothing is padded)."""
-    return DECODE_ITEMS_PER_ITERATION if q_block == 1 else 1
+    """Items per loop iteration for items of ``q_block`` queries (a power of two). Decode and
+    speculative items share iterations whatever the bucket: a lone long request's blocks are
+    several items too (the remainder of each kind runs in narrower loops, so nothing is
+    padded)."""
+    return DECODE_ITEMS_PER_ITERATION if q_block <= SHARED_ITERATION_MAX_Q_BLOCK else 1
 
 
 def core_rows(span_row, per_iteration: int) -> list:

@@ -166,9 +166,11 @@ def test_layout_rows_address_every_token(layout, fused):
 
 def test_items_per_iteration_by_bucket():
     """Eight decode items share a loop iteration whatever the batch (a lone request's chunk
-    blocks are items too); a block of query tokens (prefill) takes an iteration of its own."""
+    blocks are items too); a block of more than 8 query tokens (prefill) takes an iteration of
+    its own."""
     assert items_per_iteration(1) == DECODE_ITEMS_PER_ITERATION == 8
-    assert [items_per_iteration(q) for q in (2, 8, 128)] == [1, 1, 1]
+    # speculative blocks (up to 8 queries) share iterations too; prefill blocks do not
+    assert [items_per_iteration(q) for q in (2, 8, 16, 128)] == [8, 8, 1, 1]
 
 
 def test_loop_widths_and_span_columns():
