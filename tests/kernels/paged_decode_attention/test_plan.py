@@ -324,11 +324,14 @@ def test_one_core_load_is_chunks_and_items():
         pytest.approx(3 + 3 * (ITEM_COST_CHUNKS + ITERATION_COST_CHUNKS)),)
 
 
-def _brute_force_best_load(lens):
+def _brute_force_best_load(lens, window_left=-1):
     """The slower core's modelled load under the best cut, listing every cut's items: requests
-    of ``lens`` tokens (> 0, no window, chunks of 128 tokens: all but a partial last chunk are
-    mask-free)."""
-    chunks = [(0, -(-int(n) // 128), int(n) // 128) for n in lens]     # (first, end, full end)
+    of ``lens`` tokens (> 0, chunks of 128 tokens) attending to keys [n - 1 - window_left, n)
+    (all when window_left < 0): chunks wholly inside are mask-free, the others masked."""
+    chunks = []                                       # (first, end, first full, full end)
+    for n in map(int, lens):
+        start = max(0, n - 1 - window_left) if window_left >= 0 else 0
+        chunks.append((start // 128, -(-n // 128), -(-start // 128), n // 128))
 
     def load(items):
         by_kind = [sum(1 for k, _, _ in items if k == kind) for kind in range(len(ITEM_CLASSES))]
@@ -337,9 +340,9 @@ def _brute_force_best_load(lens):
                 + iters * ITERATION_COST_CHUNKS)
 
     def items(b, a, e):
-        return class_items(0, chunks[b][2], a, e)
+        return class_items(chunks[b][2], chunks[b][3], a, e)
     best = None
-    for k, (c0, c1, _) in enumerate(chunks):
+    for k, (c0, c1, _, _) in enumerate(chunks):
         left = [it for b in range(k) for it in items(b, *chunks[b][:2])]
         right = [it for b in range(k + 1, len(lens)) for it in items(b, *chunks[b][:2])]
         for c in range(c0, c1 + 1):
@@ -348,22 +351,24 @@ def _brute_force_best_load(lens):
     return best
 
 
+@pytest.mark.parametrize("window_left", [-1, 700, 1000])
 @pytest.mark.parametrize("lens", [[2000, 100, 100], [4000, 2900, 2900], [5000, 10, 10, 10],
                                   [300, 9, 1200, 64, 5], [128 * 33 + 7, 128 * 3], [32768]])
-def test_the_cut_is_the_best_of_every_cut(lens):
+def test_the_cut_is_the_best_of_every_cut(lens, window_left):
     """The two cores' loads: the slower one is the least any cut gives (every cut listed, its
     items made by class_items and their loop iterations counted per kind), every item holds
     chunks, and each chunk runs once."""
     lens = np.array(lens)
     indptr = np.concatenate([[0], np.cumsum(-(-lens // 16))])
-    work = decode_work(indptr, lens, -1, 16, len(lens), 2)
-    assert max(work.loads) == pytest.approx(_brute_force_best_load(lens))
+    work = decode_work(indptr, lens, window_left, 16, len(lens), 2)
+    assert max(work.loads) == pytest.approx(_brute_force_best_load(lens, window_left))
     ranges = [(int(work.items[i][OUT]), int(work.items[i][C0]), int(work.items[i][C1]))
               for p in (0, 1) for i in core_rows(work.spans[p], U)]
     assert all(a < e for _, a, e in ranges)
     for b, n in enumerate(lens):
         chunks = sorted(c for o, a, e in ranges if o == b for c in range(a, e))
-        assert chunks == list(range(-(-int(n) // 128)))
+        first = max(0, int(n) - 1 - window_left) // 128 if window_left >= 0 else 0
+        assert chunks == list(range(first, -(-int(n) // 128)))
 
 
 def test_a_cut_at_a_request_boundary_never_makes_a_negative_half():
