@@ -308,6 +308,9 @@ def test_one_core_load_is_chunks_and_items():
     # 8 mask-free chunks: one block of 8; the empty request: one empty item
     assert work.loads == (pytest.approx(8 + 2 * per_item),)
     assert work.items.dtype == work.spans.dtype == np.int32
+    # two requests of one block of 8 each: two items of one kind share one iteration
+    two = decode_work(np.array([0, 64, 128]), np.array([1024, 1024]), -1, 16, 2)
+    assert two.loads == (pytest.approx(16 + 2 * ITEM_COST_CHUNKS + ITERATION_COST_CHUNKS),)
     order = core_rows(work.spans[0], U)
     assert [tuple(work.items[i][[OUT, C0, C1]]) for i in order] == [(1, 0, 0), (0, 0, 8)]
     # 1100 keys, a window of 301 from key 799 (inside chunk 6 of 0..8): masked chunks 6 and 8,
