@@ -14,7 +14,8 @@ Args (device):
         of the unit, the item's chunk bounds and where its first chunk starts, first query row,
         each query row's causal bound and window span, and the softmax-state slots it chains
         through (LOAD, STORE); spans: [cores, plan.span_cols(U)] int32, the rows each core runs
-        per kind and loop width, and the split unit's slot and output row (LNC=2)
+        per kind and loop width, and the split unit's slot and output row (LNC=2); whole units:
+        [cores, plan.WHOLE_UNIT_SPAN_COLS], the core's units and its part of the split one
     kv_indices: [>= pages + T, 1] int32 (padded)
     tok_tab: [T, 2] int32 (page slot, entry of chunk-local token t)
     row_tab: [G*Qb, 1] int32, the query token (r // G) of a kv head's score row r, or None
@@ -37,6 +38,11 @@ folds its chunks into a fresh state, merges the state its unit's earlier items l
 items of its own units and of its part of the one unit split between the two (the host cuts the
 step's chunks into equal halves, plan.decode_work); the two parts' states are exchanged with
 ``nisa.sendrecv`` and merged, and program 0 writes that unit.
+Blocks of several queries (verification, chunked prefill) run as whole units instead
+(plan.whole_units): one loop over the core's units, each folding all its chunks in loops nested
+in it (masked chunks one at a time, mask-free ones in blocks of 32, 16, ..., 1), its state in
+SBUF from first chunk to output: a prefill block's state (2 MB at 8 kv heads, D 128) chained
+through HBM per kind of chunk range would move more bytes than its keys.
 Tiling per work item: tiles of score rows, each a group of kv heads and Qt = min(Qb, 128 // G)
 of the item's query tokens (rows R = heads x G x Qt <= 128 on partitions, kv head j's rows
 ordered (query token, g); each row masked to its own keys; the tiles of one step share the
@@ -66,8 +72,8 @@ from .kernel_queries import group_queries
 from .kernel_softmax import (chunk_scores, finalize, k_transposed, load_state, mask_bias,
                              merge_states, merge_with_partner, softmax_step, state_tile,
                              state_views, store_state)
-from .plan import (CHUNK_BLOCKS, ITEM_CLASSES, LOAD, OUT, STORE, items_per_iteration,
-                   loop_widths, span_column, state_slots)
+from .plan import (C0, C1, CHUNK_BLOCKS, FULL_HI, FULL_LO, ITEM_CLASSES, LOAD, OUT, STORE,
+                   items_per_iteration, loop_widths, span_column, state_slots, whole_units)
 
 
 # Chunks per softmax step: a mask-free block gathered several tokens per partition folds them
@@ -159,20 +165,22 @@ def attention(q, k_rows, v_rows, meta, spans, kv_indices, tok_tab, row_tab, sink
                   if blocked and indirect}
 
     U = items_per_iteration(Qb)
-    units = B // Qb
-    scratch = nl.ndarray((state_slots(units), len(tiles) * R, D + 2), nl.float32,
-                         buffer=nl.private_hbm, name="states")
-    identity = state_slots(units) - 1
-    start = state_tile(R, D)
-    for t in range(len(tiles)):
-        nisa.dma_copy(dst=scratch[identity, t * R:(t + 1) * R, :], src=start)
+    whole = whole_units(Qb)
+    if not whole:
+        units = B // Qb
+        scratch = nl.ndarray((state_slots(units), len(tiles) * R, D + 2), nl.float32,
+                             buffer=nl.private_hbm, name="states")
+        identity = state_slots(units) - 1
+        start = state_tile(R, D)
+        for t in range(len(tiles)):
+            nisa.dma_copy(dst=scratch[identity, t * R:(t + 1) * R, :], src=start)
 
     def prepare(i, count, masked):
         """Work item i's setup, issued for all items of a loop iteration before any of their
         chunks: its table row, queries, bounds, cursor and a mask-free block's cache rows, so
         the next item's first gather never waits behind this one's chunks."""
         cols = item_columns(meta, i, max(T, R) if count else 1)
-        item = {"b": nisa.scalar_load(cols[0:1, OUT:OUT + 1]),
+        item = {"cols": cols, "b": nisa.scalar_load(cols[0:1, OUT:OUT + 1]),
                 "load": nisa.scalar_load(cols[0:1, LOAD:LOAD + 1]),
                 "store": nisa.scalar_load(cols[0:1, STORE:STORE + 1]),
                 "states": [state_tile(n * GQ, D) for _, n, _ in tiles]}
@@ -217,6 +225,20 @@ def attention(q, k_rows, v_rows, meta, spans, kv_indices, tok_tab, row_tab, sink
                                 None if rows is None else rows[:, k:k + 1])
                     for k in range(g * width, (g + 1) * width)]
         return load
+
+    def blocks(item, count, masked):
+        """A nested loop's body (whole units): the next ``count`` chunks of the item at its
+        cursor, folded into its states (a mask-free block's cache rows made per iteration)."""
+        def body(_):
+            sub = dict(item, rows=None, pids=None)
+            group = 1 if masked else gathered[count]
+            if blocked and not masked and indirect:
+                sub["rows"] = block_rows(kv_indices, item["cursor"], count, geo, group,
+                                         entry_rows[group])
+            elif blocked and not masked and group > 1:
+                sub["pids"] = block_page_ids(kv_indices, item["cursor"], count, geo)
+            fold(sub, count, masked)
+        return body
 
     def fold(item, count, masked, after_first=None):
         """The item's ``count`` chunks, ``width`` per softmax step (one [rows, width*T] score
@@ -286,9 +308,41 @@ def attention(q, k_rows, v_rows, meta, spans, kv_indices, tok_tab, row_tab, sink
             store_state(scratch, item["store"], t, R, tile)
             finalize(state_views(tile), out, lse, sinks, item["b"], h0, G, Qt, v_scale, q0)
 
+    def unit(i):
+        """Whole unit i: its chunks in loops nested in the item, masked ones alone and the
+        mask-free ones in CHUNK_BLOCKS (as many of each size as fit, largest first); returns
+        the item, its states complete."""
+        item = prepare(i, 1, True)
+        cols = item["cols"]
+        c0, full_lo, full_hi, c1 = (nisa.scalar_load(cols[0:1, c:c + 1])
+                                    for c in (C0, FULL_LO, FULL_HI, C1))
+        nl.fori_loop(c0, full_lo, blocks(item, 1, True))
+        lo = full_lo
+        for size in CHUNK_BLOCKS:
+            hi = lo + ((full_hi - lo) // size) * size if size > 1 else full_hi
+            nl.fori_loop(lo, hi, blocks(item, size, False), step=size)
+            lo = hi
+        nl.fori_loop(full_hi, c1, blocks(item, 1, True))
+        return item
+
     p, cores = nl.program_id(0), program_cores()
     span = nl.ndarray((1, spans.shape[1]), nl.int32, buffer=nl.sbuf, name="span")
     nisa.dma_copy(dst=span, src=spans[p:p + 1, :])
+    if whole:
+        def whole_unit(i):
+            item = unit(i)
+            for (h0, n, q0), tile in zip(tiles, item["states"]):
+                finalize(state_views(tile), out, lse, sinks, item["b"], h0, G, Qt, v_scale, q0)
+        first, end = (nisa.scalar_load(span[0:1, c:c + 1]) for c in (0, 1))
+        nl.fori_loop(first, end, whole_unit)
+        if cores == 2:      # this core's part of the split unit, merged with the other's
+            item = unit(nisa.scalar_load(span[0:1, 2:3]))
+            for (h0, n, q0), tile in zip(tiles, item["states"]):
+                merge_with_partner(tile, p)
+                if p == 0:
+                    finalize(state_views(tile), out, lse, sinks, item["b"], h0, G, Qt, v_scale,
+                             q0)
+        return out, lse
     for kind, (count, masked) in enumerate(ITEM_CLASSES):
         for width in loop_widths(U):
             col = span_column(kind, width, U)

@@ -247,21 +247,34 @@ class DecodeWork:
 
 # Work items per iteration of the kernel's loops over items. A decode item (one query token) is
 # a few chunks of work, less than a loop iteration's barrier and pipeline fill, so DECODE_ITEMS
-# share one; a block of query tokens pays its own. Measured (cost model, trn2, bf16 8 kv x 32 q
-# heads, D 128): see benchmarks/loop_blocks.py.
+# share one. Measured (cost model, trn2, bf16 8 kv x 32 q heads, D 128): see
+# benchmarks/loop_blocks.py.
 DECODE_ITEMS_PER_ITERATION = 8
-# Query blocks up to this many tokens (speculative verification) share iterations like decode
-# items: their bodies are one or two score tiles; larger blocks (chunked prefill, up to 4 x 128
-# / group queries) take an iteration each, or the program would grow eightfold.
-SHARED_ITERATION_MAX_Q_BLOCK = 8
+
+
+# Units of query blocks (speculative verification, chunked prefill) are whole work items instead:
+# one item per unit (per core's part of it), its chunks folded by loops nested in the item (a
+# loop per kind of chunk range, trip counts from its table row), the softmax state kept in SBUF
+# throughout. A block's state is up to 4 x 128 rows x (D + 2) fp32 per kv-head tile (2 MB at 8
+# kv heads, D 128); chained through HBM per kind of chunk range it moved more bytes than its keys
+# (1k prefill trn2: 4757 us as a flat list, 1953 whole), and a verify block's several items each
+# paid their own table row, query load and state DMAs (32 x 4 drafts: 300 keys 2599 us flat, 2547
+# whole; 1228 keys 4157 / 3519; 4096 keys 8854 / 6329).
+WHOLE_UNIT_SPAN_COLS = 3          # FIRST, END of the core's whole units; its part of the split one
+
+
+def whole_units(q_block: int) -> bool:
+    """Whether items of ``q_block`` queries run as whole units (see WHOLE_UNIT_SPAN_COLS):
+    every block of more than one query."""
+    return q_block > 1
 
 
 def items_per_iteration(q_block: int) -> int:
-    """Items per loop iteration for items of ``q_block`` queries (a power of two). Decode and
-    speculative items share iterations whatever the bucket: a lone long request's blocks are
-    several items too (the remainder of each kind runs in narrower loops, so nothing is
-    padded)."""
-    return DECODE_ITEMS_PER_ITERATION if q_block <= SHARED_ITERATION_MAX_Q_BLOCK else 1
+    """Items per iteration of the flat list's loops (a power of two): DECODE_ITEMS_PER_ITERATION
+    for decode items whatever the bucket (a lone long request's blocks are several items too; the
+    remainder of each kind runs in narrower loops, so nothing is padded); whole units take an
+    iteration each."""
+    return 1 if whole_units(q_block) else DECODE_ITEMS_PER_ITERATION
 
 
 def core_rows(span_row, per_iteration: int) -> list:
@@ -345,11 +358,15 @@ def _core_load(chunks, counts, per_iteration):
 
 
 def split_work(req: _Requests, page_size: int, batch_rows: int, cores: int = 1,
-               per_iteration: int = 1, capacity: int = None, sharing: int = 1) -> DecodeWork:
+               per_iteration: int = 1, capacity: int = None, sharing: int = 1,
+               whole: bool = False) -> DecodeWork:
     """decode_work over any work items (requests or query blocks, ``query_blocks``); units are
-    numbered by row, ``batch_rows`` of them (a bucket); ``sharing``: see ``table_rows``."""
+    numbered by row, ``batch_rows`` of them (a bucket); ``sharing``: see ``table_rows``.
+    ``whole``: one item per unit (``whole_units``), the spans [cores, WHOLE_UNIT_SPAN_COLS]:
+    the core's whole units [FIRST, END) and the row of its part of the unit split between two
+    cores (a part with no chunks when the cut leaves it none)."""
     U = per_iteration
-    widths = loop_widths(U)
+    loop_widths(U)                      # refuses a per_iteration that is not a power of two
     if cores not in (1, 2):
         raise ValueError(f"cores={cores!r} must be 1 or 2")
     B = req.L.size
@@ -362,7 +379,6 @@ def split_work(req: _Requests, page_size: int, batch_rows: int, cores: int = 1,
     for b in range(B):
         for kind, _, _ in parts[b] or [(0, 0, 0)]:        # no keys: one empty item
             kinds[b, kind] += 1
-    ident = state_slots(batch_rows) - 1
     # per core: [(unit, slot, item rows' kinds and ranges)] and the split unit's part
     if cores == 1:
         plan = [[(b, b, parts[b]) for b in range(B)]]
@@ -395,6 +411,48 @@ def split_work(req: _Requests, page_size: int, batch_rows: int, cores: int = 1,
                 [(split, batch_rows + 1, halves[1])] + [(b, b, parts[b])
                                                         for b in range(split + 1, B)]]
         loads = (float(side[0][best]), float(side[1][best]))
+    if whole:
+        rows, spans = _whole_rows(req, plan, split, page_size)
+    else:
+        rows, spans = _kind_rows(req, plan, split, page_size, batch_rows, cores, U)
+    n_rows = table_rows(batch_rows, capacity, sharing)
+    if len(rows) > n_rows:
+        raise AssertionError(f"{len(rows)} work items exceed the table's {n_rows} rows")
+    table = np.zeros((n_rows, META_COLS), np.int64)
+    if rows:
+        table[:len(rows)] = np.array(rows)
+    return DecodeWork(table.astype(np.int32), spans.astype(np.int32), loads)
+
+
+def _whole_rows(req: _Requests, plan, split, page_size):
+    """Work-item rows and spans of whole units: per core its units in order, then its part of
+    the split unit (``plan``: per core [(unit, slot, [(kind, a, e)])])."""
+    rows, spans = [], np.zeros((len(plan), WHOLE_UNIT_SPAN_COLS), np.int64)
+    for p, units in enumerate(plan):
+        spans[p, 0] = len(rows)
+        part = None
+        for b, _, its in units:
+            if b == split:
+                ends = [x for _, a, e in its for x in (a, e)]
+                part = (b, min(ends), max(ends)) if ends else (b, 0, 0)
+                continue
+            rows.append(req.items(np.array([b]), req.c0[b:b + 1], req.c1[b:b + 1], page_size)[0])
+        spans[p, 1] = len(rows)
+        if len(plan) == 2:
+            # no chunks of it here (or no unit at all): an item over no chunks, the identity
+            b, a, e = part or (0, 0, 0)
+            row = (req.items(np.array([b]), np.array([a]), np.array([e]), page_size)[0]
+                   if split is not None else np.zeros(META_COLS, np.int64))
+            spans[p, 2] = len(rows)
+            rows.append(row)
+    return rows, spans
+
+
+def _kind_rows(req: _Requests, plan, split, page_size, batch_rows, cores, U):
+    """Work-item rows and spans of the flat list: per core, items grouped by kind (ITEM_CLASSES
+    order) in unit order, each chained from its unit's previous item through the scratch."""
+    widths = loop_widths(U)
+    ident = state_slots(batch_rows) - 1
     rows, spans = [], np.zeros((cores, span_cols(U)), np.int64)
     for p, units in enumerate(plan):
         chained = set()
@@ -422,10 +480,4 @@ def split_work(req: _Requests, page_size: int, batch_rows: int, cores: int = 1,
             spans[p, -1] = req.out[split]
         else:
             spans[p, -2], spans[p, -1] = ident, 0
-    n_rows = table_rows(batch_rows, capacity, sharing)
-    if len(rows) > n_rows:
-        raise AssertionError(f"{len(rows)} work items exceed the table's {n_rows} rows")
-    table = np.zeros((n_rows, META_COLS), np.int64)
-    if rows:
-        table[:len(rows)] = np.array(rows)
-    return DecodeWork(table.astype(np.int32), spans.astype(np.int32), loads)
+    return rows, spans

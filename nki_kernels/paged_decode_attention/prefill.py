@@ -19,7 +19,7 @@ from .decode import cache_rows, kernel_arguments, table_capacity
 from .head_scales import fold_head_scales, scale_heads
 from .kernel import append_attention_kernel, batch_decode_kernel
 from .prefill_append import append_arguments
-from .plan import items_per_iteration, query_blocks, split_work
+from .plan import items_per_iteration, query_blocks, split_work, whole_units
 
 
 def batch_prefill(q, paged_kv_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len,
@@ -203,7 +203,8 @@ def plan_prefill(prob, q_lens, qo_indptr, kv_indptr, kv_indices, paged_kv_cache,
     n_items = items.L.size
     work = split_work(items, prob.geo.page_size, bucket(n_items), cores,
                       items_per_iteration(qb),
-                      table_capacity(prob.geo, kv_indptr), 1 if qb == 1 else bucket(n_items))
+                      table_capacity(prob.geo, kv_indptr), 1 if qb == 1 else bucket(n_items),
+                      whole_units(qb))
     # item k covers tokens q0 .. q0 + qb of its request, at padded rows k*qb ..
     tok = items.q0[:, None] + np.arange(qb)[None, :]
     real = tok < q_lens[items.request][:, None]

@@ -7,7 +7,8 @@ import pytest
 
 from nki_kernels.buckets import bucket
 from nki_kernels.cli import main
-from nki_kernels.paged_decode_attention.plan import items_per_iteration, span_cols
+from nki_kernels.paged_decode_attention.plan import (WHOLE_UNIT_SPAN_COLS, items_per_iteration,
+                                                    span_cols)
 from nki_kernels.serve import ServeConfig, replay, summary_markdown
 
 pytestmark = pytest.mark.sim_only
@@ -89,16 +90,16 @@ def test_chunked_prefill_replay_mixes_prefill_and_decode(target):
     for key in keys:
         shapes = [a[1] for a in key[0] if a[0] == "tensor"]
         q_rows, slot_rows, items, spans = shapes[0][0], shapes[2][0], shapes[6][0], shapes[7]
-        # single queries (Qb = 1, eight items per loop iteration): a bucket of requests; blocks
-        # of queries (one item per iteration): a bucket of blocks of a size the planner chooses
-        decode_u = items_per_iteration(1)
-        U = decode_u if spans[1] == span_cols(decode_u) else 1
-        assert spans[1] == span_cols(U)
-        if U == decode_u:
+        # single queries (Qb = 1, a flat list, eight items per loop iteration): a bucket of
+        # requests; blocks of queries (whole units): a bucket of blocks of a size the planner
+        # chooses
+        flat = spans[1] == span_cols(items_per_iteration(1))
+        assert flat or spans[1] == WHOLE_UNIT_SPAN_COLS
+        if flat:
             assert q_rows == bucket(q_rows)
         else:
             assert any(q_rows % qb == 0 and q_rows // qb == bucket(q_rows // qb) for qb in blocks)
-        assert items >= 8 * (q_rows // max(blocks) if U == 1 else q_rows)
+        assert items >= 8 * (q_rows // max(blocks) if not flat else q_rows)
         assert slot_rows == bucket(slot_rows) or slot_rows % 128 == 0
     assert sum(s.compiles for s in trace.steps[len(trace.steps) // 2:]) <= 2
     assert "chunked prefill, 48 prompt tokens" in summary_markdown(trace)

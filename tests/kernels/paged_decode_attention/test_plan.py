@@ -12,9 +12,11 @@ from nki_kernels.access_patterns import PagedKVLayout
 from nki_kernels.paged_decode_attention.plan import (
     C0, C1, CHUNK_BLOCKS, DECODE_ITEMS_PER_ITERATION, ENTRY0, FULL_HI, FULL_LO, HI_BASE,
     ITEM_CLASSES, ITEM_COST_CHUNKS, ITERATION_COST_CHUNKS, LEN, LOAD, META_COLS, NO_WINDOW, OUT,
-    POS0, PTR, Q_BASE, SLOT0, STORE, W_SPAN, WIN, capacity_chunks, causal_pairs, chunk_tokens,
+    POS0, PTR, Q_BASE, SLOT0, STORE, W_SPAN, WHOLE_UNIT_SPAN_COLS,
+    WIN, capacity_chunks, causal_pairs, chunk_tokens,
     _part_items, class_items, core_rows, decode_work, items_per_iteration, loop_widths, make_layout,
-    query_blocks, request_table, span_cols, span_column, split_work, state_slots, table_rows)
+    query_blocks, request_table, span_cols, span_column, split_work, state_slots, table_rows,
+    whole_units)
 
 U = DECODE_ITEMS_PER_ITERATION              # decode items per loop iteration
 
@@ -166,11 +168,10 @@ def test_layout_rows_address_every_token(layout, fused):
 
 def test_items_per_iteration_by_bucket():
     """Eight decode items share a loop iteration whatever the batch (a lone request's chunk
-    blocks are items too); a block of more than 8 query tokens (prefill) takes an iteration of
-    its own."""
+    blocks are items too); a block of queries is a whole unit, an iteration of its own."""
     assert items_per_iteration(1) == DECODE_ITEMS_PER_ITERATION == 8
-    # speculative blocks (up to 8 queries) share iterations too; prefill blocks do not
-    assert [items_per_iteration(q) for q in (2, 8, 16, 128)] == [8, 8, 1, 1]
+    assert [items_per_iteration(q) for q in (2, 8, 16, 128)] == [1, 1, 1, 1]
+    assert [whole_units(q) for q in (1, 2, 8, 128)] == [False, True, True, True]
 
 
 def test_loop_widths_and_span_columns():
@@ -434,3 +435,75 @@ def test_an_empty_request_at_the_cut_has_no_items_on_either_core():
 def test_cores_must_be_one_or_two():
     with pytest.raises(ValueError, match="cores=3"):
         decode_work(np.array([0, 1]), np.array([5]), -1, 16, 1, 3)
+
+
+def _check_whole_units(req, work, rows_bucket, P, cores):
+    """Whole units (prefill blocks): a core's units run as one item each over all their chunks
+    [c0, c1), in unit order; with two cores each core has one more item, its part of the split
+    unit (the parts [c0, cut) and [cut, c1) on cores 0 and 1); every chunk runs exactly once and
+    the rows no core runs are zero."""
+    assert work.spans.shape == (cores, WHOLE_UNIT_SPAN_COLS)
+    seen, used, parts = {}, [], []
+    for p in range(cores):
+        first, end = (int(x) for x in work.spans[p, :2])
+        used.extend(range(first, end))
+        units = [int(np.flatnonzero(req.out == work.items[i][OUT])[0]) for i in range(first, end)]
+        assert units == sorted(units)
+        for i, b in zip(range(first, end), units):
+            want = req.items(np.array([b]), req.c0[b:b + 1], req.c1[b:b + 1], P)[0]
+            np.testing.assert_array_equal(work.items[i], want)
+            seen.setdefault(b, []).extend(range(int(req.c0[b]), int(req.c1[b])))
+        if cores == 2:
+            i = int(work.spans[p, 2])
+            used.append(i)
+            parts.append(work.items[i])
+    if cores == 2 and req.L.size:
+        b = int(np.flatnonzero(req.out == parts[0][OUT])[0])
+        assert parts[1][OUT] == req.out[b]
+        (a0, e0), (a1, e1) = [(int(r[C0]), int(r[C1])) for r in parts]
+        if a0 < e0 and a1 < e1:
+            assert (a0, e1, e0) == (req.c0[b], req.c1[b], a1)
+        for a, e, row in ((a0, e0, parts[0]), (a1, e1, parts[1])):
+            if a < e:
+                np.testing.assert_array_equal(row, req.items(np.array([b]), np.array([a]),
+                                                             np.array([e]), P)[0])
+            seen.setdefault(b, []).extend(range(a, e))
+    assert len(used) == len(set(used))
+    assert not work.items[sorted(set(range(len(work.items))) - set(used))].any()
+    for b in range(req.L.size):
+        assert sorted(seen.get(b, [])) == list(range(int(req.c0[b]), int(req.c1[b]))), b
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_whole_units_run_every_chunk_once_on_one_or_two_cores(seed):
+    rng = np.random.default_rng(seed)
+    P = int(rng.choice([1, 16, 128, 256]))
+    _, kv, ql = _random_batch(rng, P)
+    kv[rng.random(kv.size) < 0.3] *= 12
+    indptr = np.concatenate([[0], np.cumsum(-(-kv // P) + 1)])
+    qb = int(rng.choice([16, 32, 128]))
+    assert whole_units(qb)
+    req = query_blocks(indptr, kv, np.minimum(ql, kv), qb, int(rng.choice([-1, 50])), True, P)
+    rows = req.L.size + int(rng.integers(0, 3))
+    _check_whole_units(req, split_work(req, P, rows, 1, 1, whole=True), rows, P, 1)
+    two = split_work(req, P, rows, 2, 1, whole=True)
+    _check_whole_units(req, two, rows, P, 2)
+    assert two.loads == split_work(req, P, rows, 2, 1).loads    # the same cut as the flat list
+
+
+def test_whole_units_of_an_empty_batch_on_two_cores_run_an_empty_item_each():
+    req = query_blocks(np.zeros(1, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64), 32,
+                       -1, True, 16)
+    work = split_work(req, 16, 1, 2, 1, whole=True)
+    assert work.spans.tolist() == [[0, 0, 0], [1, 1, 1]] and not work.items.any()
+
+
+def test_a_cut_at_a_unit_edge_leaves_the_other_core_an_empty_part():
+    """Two equal units: the cut falls between them, so each core's part of the split unit has no
+    chunks (an item over [a, a): it merges the identity)."""
+    kv = np.array([1024, 1024])
+    req = query_blocks(np.array([0, 64, 128]), kv, np.array([128, 128]), 128, -1, True, 16)
+    work = split_work(req, 16, 2, 2, 1, whole=True)
+    parts = [work.items[work.spans[p, 2]] for p in (0, 1)]
+    assert [int(r[C1] - r[C0]) for r in parts].count(0) >= 1
+    _check_whole_units(req, work, 2, 16, 2)
