@@ -8,6 +8,7 @@ import numpy as np
 
 from nki_kernels.paged_kv_append.checks import check_page_table, require_int32_vector
 from nki_kernels.paged_kv_append.layout import CacheGeometry, geometry, split_cache
+from nki_kernels.paged_kv_append.quantize import check_scale
 
 Q_DTYPES = ("float32", "float16", "bfloat16")
 KV_DTYPES = Q_DTYPES + ("float8_e4m3fn", "float8_e5m2", "float8_e4m3")
@@ -63,6 +64,9 @@ def check_batch_decode_inputs(q, paged_kv_cache, kv_indptr, kv_indices, kv_last_
         sm_scale = 1.0 / np.sqrt(d)
     for name, value in (("sm_scale", sm_scale), ("logits_soft_cap", logits_soft_cap),
                         ("k_scale", k_scale), ("v_scale", v_scale)):
+        if name in ("k_scale", "v_scale") and isinstance(value, np.ndarray):
+            check_scale(name, value, geo.num_heads)        # one per kv head: checked there
+            continue
         if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer,
                                                                           np.floating)):
             raise TypeError(f"{name}={value!r} must be a real number, got {type(value).__name__}")
@@ -73,7 +77,7 @@ def check_batch_decode_inputs(q, paged_kv_cache, kv_indptr, kv_indices, kv_last_
     if not isinstance(window_left, (int, np.integer)) or window_left < -1:
         raise ValueError(f"window_left={window_left} must be an integer >= -1 (-1 disables the window)")
     for name, s in (("k_scale", k_scale), ("v_scale", v_scale)):
-        if not np.isfinite(s) or s <= 0:
+        if not isinstance(s, np.ndarray) and (not np.isfinite(s) or s <= 0):
             raise ValueError(f"{name}={s} must be a positive finite number")
     if sinks is not None:
         if not isinstance(sinks, np.ndarray) or sinks.shape != (hq,):

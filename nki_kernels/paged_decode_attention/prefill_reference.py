@@ -7,7 +7,7 @@ import numpy as np
 
 from .checks import soft_cap
 from .prefill import check_batch_prefill_inputs
-from .reference import attend, gather_kv
+from .reference import attend, gather_kv, head_scale
 
 
 def batch_prefill_ref(q, paged_kv_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len,
@@ -27,7 +27,6 @@ def batch_prefill_ref(q, paged_kv_cache, qo_indptr, kv_indptr, kv_indices, kv_la
     Q, HQ, D = q.shape
     out = np.zeros((Q, HQ, D))
     lse = np.full((Q, HQ), -np.inf)
-    scale = prob.sm_scale * k_scale
     for b in range(prob.batch):
         L, n = int(prob.kv_lens[b]), int(q_lens[b])
         keys, values = gather_kv(paged_kv_cache, kv_indptr, kv_indices, L, b, prob.geo.page_size,
@@ -39,7 +38,9 @@ def batch_prefill_ref(q, paged_kv_cache, qo_indptr, kv_indptr, kv_indices, kv_la
             for h in range(HQ):
                 kvh = h // prob.group
                 out[t, h], lse[t, h] = attend(q[t, h], keys[lo:hi, kvh], values[lo:hi, kvh],
-                                              scale, logits_soft_cap,
-                                              None if sinks is None else sinks[h], v_scale)
+                                              prob.sm_scale * head_scale(k_scale, kvh),
+                                              logits_soft_cap,
+                                              None if sinks is None else sinks[h],
+                                              head_scale(v_scale, kvh))
     out = out.astype(q.dtype)
     return (out, lse.astype(np.float32)) if return_lse else out

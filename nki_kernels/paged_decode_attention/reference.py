@@ -29,7 +29,8 @@ def batch_decode_ref(q, paged_kv_cache, kv_indptr, kv_indices, kv_last_page_len,
                      v_scale=1.0, return_lse=False):
     """out[b, h] = v_scale * sum_j softmax_j(logit_j) V[j, h // G], logit_j = k_scale * sm_scale *
     q[b, h] . K[j, h // G], soft-capped as cap * tanh(logit / cap) when cap > 0, keys limited to the
-    last window_left + 1 when window_left >= 0, and sinks[h] added to the softmax denominator.
+    last window_left + 1 when window_left >= 0, and sinks[h] added to the softmax denominator;
+    k_scale / v_scale: numbers, or arrays [H] taken per kv head h // G.
 
     Returns out [B, H_qo, D] in q's dtype, and with return_lse the base-2 log-sum-exp [B, H_qo]
     float32 (log2 of the softmax denominator, sink included). An empty request gives zeros and
@@ -50,10 +51,16 @@ def batch_decode_ref(q, paged_kv_cache, kv_indptr, kv_indices, kv_last_page_len,
         for h in range(HQ):
             kvh = h // prob.group
             out[b, h], lse[b, h] = attend(q[b, h], keys[:, kvh], values[:, kvh],
-                                          prob.sm_scale * k_scale, logits_soft_cap,
-                                          None if sinks is None else sinks[h], v_scale)
+                                          prob.sm_scale * head_scale(k_scale, kvh),
+                                          logits_soft_cap, None if sinks is None else sinks[h],
+                                          head_scale(v_scale, kvh))
     out = out.astype(q.dtype)
     return (out, lse.astype(np.float32)) if return_lse else out
+
+
+def head_scale(scale, kv_head: int) -> float:
+    """kv head ``kv_head``'s scale of a number (every head) or an array [H] (per kv head)."""
+    return float(scale[kv_head]) if np.ndim(scale) else float(scale)
 
 
 def attend(query, keys, values, scale, soft_cap, sink, v_scale):

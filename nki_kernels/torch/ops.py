@@ -61,14 +61,55 @@ def _check_arguments(first: str, tensors: dict, written: tuple = ()) -> None:
                                f"argument must be on the same device")
 
 
+def _head_scales(name: str, scale, per_head: Optional[Tensor], default):
+    """The scale an op passes on: ``scale`` (a number), or the per-kv-head tensor ``per_head``
+    [H] as a float32 NumPy array (host data: the scales are folded or tabled on the host)."""
+    if per_head is None:
+        return scale
+    if scale != default:
+        raise ValueError(f"{name}={scale!r} and {name}s (per kv head) are both given; pass one")
+    if per_head.dim() != 1 or not per_head.dtype.is_floating_point:
+        raise ValueError(f"{name}s must be a 1-D float tensor [kv heads], got {per_head.dtype} "
+                         f"{tuple(per_head.shape)}")
+    return per_head.detach().to("cpu", torch.float32).numpy().copy()
+
+
+def _fold_on_device(q, kv_cache, kv_layout, k_scale, v_scale):
+    """Per-kv-head scales around a device launch, in torch (as head_scales.fold_head_scales):
+    (q times k_scale per query head, v_scale per query head or None, the scales left: 1.0)."""
+    from nki_kernels.paged_kv_append.layout import geometry
+    from nki_kernels.paged_kv_append.quantize import check_scale
+    from .device import _meta
+    H = geometry(_meta(kv_cache), kv_layout).num_heads
+    G = q.shape[1] // H
+    post = None
+    if isinstance(k_scale, np.ndarray):
+        per_q = torch.from_numpy(np.repeat(check_scale("k_scale", k_scale, H), G)).to(q.device)
+        q = (q.float() * per_q[None, :, None]).to(q.dtype)
+        k_scale = 1.0
+    if isinstance(v_scale, np.ndarray):
+        post = torch.from_numpy(np.repeat(check_scale("v_scale", v_scale, H), G)).to(q.device)
+        v_scale = 1.0
+    return q, k_scale, v_scale, post
+
+
+def _unfold(out, post):
+    return out if post is None else (out.float() * post[None, :, None]).to(out.dtype)
+
+
 @torch.library.custom_op("nki_kernels::append_paged_kv_cache", mutates_args=("kv_cache",))
 def append_paged_kv_cache(append_key: Tensor, append_value: Tensor, batch_indices: Tensor,
                           positions: Tensor, kv_cache: Tensor, kv_indices: Tensor, kv_indptr: Tensor,
                           kv_last_page_len: Tensor, kv_layout: str = "NHD",
-                          k_scale: Optional[float] = None, v_scale: Optional[float] = None) -> None:
-    """With k_scale / v_scale, wider rows are quantized into an fp8 cache (per-tensor scales)."""
+                          k_scale: Optional[float] = None, v_scale: Optional[float] = None,
+                          k_scales: Optional[Tensor] = None,
+                          v_scales: Optional[Tensor] = None) -> None:
+    """With k_scale / v_scale, wider rows are quantized into an fp8 cache (per-tensor scales);
+    k_scales / v_scales [H]: one scale per kv head instead."""
     _append_checks(append_key, append_value, batch_indices, positions, kv_cache, kv_indices,
                    kv_indptr, kv_last_page_len)
+    k_scale = _head_scales("k_scale", k_scale, k_scales, None)
+    v_scale = _head_scales("v_scale", v_scale, v_scales, None)
     if _on_neuron(kv_cache):
         from .device import append_on_neuron
         return append_on_neuron(append_key, append_value, batch_indices, positions, kv_cache,
@@ -81,7 +122,8 @@ def append_paged_kv_cache(append_key: Tensor, append_value: Tensor, batch_indice
         if k_scale is not None or v_scale is not None:
             from nki_kernels.paged_kv_append.quantize import quant_table, quantize_ref
             cache = args[4]
-            quant_table(k_scale, v_scale, cache.dtype, args[0].dtype, 1, 1)   # the same checks
+            quant_table(k_scale, v_scale, cache.dtype, args[0].dtype,      # the same checks
+                        args[0].shape[1] if args[0].ndim == 3 else 1, 1)
             args[0], args[1] = (quantize_ref(a, s, cache.dtype)
                                 for a, s in ((args[0], k_scale), (args[1], v_scale)))
         to_numpy(kv_cache)[...] = append_paged_kv_cache_ref(*args, kv_layout)
@@ -110,7 +152,8 @@ def _scatter_checks(past_cache, update, write_indices):
 
 @append_paged_kv_cache.register_fake
 def _(append_key, append_value, batch_indices, positions, kv_cache, kv_indices, kv_indptr,
-      kv_last_page_len, kv_layout="NHD", k_scale=None, v_scale=None):
+      kv_last_page_len, kv_layout="NHD", k_scale=None, v_scale=None, k_scales=None,
+      v_scales=None):
     _append_checks(append_key, append_value, batch_indices, positions, kv_cache, kv_indices,
                    kv_indptr, kv_last_page_len)
     return None
@@ -121,12 +164,20 @@ def batch_decode(q: Tensor, kv_cache: Tensor, kv_indptr: Tensor, kv_indices: Ten
                  kv_last_page_len: Tensor, kv_layout: str = "NHD", sm_scale: Optional[float] = None,
                  logits_soft_cap: float = 0.0, window_left: int = -1,
                  sinks: Optional[Tensor] = None, k_scale: float = 1.0,
-                 v_scale: float = 1.0) -> Tuple[Tensor, Tensor]:
+                 v_scale: float = 1.0, k_scales: Optional[Tensor] = None,
+                 v_scales: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
+    """k_scales / v_scales [H]: fp8 dequantization scales per kv head (instead of k_scale /
+    v_scale)."""
     _decode_checks(q, kv_cache, kv_indptr, kv_indices, kv_last_page_len, sinks)
+    k_scale = _head_scales("k_scale", k_scale, k_scales, 1.0)
+    v_scale = _head_scales("v_scale", v_scale, v_scales, 1.0)
     if _on_neuron(q):
         from .device import decode_on_neuron
-        return decode_on_neuron(q, kv_cache, kv_indptr, kv_indices, kv_last_page_len, kv_layout,
-                                sm_scale, logits_soft_cap, window_left, sinks, k_scale, v_scale)
+        q, k_scale, v_scale, post = _fold_on_device(q, kv_cache, kv_layout, k_scale, v_scale)
+        out, lse = decode_on_neuron(q, kv_cache, kv_indptr, kv_indices, kv_last_page_len,
+                                    kv_layout, sm_scale, logits_soft_cap, window_left, sinks,
+                                    k_scale, v_scale)
+        return _unfold(out, post), lse
     from nki_kernels.paged_decode_attention import batch_decode as run, batch_decode_ref
     fn = batch_decode_ref if get_backend() == "ref" else run
     out, lse = fn(to_numpy(q), to_numpy(kv_cache), to_numpy(kv_indptr), to_numpy(kv_indices),
@@ -139,7 +190,8 @@ def batch_decode(q: Tensor, kv_cache: Tensor, kv_indptr: Tensor, kv_indices: Ten
 
 @batch_decode.register_fake
 def _(q, kv_cache, kv_indptr, kv_indices, kv_last_page_len, kv_layout="NHD", sm_scale=None,
-      logits_soft_cap=0.0, window_left=-1, sinks=None, k_scale=1.0, v_scale=1.0):
+      logits_soft_cap=0.0, window_left=-1, sinks=None, k_scale=1.0, v_scale=1.0, k_scales=None,
+      v_scales=None):
     _decode_checks(q, kv_cache, kv_indptr, kv_indices, kv_last_page_len, sinks)
     return torch.empty_like(q), q.new_empty(q.shape[:2], dtype=torch.float32)
 
@@ -151,19 +203,29 @@ def batch_prefill(q: Tensor, kv_cache: Tensor, qo_indptr: Tensor, kv_indptr: Ten
                   logits_soft_cap: float = 0.0, window_left: int = -1,
                   sinks: Optional[Tensor] = None, append_key: Optional[Tensor] = None,
                   append_value: Optional[Tensor] = None, k_scale: float = 1.0,
-                  v_scale: float = 1.0) -> Tuple[Tensor, Tensor]:
+                  v_scale: float = 1.0, k_scales: Optional[Tensor] = None,
+                  v_scales: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
     """Ragged queries (q [Q, HQ, D], request b's rows qo_indptr[b]..) over the paged cache; with
     append_key/append_value [Q, H, D] the step's K/V are written into ``kv_cache`` first by the
     same launch (the only case in which the op mutates it; wider rows into an fp8 cache are
-    quantized with k_scale / v_scale, which attention reads back with). Returns out [Q, HQ, D],
-    lse [Q, HQ]."""
+    quantized with k_scale / v_scale, which attention reads back with; k_scales / v_scales [H]:
+    per kv head instead). Returns out [Q, HQ, D], lse [Q, HQ]."""
     _prefill_checks(q, kv_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, sinks,
                     append_key, append_value)
+    k_scale = _head_scales("k_scale", k_scale, k_scales, 1.0)
+    v_scale = _head_scales("v_scale", v_scale, v_scales, 1.0)
     if _on_neuron(q):
         from .device import prefill_on_neuron
-        return prefill_on_neuron(q, kv_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len,
-                                 kv_layout, causal, sm_scale, logits_soft_cap, window_left, sinks,
-                                 append_key, append_value, k_scale, v_scale)
+        if append_key is not None or append_value is not None:
+            if isinstance(k_scale, np.ndarray) or isinstance(v_scale, np.ndarray):
+                raise NotImplementedError("per-kv-head scales with the fused write on a Neuron "
+                                          "device: append with append_paged_kv_cache first")
+        q, k_scale, v_scale, post = _fold_on_device(q, kv_cache, kv_layout, k_scale, v_scale)
+        out, lse = prefill_on_neuron(q, kv_cache, qo_indptr, kv_indptr, kv_indices,
+                                     kv_last_page_len, kv_layout, causal, sm_scale,
+                                     logits_soft_cap, window_left, sinks, append_key,
+                                     append_value, k_scale, v_scale)
+        return _unfold(out, post), lse
     from nki_kernels.paged_decode_attention import batch_prefill as run, batch_prefill_ref
     np_ = lambda t: None if t is None else to_numpy(t)      # noqa: E731
     args = [np_(t) for t in (q, kv_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len)]
@@ -210,7 +272,8 @@ def _prefill_checks(q, kv_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_
 @batch_prefill.register_fake
 def _(q, kv_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, kv_layout="NHD",
       causal=True, sm_scale=None, logits_soft_cap=0.0, window_left=-1, sinks=None,
-      append_key=None, append_value=None, k_scale=1.0, v_scale=1.0):
+      append_key=None, append_value=None, k_scale=1.0, v_scale=1.0, k_scales=None,
+      v_scales=None):
     _prefill_checks(q, kv_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, sinks,
                     append_key, append_value)
     return torch.empty_like(q), q.new_empty(q.shape[:2], dtype=torch.float32)
