@@ -1,0 +1,92 @@
+"""The torch block-table entries against the NumPy ones: the same cache bytes (written into the
+caller's tensors in place), the same outputs, for a (2, N, ...) cache and a (k, v) pair, decode
+and ragged prefill with the fused write; refusals before any write."""
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+from nki_kernels import block_tables as np_entries  # noqa: E402
+from nki_kernels.torch import block_tables as torch_entries  # noqa: E402
+from nki_kernels.torch.convert import to_numpy, to_torch  # noqa: E402
+
+N, H, D, P = 24, 2, 16, 4
+
+
+def _case(rng, layout):
+    seq_lens = np.array([9, 0, 14, 5], np.int32)
+    q_lens = np.array([3, 0, 4, 1], np.int32)
+    tables = np.full((4, 5), -1, np.int32)
+    pages = rng.permutation(N).astype(np.int32)
+    need = -(-seq_lens // P)
+    for b, start in enumerate(np.concatenate([[0], np.cumsum(need)])[:-1]):
+        tables[b, :need[b]] = pages[start:start + need[b]]
+    qsl = np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int32)
+    shape = (2, N, H, P, D) if layout == "HND" else (2, N, P, H, D)
+    cache = rng.standard_normal(shape).astype(np.float32)
+    rows = lambda: rng.standard_normal((int(qsl[-1]), H, D)).astype(np.float32)  # noqa: E731
+    return tables, seq_lens, qsl, cache, rows(), rows(), rng.standard_normal(
+        (int(qsl[-1]), 2 * H, D)).astype(np.float32)
+
+
+@pytest.mark.parametrize("layout", ["HND", "NHD"])
+@pytest.mark.parametrize("pair", [False, True])
+def test_torch_entries_equal_the_numpy_ones(rng, target, layout, pair):
+    tables, seq_lens, qsl, cache, key, value, q = _case(rng, layout)
+    want = cache.copy()
+    np_entries.append_kv_with_block_tables(key, value, want, tables, seq_lens, qsl, layout)
+    t_cache = torch.from_numpy(cache.copy())
+    arg = (t_cache[0], t_cache[1]) if pair else t_cache
+    T = torch.from_numpy
+    torch_entries.append_kv_with_block_tables(T(key), T(value), arg, T(tables), T(seq_lens),
+                                              T(qsl), layout)
+    assert to_numpy(t_cache).tobytes() == want.tobytes()          # written in place
+    out, lse = torch_entries.attention_with_block_tables(T(q), arg, T(tables), T(seq_lens),
+                                                         T(qsl), layout, return_lse=True)
+    ref, ref_lse = np_entries.attention_with_block_tables(q, want, tables, seq_lens, qsl, layout,
+                                                          return_lse=True)
+    assert isinstance(out, torch.Tensor) and np.array_equal(out.numpy(), ref)
+    assert np.array_equal(lse.numpy(), ref_lse)
+    rows, last = [0, 2, 3], q[qsl[1:] - 1][[0, 2, 3]]           # decode: one query each
+    dec = torch_entries.attention_with_block_tables(T(last), arg, T(tables[rows]),
+                                                    T(seq_lens[rows]), None, layout)
+    want_dec = np_entries.attention_with_block_tables(last, want, tables[rows], seq_lens[rows],
+                                                      None, layout)
+    np.testing.assert_array_equal(dec.numpy(), want_dec)
+    np.testing.assert_allclose(dec.numpy(), ref[qsl[1:] - 1][rows], atol=2e-5)
+
+
+def test_fused_write_through_the_torch_entry(rng, target):
+    tables, seq_lens, qsl, cache, key, value, q = _case(rng, "HND")
+    want = cache.copy()
+    ref = np_entries.attention_with_block_tables(q, want, tables, seq_lens, qsl, "HND",
+                                                 append_key=key, append_value=value)
+    t_cache = torch.from_numpy(cache.copy())
+    out = torch_entries.attention_with_block_tables(
+        torch.from_numpy(q), t_cache, torch.from_numpy(tables), torch.from_numpy(seq_lens),
+        torch.from_numpy(qsl), "HND", append_key=to_torch(key), append_value=to_torch(value))
+    assert to_numpy(t_cache).tobytes() == want.tobytes()
+    np.testing.assert_array_equal(out.numpy(), ref)
+
+
+def test_refusals_before_any_write(rng):
+    tables, seq_lens, qsl, cache, key, value, _ = _case(rng, "HND")
+    T = torch.from_numpy
+    grad = T(cache.copy()).requires_grad_(True)
+    with pytest.raises(RuntimeError, match="kv_cache requires grad"):
+        torch_entries.append_kv_with_block_tables(T(key), T(value), grad, T(tables), T(seq_lens),
+                                                  T(qsl))
+    t_cache = T(cache.copy())
+    with pytest.raises(NotImplementedError, match="seq_lens is on meta"):
+        torch_entries.append_kv_with_block_tables(T(key), T(value), t_cache, T(tables),
+                                                  T(seq_lens).to("meta"), T(qsl))
+    bad = tables.copy()
+    bad[0, 0] = -1                                       # a page request 0 needs
+    with pytest.raises(ValueError, match=r"block_tables\[0, 0\]"):
+        torch_entries.append_kv_with_block_tables(T(key), T(value), t_cache, T(bad), T(seq_lens),
+                                                  T(qsl))
+    strided = T(cache.copy()).transpose(3, 4)
+    with pytest.raises(ValueError, match="contiguous"):
+        torch_entries.append_kv_with_block_tables(T(key), T(value), strided, T(tables),
+                                                  T(seq_lens), T(qsl))
+    assert to_numpy(t_cache).tobytes() == cache.tobytes()
