@@ -24,13 +24,19 @@ def fold_head_scales(q, paged_kv_cache, kv_layout, k_scale, v_scale):
     G = q.shape[1] // H
     post = None
     if isinstance(k_scale, np.ndarray):
-        per_q = np.repeat(check_scale("k_scale", k_scale, H), G)
+        per_q = query_head_factors("k_scale", k_scale, H, G)
         q = (q.astype(np.float32) * per_q[None, :, None]).astype(q.dtype)
         k_scale = 1.0
     if isinstance(v_scale, np.ndarray):
-        post = np.repeat(check_scale("v_scale", v_scale, H), G)
+        post = query_head_factors("v_scale", v_scale, H, G)
         v_scale = 1.0
     return q, k_scale, v_scale, post
+
+
+def query_head_factors(name, scale, num_kv_heads, group):
+    """float32 [HQ]: kv head h // G's scale for query head h (``scale``: an array [H], checked
+    by name)."""
+    return np.repeat(check_scale(name, scale, num_kv_heads), group)
 
 
 def scale_heads(out, post):

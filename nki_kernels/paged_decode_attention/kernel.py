@@ -175,15 +175,28 @@ def attention(q, k_rows, v_rows, meta, spans, kv_indices, tok_tab, row_tab, sink
         for t in range(len(tiles)):
             nisa.dma_copy(dst=scratch[identity, t * R:(t + 1) * R, :], src=start)
 
+    def cache_rows(cursor, count, masked):
+        """{"rows", "pids"} of the ``count`` chunks at the cursor: a mask-free block's cache rows
+        (indirect gathers) or page ids (one DMA per page), made up front; None otherwise."""
+        group = 1 if masked else gathered[count]
+        if blocked and not masked and indirect:
+            return {"rows": block_rows(kv_indices, cursor, count, geo, group, entry_rows[group]),
+                    "pids": None}
+        if blocked and not masked and group > 1:
+            return {"rows": None, "pids": block_page_ids(kv_indices, cursor, count, geo)}
+        return {"rows": None, "pids": None}
+
     def prepare(i, count, masked):
         """Work item i's setup, issued for all items of a loop iteration before any of their
         chunks: its table row, queries, bounds, cursor and a mask-free block's cache rows, so
-        the next item's first gather never waits behind this one's chunks."""
+        the next item's first gather never waits behind this one's chunks (the state slots it
+        chains through: flat list only)."""
         cols = item_columns(meta, i, max(T, R) if count else 1)
         item = {"cols": cols, "b": nisa.scalar_load(cols[0:1, OUT:OUT + 1]),
-                "load": nisa.scalar_load(cols[0:1, LOAD:LOAD + 1]),
-                "store": nisa.scalar_load(cols[0:1, STORE:STORE + 1]),
                 "states": [state_tile(n * GQ, D) for _, n, _ in tiles]}
+        if not whole:
+            item["load"], item["store"] = (nisa.scalar_load(cols[0:1, c:c + 1])
+                                           for c in (LOAD, STORE))
         if count == 0:
             return item
         item["q"] = [group_queries(q, item["b"], h0, n, G, Qt, mm_dtype, q0)
@@ -191,13 +204,8 @@ def attention(q, k_rows, v_rows, meta, spans, kv_indices, tok_tab, row_tab, sink
         # per first query token of a tile: the item's bounds (the token-level ones are common)
         item["bounds"] = ({0: request_bounds(cols, T, R)} if Qb == 1 else
                           block_bounds(cols, T, row_q))
-        cursor = item["cursor"] = start_cursor(cols, tok_sb, R)
-        group = 1 if masked else gathered[count]
-        item["rows"] = item["pids"] = None
-        if blocked and not masked and indirect:
-            item["rows"] = block_rows(kv_indices, cursor, count, geo, group, entry_rows[group])
-        elif blocked and not masked and group > 1:
-            item["pids"] = block_page_ids(kv_indices, cursor, count, geo)
+        item["cursor"] = start_cursor(cols, tok_sb, R)
+        item.update(cache_rows(item["cursor"], count, masked))
         return item
 
     def shape(count, masked):
@@ -230,14 +238,7 @@ def attention(q, k_rows, v_rows, meta, spans, kv_indices, tok_tab, row_tab, sink
         """A nested loop's body (whole units): the next ``count`` chunks of the item at its
         cursor, folded into its states (a mask-free block's cache rows made per iteration)."""
         def body(_):
-            sub = dict(item, rows=None, pids=None)
-            group = 1 if masked else gathered[count]
-            if blocked and not masked and indirect:
-                sub["rows"] = block_rows(kv_indices, item["cursor"], count, geo, group,
-                                         entry_rows[group])
-            elif blocked and not masked and group > 1:
-                sub["pids"] = block_page_ids(kv_indices, item["cursor"], count, geo)
-            fold(sub, count, masked)
+            fold(dict(item, **cache_rows(item["cursor"], count, masked)), count, masked)
         return body
 
     def fold(item, count, masked, after_first=None):
@@ -306,7 +307,20 @@ def attention(q, k_rows, v_rows, meta, spans, kv_indices, tok_tab, row_tab, sink
             kept = load_state(scratch, item["load"], t, R, n * GQ)
             merge_states(state_views(tile), state_views(kept))
             store_state(scratch, item["store"], t, R, tile)
-            finalize(state_views(tile), out, lse, sinks, item["b"], h0, G, Qt, v_scale, q0)
+        write(item["states"], item["b"])
+
+    def write(states, b):
+        """Output rows and LSE of unit output row ``b`` from its states (one per tile)."""
+        for (h0, n, q0), tile in zip(tiles, states):
+            finalize(state_views(tile), out, lse, sinks, b, h0, G, Qt, v_scale, q0)
+
+    def merge_split(states, b):
+        """LNC=2: this core's part of the unit split between the cores merged with the other's
+        (both end with the merged states); program 0 writes the unit."""
+        for tile in states:
+            merge_with_partner(tile, p)
+        if p == 0:
+            write(states, b)
 
     def unit(i):
         """Whole unit i: its chunks in loops nested in the item, masked ones alone and the
@@ -331,17 +345,12 @@ def attention(q, k_rows, v_rows, meta, spans, kv_indices, tok_tab, row_tab, sink
     if whole:
         def whole_unit(i):
             item = unit(i)
-            for (h0, n, q0), tile in zip(tiles, item["states"]):
-                finalize(state_views(tile), out, lse, sinks, item["b"], h0, G, Qt, v_scale, q0)
+            write(item["states"], item["b"])
         first, end = (nisa.scalar_load(span[0:1, c:c + 1]) for c in (0, 1))
         nl.fori_loop(first, end, whole_unit)
-        if cores == 2:      # this core's part of the split unit, merged with the other's
+        if cores == 2:
             item = unit(nisa.scalar_load(span[0:1, 2:3]))
-            for (h0, n, q0), tile in zip(tiles, item["states"]):
-                merge_with_partner(tile, p)
-                if p == 0:
-                    finalize(state_views(tile), out, lse, sinks, item["b"], h0, G, Qt, v_scale,
-                             q0)
+            merge_split(item["states"], item["b"])
         return out, lse
     for kind, (count, masked) in enumerate(ITEM_CLASSES):
         for width in loop_widths(U):
@@ -363,14 +372,11 @@ def attention(q, k_rows, v_rows, meta, spans, kv_indices, tok_tab, row_tab, sink
                         before()
                 finish(batch[-1])
             nl.fori_loop(first, end, iteration, step=width)
-    if cores == 2:          # the unit split between the cores: merge the two partial states
+    if cores == 2:          # the unit split between the cores: its part's state is in a slot
         cols = spans.shape[1]
         slot, b = (nisa.scalar_load(span[0:1, c:c + 1]) for c in (cols - 2, cols - 1))
-        for t, (h0, n, q0) in enumerate(tiles):
-            tile = load_state(scratch, slot, t, R, n * GQ)
-            merge_with_partner(tile, p)
-            if p == 0:
-                finalize(state_views(tile), out, lse, sinks, b, h0, G, Qt, v_scale, q0)
+        merge_split([load_state(scratch, slot, t, R, n * GQ)
+                     for t, (_, n, _) in enumerate(tiles)], b)
     return out, lse
 
 

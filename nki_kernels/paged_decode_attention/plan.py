@@ -382,9 +382,9 @@ def split_work(req: _Requests, page_size: int, batch_rows: int, cores: int = 1,
     # per core: [(unit, slot, item rows' kinds and ranges)] and the split unit's part
     if cores == 1:
         plan = [[(b, b, parts[b]) for b in range(B)]]
-        split, loads = None, (float(_core_load(chunks.sum(), kinds.sum(axis=0), U)),)
+        split, cut, loads = None, None, (float(_core_load(chunks.sum(), kinds.sum(axis=0), U)),)
     elif B == 0:
-        plan, split, loads = [[], []], None, (0.0, 0.0)
+        plan, split, cut, loads = [[], []], None, None, (0.0, 0.0)
     else:
         # every cut (unit k, chunk c): core 0 takes the units before k and chunks [c0, c) of k,
         # core 1 the rest; the cut with the least modelled time of the slower core (its
@@ -412,7 +412,7 @@ def split_work(req: _Requests, page_size: int, batch_rows: int, cores: int = 1,
                                                         for b in range(split + 1, B)]]
         loads = (float(side[0][best]), float(side[1][best]))
     if whole:
-        rows, spans = _whole_rows(req, plan, split, page_size)
+        rows, spans = _whole_rows(req, plan, split, cut, page_size)
     else:
         rows, spans = _kind_rows(req, plan, split, page_size, batch_rows, cores, U)
     n_rows = table_rows(batch_rows, capacity, sharing)
@@ -424,25 +424,26 @@ def split_work(req: _Requests, page_size: int, batch_rows: int, cores: int = 1,
     return DecodeWork(table.astype(np.int32), spans.astype(np.int32), loads)
 
 
-def _whole_rows(req: _Requests, plan, split, page_size):
-    """Work-item rows and spans of whole units: per core its units in order, then its part of
-    the split unit (``plan``: per core [(unit, slot, [(kind, a, e)])])."""
+def _whole_rows(req: _Requests, plan, split, cut, page_size):
+    """Work-item rows and spans of whole units: per core its units in order, then (two cores)
+    its part of the unit ``split``: chunks [c0, cut) on core 0, [cut, c1) on core 1, an item
+    over no chunks (the identity) when the part is empty or there is no unit (``plan``: per
+    core [(unit, slot, items)])."""
     rows, spans = [], np.zeros((len(plan), WHOLE_UNIT_SPAN_COLS), np.int64)
     for p, units in enumerate(plan):
         spans[p, 0] = len(rows)
-        part = None
-        for b, _, its in units:
-            if b == split:
-                ends = [x for _, a, e in its for x in (a, e)]
-                part = (b, min(ends), max(ends)) if ends else (b, 0, 0)
-                continue
-            rows.append(req.items(np.array([b]), req.c0[b:b + 1], req.c1[b:b + 1], page_size)[0])
+        for b, _, _ in units:
+            if b != split:
+                rows.append(req.items(np.array([b]), req.c0[b:b + 1], req.c1[b:b + 1],
+                                      page_size)[0])
         spans[p, 1] = len(rows)
         if len(plan) == 2:
-            # no chunks of it here (or no unit at all): an item over no chunks, the identity
-            b, a, e = part or (0, 0, 0)
-            row = (req.items(np.array([b]), np.array([a]), np.array([e]), page_size)[0]
-                   if split is not None else np.zeros(META_COLS, np.int64))
+            if split is None:
+                row = np.zeros(META_COLS, np.int64)
+            else:
+                a, e = (int(req.c0[split]), cut) if p == 0 else (cut, int(req.c1[split]))
+                a, e = (a, e) if a < e else (0, 0)
+                row = req.items(np.array([split]), np.array([a]), np.array([e]), page_size)[0]
             spans[p, 2] = len(rows)
             rows.append(row)
     return rows, spans

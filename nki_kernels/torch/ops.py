@@ -77,18 +77,18 @@ def _head_scales(name: str, scale, per_head: Optional[Tensor], default):
 def _fold_on_device(q, kv_cache, kv_layout, k_scale, v_scale):
     """Per-kv-head scales around a device launch, in torch (as head_scales.fold_head_scales):
     (q times k_scale per query head, v_scale per query head or None, the scales left: 1.0)."""
+    from nki_kernels.paged_decode_attention.head_scales import query_head_factors
     from nki_kernels.paged_kv_append.layout import geometry
-    from nki_kernels.paged_kv_append.quantize import check_scale
     from .device import _meta
     H = geometry(_meta(kv_cache), kv_layout).num_heads
-    G = q.shape[1] // H
+    factors = lambda name, scale: torch.from_numpy(           # noqa: E731
+        query_head_factors(name, scale, H, q.shape[1] // H)).to(q.device)
     post = None
     if isinstance(k_scale, np.ndarray):
-        per_q = torch.from_numpy(np.repeat(check_scale("k_scale", k_scale, H), G)).to(q.device)
-        q = (q.float() * per_q[None, :, None]).to(q.dtype)
+        q = (q.float() * factors("k_scale", k_scale)[None, :, None]).to(q.dtype)
         k_scale = 1.0
     if isinstance(v_scale, np.ndarray):
-        post = torch.from_numpy(np.repeat(check_scale("v_scale", v_scale, H), G)).to(q.device)
+        post = factors("v_scale", v_scale)
         v_scale = 1.0
     return q, k_scale, v_scale, post
 
