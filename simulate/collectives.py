@@ -23,7 +23,7 @@ from typing import List
 import numpy as np
 
 from . import context, dtypes
-from .errors import UnsupportedError, ValidationError
+from .errors import ValidationError
 from .lnc import SynchronizationError
 from .objects import NKIObject
 
@@ -279,14 +279,14 @@ def collective_permute(srcs, dsts, source_target_pairs, priority=None, name=None
     return _record(me, rs, rd, name)
 
 
-def _not_yet(op):
-    def fn(*args, **kwargs):
-        context.fail(UnsupportedError, f"nki.collectives.{op} is not simulated yet", op=op)
-    fn.__name__ = op
-    return fn
+# the collectives with sizes read at run time, and the ring permutes (their own modules; they use
+# the helpers above)
+from .collectives_v import all_gather_v, all_to_all_v  # noqa: E402
+from .collectives_ring import (collective_permute_implicit,  # noqa: E402
+                               collective_permute_implicit_current_processing_rank_id,
+                               collective_permute_implicit_reduce)
 
-
-for _op in ("all_gather_v", "all_to_all_v", "collective_permute_implicit",
-            "collective_permute_implicit_reduce",
-            "collective_permute_implicit_current_processing_rank_id"):
-    globals()[_op] = _not_yet(_op)
+__all__ = ["ReplicaGroup", "rank_id", "all_reduce", "all_gather", "reduce_scatter", "all_to_all",
+           "collective_permute", "all_gather_v", "all_to_all_v", "collective_permute_implicit",
+           "collective_permute_implicit_reduce",
+           "collective_permute_implicit_current_processing_rank_id"]

@@ -21,12 +21,7 @@ import os
 MANIFEST = os.path.join(os.path.dirname(os.path.abspath(__file__)), "manifest.json")
 
 # Present, but only some documented behaviour is simulated (the rest raises UnsupportedError).
-PARTIAL = {
-    ("nki.collectives", "all_gather_v"), ("nki.collectives", "all_to_all_v"),
-    ("nki.collectives", "collective_permute_implicit"),
-    ("nki.collectives", "collective_permute_implicit_reduce"),
-    ("nki.collectives", "collective_permute_implicit_current_processing_rank_id"),
-}
+PARTIAL = set()
 
 
 def load() -> list:
