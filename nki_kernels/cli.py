@@ -59,6 +59,20 @@ def _simulate(spec, inputs, target):
     return out, elapsed, traces
 
 
+def _timed_reference(spec, inputs, budget_s=3.0):
+    """(reference output, its fastest time of up to three runs within ``budget_s``): one run's
+    time varies up to 2x with memory state, which made the simulator/reference ratio swing."""
+    best, out, spent = float("inf"), None, 0.0
+    for _ in range(3):
+        t0 = time.perf_counter()
+        out = spec.ref(inputs)
+        took = time.perf_counter() - t0
+        best, spent = min(best, took), spent + took
+        if spent > budget_s:
+            break
+    return out, best
+
+
 def check(name, sizes, target, log=print):
     """Run one kernel in the simulator against its reference; returns a result row."""
     spec = KERNELS[name]
@@ -67,9 +81,7 @@ def check(name, sizes, target, log=print):
     log(f"[{name}] {target}: running the kernel {where} ...")
     out, sim_s, traces = _simulate(spec, inputs, target)
     trace = traces[-1] if traces else None
-    t0 = time.perf_counter()
-    ref = spec.ref(inputs)
-    ref_s = time.perf_counter() - t0
+    ref, ref_s = _timed_reference(spec, inputs)
     ok, err = compare(spec, inputs, out, ref)
     count = (f"{sum(len(t) for t in traces)} instructions in {len(traces)} launch"
              f"{'es' if len(traces) > 1 else ''}, simulator" if trace is not None else "device")

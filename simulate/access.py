@@ -22,6 +22,9 @@ from .errors import OutOfBoundsError, ValidationError
 from .tensor import ndarray
 
 
+_BITS = {n: np.dtype(f"u{n}") for n in (1, 2, 4, 8)}
+
+
 class Resolved:
     """An operand ready to read or write; ``row_mask`` marks the rows that take part."""
 
@@ -49,7 +52,7 @@ class Resolved:
         """A zero-copy view of the (bounds-checked) static access of the storage."""
         flat, t = self._flat(), self.tensor
         itemsize = flat.itemsize
-        bits = flat.view(np.dtype(f"u{itemsize}"))      # a view type NumPy can stride for any dtype
+        bits = flat.view(_BITS[itemsize])               # a view type NumPy can stride for any dtype
         view = np.ndarray(t.shape, bits.dtype, bits, self.offset * itemsize,
                           [s * itemsize for s in t.strides])
         return view.view(flat.dtype)
@@ -72,15 +75,29 @@ class Resolved:
         t = self.tensor
         return aps.AccessPattern.from_strides(t.shape, t.strides, self.offset).indices()
 
+    def flag_view(self, flags: np.ndarray) -> Optional[np.ndarray]:
+        """A writable bool view, shape ``tensor.shape``, of the entries of ``flags`` (one per
+        storage element in the operand's dtype) this static access covers; None for an indexed
+        (vector offset) access."""
+        if self.indices is not None:
+            return None
+        t = self.tensor
+        return np.ndarray(t.shape, np.bool_, flags, self.offset, t.strides)
+
     def write(self, values: np.ndarray, row_mask: Optional[np.ndarray] = None) -> None:
         """Store ``values`` (already of the operand's dtype and shape) in the rows taking part."""
         if self.skipped:
             return
         storage = self.tensor._storage
         if storage.mm_written is not None:          # a non-matmul write ends PSUM accumulation
-            storage.mm_written[self.flat_indices().ravel()] = False
+            view = self.flag_view(storage.mm_written)
+            if view is None:
+                storage.mm_written[self.flat_indices().ravel()] = False
+            else:
+                view[...] = False
         mask = rows_in_both(self.row_mask, row_mask)
-        values = np.broadcast_to(values, self.shape)
+        if getattr(values, "shape", None) != self.shape:
+            values = np.broadcast_to(values, self.shape)
         if self.indices is not None:
             idx = self.indices if mask is None else self.indices[mask]
             self._flat()[idx] = values if mask is None else values[mask]

@@ -61,6 +61,8 @@ class Storage:
 
     def elements(self, dtype) -> np.ndarray:
         """The same bytes as a flat array of ``dtype``."""
+        if dtype is self.data.dtype:
+            return self.data
         dtype = np.dtype(dtype)
         return self.data if dtype == self.data.dtype else self.data.view(dtype)
 

@@ -117,8 +117,13 @@ class ndarray:
     def _derive(self, shape, strides, offset, dtype=None) -> "ndarray":
         if self._is_ap:
             _fail(AccessError, "cannot take a view of an access-pattern tensor", op="view")
-        return ndarray.__new__(ndarray)._init_view(
-            self._storage, shape, strides, offset, self._dtype if dtype is None else dtype)
+        if dtype is None:                      # hot: shape and strides are already ints here
+            view = ndarray.__new__(ndarray)
+            view._storage, view._shape, view._strides = self._storage, tuple(shape), tuple(strides)
+            view._offset, view._dtype, view._is_ap, view._dynamic = int(offset), self._dtype, \
+                False, None
+            return view
+        return ndarray.__new__(ndarray)._init_view(self._storage, shape, strides, offset, dtype)
 
     # -- attributes ---------------------------------------------------------------------------
     shape = property(lambda self: self._shape)
@@ -172,6 +177,8 @@ class ndarray:
     def __getitem__(self, key) -> "ndarray":
         if not isinstance(key, tuple):
             key = (key,)
+        if len(key) == 2 == len(self._shape) and type(key[0]) is slice and type(key[1]) is slice:
+            return self._two_slices(*key)          # the common [a:b, c:d] of a 2-D tile, fast
         if any(k is Ellipsis for k in key):
             at = key.index(Ellipsis)
             key = key[:at] + (slice(None),) * (self.ndim - len(key) + 1) + key[at + 1:]
@@ -202,6 +209,13 @@ class ndarray:
         keep = _kept_dims(len(shape), dropped, self.on_chip)
         return self._derive([shape[d] for d in keep], [strides[d] for d in keep], offset)
 
+    def _two_slices(self, k0, k1) -> "ndarray":
+        (n0, n1), (s0, s1) = self._shape, self._strides
+        a0, b0, t0 = _slice_bounds(k0, n0, 0)
+        a1, b1, t1 = _slice_bounds(k1, n1, 1)
+        return self._derive((max(0, -(-(b0 - a0) // t0)), max(0, -(-(b1 - a1) // t1))),
+                            (s0 * t0, s1 * t1), self._offset + a0 * s0 + a1 * s1)
+
     # -- view methods (NKI >= 0.5) ----------------------------------------------------------
     def slice(self, dim, start, end, step=1):
         key = [slice(None)] * self.ndim
@@ -230,7 +244,7 @@ class ndarray:
                   op="broadcast")
         self._check_free_dim(dim, "broadcast")
         shape, strides = list(self._shape), list(self._strides)
-        shape[dim], strides[dim] = size, 0
+        shape[dim], strides[dim] = int(size), 0
         return self._derive(shape, strides, self._offset)
 
     def expand_dim(self, dim):

@@ -152,8 +152,9 @@ def _accumulate(op, d, product, accumulate, target):
     storage = d.tensor._storage
     if storage.mm_written is None:
         storage.mm_written = np.zeros(storage.data.size, dtype=bool)
-    idx = d.flat_indices().reshape(product.shape)
-    written = storage.mm_written[idx]
+    view = d.flag_view(storage.mm_written)
+    idx = d.flat_indices().reshape(product.shape) if view is None else None
+    written = (storage.mm_written[idx] if view is None else view.reshape(product.shape))
     if accumulate is True and not written.all() and target.nc_version < 4:
         fail("accumulate=True onto PSUM not last written by nc_matmul (uninitialised, or "
              "written by another instruction) is undefined on NeuronCore-v2/v3; start the "
@@ -164,7 +165,10 @@ def _accumulate(op, d, product, accumulate, target):
         old = as_2d(d.read()).astype(np.float32)
         out = old + product if accumulate is True else np.where(written, old + product, product)
     d.write(dtypes.cast(out, d.dtype).reshape(d.shape))    # clears mm_written for these elements
-    storage.mm_written[idx] = True
+    if view is None:
+        storage.mm_written[idx] = True
+    else:
+        view[...] = True
 
 
 def nc_transpose(dst, data, engine=None, name=None):
@@ -191,8 +195,12 @@ def nc_transpose(dst, data, engine=None, name=None):
         fail(f"dst dtype {dst.dtype.name} must equal data dtype {data.dtype.name}", op, "dst")
     values = as_2d(s.read())
     if eng == "tensor" and target.nc_version == 2 and dtypes.is_float(data.dtype):
-        with np.errstate(all="ignore"):
-            out = dtypes.cast(values.astype(np.float32).T @ np.eye(P, dtype=np.float32), dst.dtype)
+        wide = values.astype(np.float32)
+        if np.isfinite(wide).all():           # the identity matmul is then an exact transpose
+            out = dtypes.cast(wide.T, dst.dtype)
+        else:
+            with np.errstate(all="ignore"):
+                out = dtypes.cast(wide.T @ np.eye(P, dtype=np.float32), dst.dtype)
     else:
         out = values.T
     d.write(out.reshape(dst.shape))
