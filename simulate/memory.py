@@ -11,8 +11,11 @@ A tensor placed with ``address=(partition_offset, free_offset_bytes)`` occupies 
 instead of an allocator-chosen one. Tensors placed at the same address with the same extent
 share storage (a write through one is read through the other, as on the device), and the region
 is counted once however many tensors are placed there, so rotating a few fixed PSUM banks is
-not a capacity error. A placement that partly overlaps a live tensor placed elsewhere is refused
-(the simulator cannot share part of a storage).
+not a capacity error. Tensors placed so that they partly overlap share those bytes too, as on the
+device: each such region keeps its own array, and before any access to one it takes in the
+shared bytes from the overlapping regions accessed since (newest last), so a write through one
+is read through the others. Allocators that reuse addresses for differently shaped tiles
+(nki-library's SbufManager, attention kernels rotating PSUM banks) rely on this.
 """
 
 from __future__ import annotations
@@ -41,8 +44,8 @@ class Storage:
     once, so one buffer) and by everything placed in one buffer by address (``address`` then
     gives the position there)."""
 
-    __slots__ = ("data", "shape", "buffer", "name", "address", "mm_written", "ident",
-                 "row_bytes", "__weakref__")
+    __slots__ = ("data", "shape", "buffer", "name", "address", "mm_written", "group_started",
+                 "ident", "row_bytes", "hazard", "__weakref__")
 
     def __init__(self, data: np.ndarray, shape, buffer: str, name: str = "", address=None,
                  ident=None):
@@ -52,7 +55,12 @@ class Storage:
         self.name = name
         self.address = address
         self.mm_written = None      # PSUM: bool per element, True where nc_matmul wrote last
+        self.group_started = None   # PSUM: bool per element, True where a matmul of this
+        # allocation wrote (accumulate=None: the first overwrites, later ones add); reset by
+        # every nl.ndarray that returns the storage (a new tensor starts new groups)
         self.ident = next(_IDENTS) if ident is None else ident
+        self.hazard = None          # placed and partly overlapping others: its _Region, synced
+        # with them before every access
         self.row_bytes = math.prod(self.shape[1:]) * data.itemsize   # bytes per partition
 
     @property
@@ -74,10 +82,15 @@ class Storage:
         return cls(data, shape, buffer, name, address)
 
 
-class _Region:
-    """One placed region: its extent and the live storages placed there."""
+_CLOCK = itertools.count()            # orders accesses to placed regions that share bytes
 
-    __slots__ = ("buffer", "partitions", "start", "nbytes", "amount", "live", "data", "last")
+
+class _Region:
+    """One placed region: its extent, the storages placed there (sharing ``data``) and the
+    regions it partly overlaps (``peers``), kept coherent by ``sync`` on every access."""
+
+    __slots__ = ("buffer", "partitions", "start", "nbytes", "amount", "live", "data", "last",
+                 "storages", "peers", "stamp", "refunded")
 
     def __init__(self, buffer, partitions, start, nbytes, amount, data):
         self.buffer, self.partitions, self.start, self.nbytes = buffer, partitions, start, nbytes
@@ -85,11 +98,43 @@ class _Region:
         self.live = 0                       # storages placed here and not yet freed
         self.data = data                    # the region's bytes (shared by those storages)
         self.last = None                    # weakref to the newest of them
+        self.storages = []                  # weakrefs to all of them
+        self.peers = []                     # regions sharing some of these bytes
+        self.stamp = -1                     # _CLOCK at the last access (-1: never accessed)
+        self.refunded = False               # capacity returned (freed, or covered by a peer)
 
     def overlaps(self, partitions, start, nbytes) -> bool:
         p0, p1 = self.partitions
         return (p0 < partitions[1] and partitions[0] < p1
                 and self.start < start + nbytes and start < self.start + self.nbytes)
+
+    def rows(self):
+        """The region's bytes as [partitions, nbytes] uint8."""
+        return self.data.view(np.uint8).reshape(self.partitions[1] - self.partitions[0],
+                                                self.nbytes)
+
+    def sync(self):
+        """Before an access: take the shared bytes from every peer accessed since this region
+        was (oldest first, so the newest wins); forget dead peers already taken in."""
+        newer = sorted((p for p in self.peers if p.stamp > self.stamp), key=lambda p: p.stamp)
+        if newer:
+            mine = self.rows()
+            for p in newer:
+                p0 = max(p.partitions[0], self.partitions[0])
+                p1 = min(p.partitions[1], self.partitions[1])
+                b0, b1 = max(p.start, self.start), min(p.start + p.nbytes, self.start + self.nbytes)
+                mine[p0 - self.partitions[0]:p1 - self.partitions[0], b0 - self.start:b1 - self.start] = \
+                    p.rows()[p0 - p.partitions[0]:p1 - p.partitions[0], b0 - p.start:b1 - p.start]
+        self.peers = [p for p in self.peers if p.live]
+        self.stamp = next(_CLOCK)
+
+
+def _watch(region):
+    """Make every live storage of ``region`` sync it on access (it now has peers)."""
+    for ref in region.storages:
+        storage = ref()
+        if storage is not None:
+            storage.hazard = region
 
 
 class Memory:
@@ -107,7 +152,8 @@ class Memory:
     # -- tensors placed by address ------------------------------------------------------------
     def place(self, shape, dtype, buffer, name, address, fail) -> Storage:
         """The storage of a tensor placed at ``address``: shared with the live tensors placed
-        at the same address with the same extent, fresh (and counted) otherwise."""
+        at the same address with the same extent; fresh (and counted) otherwise, kept coherent
+        with the live ones it partly overlaps."""
         dtype = np.dtype(dtype)
         p_off, b_off = (int(a) for a in address)
         nbytes, parts = math.prod(shape[1:]) * dtype.itemsize, (p_off, p_off + int(shape[0]))
@@ -130,29 +176,36 @@ class Memory:
             if last is not None and last.dtype == dtype:
                 storage.mm_written = last.mm_written
         else:
-            for other in self.regions.values():
-                if other.buffer == buffer and other.live and other.overlaps(parts, b_off, nbytes):
-                    fail(CapacityError,
-                         f"{name or 'tensor'} placed at {tuple(address)} ({nbytes} B x "
-                         f"partitions {parts[0]}..{parts[1] - 1}) partly overlaps a live tensor "
-                         f"placed at ({other.partitions[0]}, {other.start}) with {other.nbytes} "
-                         f"B/partition; place tensors that share memory at the same address with "
-                         f"the same extent")
+            covered = [other for other in self.regions.values()
+                       if other.buffer == buffer and other.live
+                       and other.overlaps(parts, b_off, nbytes)]
             storage = Storage.allocate(shape, dtype, buffer, name, address)
             storage.ident = ident
             region = _Region(buffer, parts, b_off, nbytes, self._amount(buffer, b_off, nbytes),
                              storage.data)
+            for other in covered:              # one set of bytes: counted once, for the newest
+                other.peers.append(region)
+                region.peers.append(other)
+                _watch(other)
+                if not other.refunded:
+                    other.refunded = True
+                    self._refund(other.buffer, other.amount)
             self._charge(buffer, region.amount, storage, fail)
             self.regions[key] = region
         region.live += 1
         region.last = weakref.ref(storage)
+        region.storages.append(region.last)
+        if region.peers:
+            storage.hazard = region
         weakref.finalize(storage, self._leave_region, key, region)
         return storage
 
     def _leave_region(self, key, region):
         region.live -= 1
         if region.live == 0:
-            self._refund(region.buffer, region.amount)
+            if not region.refunded:
+                region.refunded = True
+                self._refund(region.buffer, region.amount)
             if self.regions.get(key) is region:
                 del self.regions[key]
 

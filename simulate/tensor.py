@@ -93,6 +93,8 @@ class ndarray:
                     cls, msg, op="nl.ndarray", operand=name or None))
                 if frame is not None:
                     frame.keep(storage)
+        if buf == "psum":
+            storage.group_started = None      # a new tensor: its first matmul overwrites
         self._init_view(storage, shape, _contiguous_strides(shape), 0, dtype)
 
     # -- construction of views --------------------------------------------------------------

@@ -9,6 +9,8 @@ references are imported from there; nothing of it is copied into this repository
 small inputs, runs the kernel through ``simulate.install()`` (plain ``import nki`` in the kernel
 source), runs the kernel's own ``*_torch`` reference on the same inputs, and compares. Prints one
 line per case: ran / matched / the first error, and a closing ``N passed, M failed`` line.
+Subkernels that take an SBUF allocator and a config object (``attention_tkg``) run inside a small
+``@nki.jit`` harness of ours (``_attention_tkg_harness``); the kernel code itself is the library's.
 """
 
 from __future__ import annotations
@@ -55,6 +57,8 @@ class Case:
 
 
 def _fn(path):
+    if callable(path):                              # a harness of ours around a library kernel
+        return path()
     module, _, name = path.partition(":")
     return getattr(importlib.import_module(LIB + module), name)
 
@@ -76,6 +80,93 @@ def _gathered(inputs):
     """What every rank holds after an all-gather along the last dim."""
     ranks = len(inputs["inp"])
     return [np.concatenate(inputs["inp"], axis=1)] * ranks
+
+
+def _attention_tkg_harness():
+    """Our @nki.jit harness around nki-library's ``attention_tkg`` subkernel (which takes an
+    SBUF allocator and its config object): allocate, place q / k_active in SBUF when the config
+    says so, call the kernel, return its HBM output."""
+    import nki
+    import nki.isa as nisa
+    import nki.language as nl
+    attention = importlib.import_module(LIB + "core.attention.attention_tkg")
+    allocator = importlib.import_module(LIB + "core.utils.allocator")
+    logging = importlib.import_module(LIB + "core.utils.logging")
+
+    @nki.jit
+    def attention_tkg_case(q, k_active, v_active, k_prior, v_prior, mask, active_blocks_table,
+                           cfg, out_shape):
+        sbm = allocator.SbufManager(0, nl.tile_size.total_available_sbuf_size - 16 * 1024,
+                                    logging.Logger("SBM"))
+        sbm.open_scope()
+        out = nl.ndarray(out_shape, dtype=q.dtype, buffer=nl.shared_hbm)
+        if cfg.qk_in_sb:
+            q_in = sbm.alloc_stack(q.shape, dtype=q.dtype, buffer=nl.sbuf)
+            k_in = sbm.alloc_stack(k_active.shape, dtype=k_active.dtype, buffer=nl.sbuf)
+            nisa.dma_copy(q_in, q)
+            nisa.dma_copy(k_in, k_active)
+        else:
+            q_in, k_in = q, k_active
+        attn_out, _ = attention.attention_tkg(q_in, k_in, v_active, k_prior, v_prior, mask, out,
+                                              cfg, sbm, None, None, None, None,
+                                              active_blocks_table, None)
+        sbm.close_scope()
+        return attn_out
+    return attention_tkg_case
+
+
+def _attention_tkg_inputs(bs, q_head, s_active, s_prior, d_head, block_len=0, tp_k_prior=True,
+                          dtype=BF16):
+    """Inputs of one decode step over a flat (block_len 0) or block KV cache, cache lengths
+    differing per request, and the kernel's config; the mask from the library's own builder."""
+    import torch
+    utils = importlib.import_module(LIB + "core.attention.attention_tkg_utils")
+    masks = importlib.import_module(LIB + "core.attention.gen_mask_tkg_torch")
+    block = block_len > 0
+    cfg = utils.AttnTKGConfig(bs=bs, q_head=q_head, s_active=s_active, curr_sprior=s_prior,
+                              full_sprior=s_prior, d_head=d_head, block_len=block_len,
+                              tp_k_prior=tp_k_prior or block, qk_in_sb=True,
+                              strided_mm1=not block)
+    rng = np.random.default_rng(1)
+    lens = np.array([(s_prior * 3 // 4 + 37 * b) % (s_prior - s_active) for b in range(bs)])
+    q_shape, ka_shape = (d_head, bs * q_head * s_active), (d_head, bs * s_active)   # in SBUF
+    if block:
+        blocks = bs * s_prior // block_len
+        k_shape = v_shape = (blocks, block_len, d_head)
+        table = rng.permutation(blocks).reshape(bs, s_prior // block_len).astype(np.uint32)
+    else:
+        k_shape = (bs, 1, s_prior, d_head) if tp_k_prior else (bs, 1, d_head, s_prior)
+        v_shape = (bs, 1, s_prior, d_head)
+        table = None
+    mask = masks.build_full_attention_mask(
+        cache_lens=torch.from_numpy(lens.astype(np.float32)), batch=bs, num_heads=q_head,
+        s_active=s_active, s_ctx=s_prior, lnc=1, block_len=block_len, include_active_mask=True,
+        transposed=True).numpy().astype(np.uint8)
+    return {"q": _randn(rng, *q_shape, dtype=dtype), "k_active": _randn(rng, *ka_shape, dtype=dtype),
+            "v_active": _randn(rng, bs, 1, s_active, d_head, dtype=dtype),
+            "k_prior": _randn(rng, *k_shape, dtype=dtype), "v_prior": _randn(rng, *v_shape, dtype=dtype),
+            "mask": mask, "active_blocks_table": table, "cfg": cfg,
+            "out_shape": (bs, q_head, d_head, s_active)}
+
+
+def _attention_tkg_reference(a):
+    import torch
+    ref = importlib.import_module(LIB + "core.attention.attention_tkg_torch").attention_tkg_torch_ref
+    t = {k: _to_torch(v) for k, v in a.items() if isinstance(v, np.ndarray)}
+    if a["active_blocks_table"] is not None:          # torch indexes with int64
+        t["active_blocks_table"] = torch.from_numpy(a["active_blocks_table"].astype(np.int64))
+    out, _ = ref[1](q=t["q"], k_active=t["k_active"], v_active=t["v_active"],
+                    k_prior=t["k_prior"], v_prior=t["v_prior"], mask=t["mask"],
+                    out=torch.zeros(a["out_shape"], dtype=torch.float32), cfg=a["cfg"], sbm=None,
+                    inv_freqs=None, rope_pos_ids=None, start_pos_ids=None, sink=None,
+                    active_blocks_table=t.get("active_blocks_table"), k_out=None,
+                    DBG_TENSORS=None)
+    return [out.float().numpy()]
+
+
+def _attention_tkg_case(name, **sizes):
+    return Case(name, _attention_tkg_harness, None, lambda r: _attention_tkg_inputs(**sizes),
+                reference=_attention_tkg_reference, rtol=2e-2, atol=2e-2)
 
 
 CASES = [
@@ -156,6 +247,30 @@ CASES = [
          lambda rng: _per_rank_rows(rng, 2, 256, 40),
          static={"replica_groups": ReplicaGroup([[0, 1]]), "tp_degree": 2}, ranks=2,
          reference=_gathered, rtol=0, atol=0),
+    Case("attention_cte_causal", "core.attention.attention_cte:attention_cte",
+         "core.attention.attention_cte_torch:attention_cte_torch_ref",
+         lambda r: {"q": _randn(r, 2, 256, 64, dtype=BF16), "k": _randn(r, 2, 64, 256, dtype=BF16),
+                    "v": _randn(r, 2, 256, 64, dtype=BF16)},
+         static={"scale": 0.125}, rtol=2e-2, atol=2e-2),
+    Case("attention_cte_gqa_window", "core.attention.attention_cte:attention_cte",
+         "core.attention.attention_cte_torch:attention_cte_torch_ref",
+         lambda r: {"q": _randn(r, 4, 384, 64, dtype=BF16), "k": _randn(r, 2, 64, 384, dtype=BF16),
+                    "v": _randn(r, 2, 384, 64, dtype=BF16)},
+         static={"sliding_window": 100}, rtol=2e-2, atol=2e-2),
+    Case("attention_cte_prefix", "core.attention.attention_cte:attention_cte",
+         "core.attention.attention_cte_torch:attention_cte_torch_ref",
+         lambda r: {"q": _randn(r, 2, 128, 64, dtype=BF16), "k": _randn(r, 2, 64, 128, dtype=BF16),
+                    "v": _randn(r, 2, 128, 64, dtype=BF16),
+                    "k_prior": _randn(r, 2, 64, 512, dtype=BF16),
+                    "v_prior": _randn(r, 2, 512, 64, dtype=BF16),
+                    "prior_used_len": np.array([300], np.int32)},
+         rtol=2e-2, atol=2e-2),
+    _attention_tkg_case("attention_tkg_flat_kT", bs=2, q_head=4, s_active=1, s_prior=512,
+                        d_head=64, tp_k_prior=False),
+    _attention_tkg_case("attention_tkg_flat", bs=2, q_head=4, s_active=2, s_prior=512,
+                        d_head=64, tp_k_prior=True),
+    _attention_tkg_case("attention_tkg_block16", bs=2, q_head=4, s_active=1, s_prior=512,
+                        d_head=64, block_len=16),
 ]
 
 

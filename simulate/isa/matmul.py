@@ -6,8 +6,11 @@ on partitions (SBUF inputs, PSUM dst), products accumulated in fp32. With ``perf
 both the partitions and that axis of 2.
 
 Accumulation: ``accumulate=False`` overwrites, ``True`` adds, ``None`` (auto) overwrites a PSUM
-element the first time a matmul writes it and adds afterwards; a write by any other instruction
-ends the accumulation group. Choice: ``accumulate=True`` onto PSUM not last written by a matmul
+element the first time a matmul writes it through this tensor (this ``nl.ndarray`` allocation)
+and adds afterwards; a write by any other instruction ends the accumulation group, and so does a
+new allocation: a tensor placed by address where an earlier one lay starts afresh, as does a
+device loop body's tensor on each iteration (nki-library's attention_tkg allocates its QK PSUM
+per batch at one address and relies on this). Choice: ``accumulate=True`` onto PSUM not last written by a matmul
 (uninitialised, or memset/copied) is undefined on NeuronCore-v2/v3, so it raises there.
 
 ``is_transpose=True`` on NeuronCore-v3+ is TensorE's bit-exact transpose mode: ``moving`` must be
@@ -149,26 +152,41 @@ def nc_matmul(dst, stationary, moving, is_stationary_onezero=False, is_moving_on
 
 
 def _accumulate(op, d, product, accumulate, target):
+    """Write ``product`` into PSUM ``d``: ``accumulate=False`` overwrites, ``True`` adds, ``None``
+    (auto) adds where a matmul into this allocation (this ``nl.ndarray``) wrote last and
+    overwrites elsewhere: a new tensor placed where an earlier one was starts afresh (the
+    compiler decides the mode per tensor). ``True`` onto PSUM last written by another
+    instruction is undefined on NeuronCore-v2/v3 (refused)."""
     storage = d.tensor._storage
     if storage.mm_written is None:
         storage.mm_written = np.zeros(storage.data.size, dtype=bool)
-    view = d.flag_view(storage.mm_written)
-    idx = d.flat_indices().reshape(product.shape) if view is None else None
-    written = (storage.mm_written[idx] if view is None else view.reshape(product.shape))
-    if accumulate is True and not written.all() and target.nc_version < 4:
-        fail("accumulate=True onto PSUM not last written by nc_matmul (uninitialised, or "
-             "written by another instruction) is undefined on NeuronCore-v2/v3; start the "
-             "accumulation group with accumulate=False or None", op, "dst")
-    if accumulate is False:
+    if storage.group_started is None:
+        storage.group_started = np.zeros(storage.data.size, dtype=bool)
+    views = d.flag_view(storage.mm_written), d.flag_view(storage.group_started)
+    idx = d.flat_indices().reshape(product.shape) if views[0] is None else None
+    written, started = ((flags[idx] for flags in (storage.mm_written, storage.group_started))
+                        if idx is not None else (v.reshape(product.shape) for v in views))
+    if accumulate is True:
+        if target.nc_version < 4 and not written.all():
+            fail("accumulate=True onto PSUM not last written by nc_matmul (uninitialised, or "
+                 "written by another instruction) is undefined on NeuronCore-v2/v3; start the "
+                 "accumulation group with accumulate=False or None", op, "dst")
+        adds = np.ones(product.shape, bool)
+    else:
+        adds = (np.zeros(product.shape, bool) if accumulate is False
+                else np.asarray(started) & np.asarray(written))
+    if not adds.any():
         out = product
     else:
         old = as_2d(d.read()).astype(np.float32)
-        out = old + product if accumulate is True else np.where(written, old + product, product)
+        out = np.where(adds, old + product, product)
     d.write(dtypes.cast(out, d.dtype).reshape(d.shape))    # clears mm_written for these elements
-    if view is None:
-        storage.mm_written[idx] = True
+    if idx is None:
+        views[0][...] = True
+        views[1][...] = True
     else:
-        view[...] = True
+        storage.mm_written[idx] = True
+        storage.group_started[idx] = True
 
 
 def nc_transpose(dst, data, engine=None, name=None):

@@ -64,6 +64,46 @@ def test_accumulation_groups(rng):
     np.testing.assert_allclose(r3, p, rtol=1e-5, atol=1e-5)
 
 
+def test_auto_accumulation_starts_afresh_in_a_new_tensor_at_the_same_address(rng):
+    """accumulate=None is decided per tensor: a new PSUM tensor placed where the last one lay
+    (nki-library's attention_tkg allocates its QK PSUM per batch this way) overwrites on its
+    first matmul, though the bytes were last written by a matmul; within one tensor later
+    matmuls still add."""
+    a, b, c = randn(rng, 8, 3), randn(rng, 8, 5), randn(rng, 8, 5)
+
+    def body(x, y, z):
+        outs = []
+        for moving in (y, z):
+            acc = nl.ndarray((3, 5), nl.float32, buffer=nl.psum, address=(0, 0))
+            nisa.nc_matmul(dst=acc, stationary=x, moving=moving)
+            r = sb((3, 5))
+            nisa.tensor_copy(dst=r, src=acc)
+            outs.append(r)
+        nisa.nc_matmul(dst=acc, stationary=x, moving=y)                   # same tensor: adds
+        outs.append(acc)
+        return tuple(outs)
+    first, second, summed = run(body, a, b, c)
+    np.testing.assert_allclose(first, a.T @ b, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(second, a.T @ c, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(summed, a.T @ c + a.T @ b, rtol=1e-5, atol=1e-5)
+
+
+def test_auto_accumulation_in_a_device_loop_body_overwrites_each_iteration(rng):
+    a, b = randn(rng, 8, 3), randn(rng, 8, 5)
+
+    def body(x, y):
+        total = sb((3, 5))
+        nisa.memset(dst=total, value=0.0)
+
+        def step(i):
+            acc = ps((3, 5))                      # the body's tensor: one buffer, compiled once
+            nisa.nc_matmul(dst=acc, stationary=x, moving=y)
+            nisa.tensor_tensor(dst=total, data1=total, data2=acc, op=nl.add)
+        nl.fori_loop(0, 3, step)
+        return total
+    np.testing.assert_allclose(run(body, a, b), 3 * (a.T @ b), rtol=1e-5, atol=1e-5)
+
+
 def test_accumulate_true_after_memset_is_undefined_on_v2_v3(rng):
     a, b = randn(rng, 4, 4), randn(rng, 4, 4)
 

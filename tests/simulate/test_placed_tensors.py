@@ -62,14 +62,49 @@ def test_placed_regions_and_allocator_tensors_share_the_banks(unplaced, fits):
             k(np.zeros((1, 1), np.float32))
 
 
-def test_partial_overlap_with_a_live_placed_tensor_is_refused():
+def test_partly_overlapping_placements_share_their_common_bytes_both_ways():
+    """As on the device: what one tile writes into the shared bytes the other reads, whichever
+    was placed first, and the bytes outside the overlap stay each tile's own."""
     @jit
     def k(x):
-        a = nl.ndarray((128, 1024), nl.float32, buffer=nl.psum, address=(0, 0))
-        b = nl.ndarray((128, 512), nl.float32, buffer=nl.psum, address=(0, BANK))
-        return a, b
-    with pytest.raises(CapacityError, match="partly overlaps"):
-        k(np.zeros((1, 1), np.float32))
+        a = nl.ndarray((8, 16), nl.float32, buffer=nl.sbuf, address=(0, 1024))
+        nisa.memset(dst=a, value=-1.0)
+        # b: partitions 4..11, bytes 1024 + 32 .. 1024 + 96 (a's columns 8..15 and 8 more)
+        b = nl.ndarray((8, 16), nl.float32, buffer=nl.sbuf, address=(4, 1024 + 32))
+        nisa.memset(dst=b, value=5.0)
+        nisa.dma_copy(dst=a, src=x)                   # a after b: the overlap is x's again
+        seen_by_b = nl.ndarray((8, 16), nl.float32, buffer=nl.shared_hbm)
+        nisa.dma_copy(dst=seen_by_b, src=b)
+        nisa.memset(dst=b[0:4, 0:8], value=7.0)       # b's part of the overlap
+        seen_by_a = nl.ndarray((8, 16), nl.float32, buffer=nl.shared_hbm)
+        nisa.dma_copy(dst=seen_by_a, src=a)
+        return seen_by_b, seen_by_a
+    x = np.arange(8 * 16, dtype=np.float32).reshape(8, 16)
+    by_b, by_a = k(x)
+    np.testing.assert_array_equal(by_b[0:4, 0:8], x[4:8, 8:16])     # a's write, read through b
+    np.testing.assert_array_equal(by_b[4:8], 5.0)                    # b's own rows
+    np.testing.assert_array_equal(by_b[0:4, 8:16], 5.0)
+    want = x.copy()
+    want[4:8, 8:16] = 7.0                                            # b's write, read through a
+    np.testing.assert_array_equal(by_a, want)
+
+
+def test_taken_over_regions_are_counted_once():
+    """Rotating differently shaped PSUM tiles over the same banks never runs out of banks."""
+    @jit
+    def k(x):
+        src = nl.ndarray((128, 1), nl.float32, buffer=nl.sbuf)
+        nisa.dma_copy(dst=src, src=x)
+        for i in range(40):
+            cols = 512 if i % 2 else 256
+            t = nl.ndarray((128, cols), nl.float32, buffer=nl.psum, address=(0, (i % 3) * BANK))
+            nisa.tensor_scalar(dst=t[:, 0:1], data=src, op0=nl.add, operand0=float(i))
+        out = nl.ndarray((128, 1), nl.float32, buffer=nl.shared_hbm)
+        res = nl.ndarray((128, 1), nl.float32, buffer=nl.sbuf)
+        nisa.tensor_copy(dst=res, src=t[:, 0:1])
+        nisa.dma_copy(dst=out, src=res)
+        return out
+    np.testing.assert_array_equal(k(np.ones((128, 1), np.float32)), 40.0)
 
 
 def test_placed_sbuf_tensors_of_other_dtypes_see_the_same_bytes():
