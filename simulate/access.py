@@ -68,6 +68,12 @@ class Resolved:
             return out
         return self._strided().copy()
 
+    def read_as(self, dtype) -> np.ndarray:
+        """``read()`` converted to ``dtype`` (NumPy's cast), one copy for a static access."""
+        if self.indices is None:
+            return self._strided().astype(dtype)
+        return self.read().astype(dtype)
+
     def flat_indices(self) -> np.ndarray:
         """Flat element indices (in the operand's dtype) of every element, shape ``tensor.shape``."""
         if self.indices is not None:

@@ -265,6 +265,22 @@ CASES = [
                     "v_prior": _randn(r, 2, 512, 64, dtype=BF16),
                     "prior_used_len": np.array([300], np.int32)},
          rtol=2e-2, atol=2e-2),
+    Case("conv1d", "experimental.conv.conv1d:conv1d", "experimental.conv.conv1d_torch:conv1d_torch_ref",
+         lambda r: {"x_in": _randn(r, 2, 64, 100), "filters": _randn(r, 3, 64, 96),
+                    "bias": _randn(r, 96)}, static={"padding": (1, 1)}),
+    Case("conv1d_strided_dilated", "experimental.conv.conv1d:conv1d",
+         "experimental.conv.conv1d_torch:conv1d_torch_ref",
+         lambda r: {"x_in": _randn(r, 1, 160, 90), "filters": _randn(r, 5, 160, 40)},
+         static={"stride": 2, "dilation": 2, "padding": (2, 0)}),
+    Case("output_projection_tkg", "core.output_projection.output_projection_tkg:output_projection_tkg",
+         "core.output_projection.output_projection_tkg_torch:output_projection_tkg_torch_ref",
+         lambda r: {"attention": _randn(r, 64, 2, 4, 1, dtype=BF16),
+                    "weight": _randn(r, 256, 512, dtype=BF16),
+                    "bias": _randn(r, 1, 512, dtype=BF16)}, rtol=3e-2, atol=3e-1),
+    Case("topk_reduce", "experimental.collectives.topk_reduce:topk_reduce",
+         "experimental.collectives.topk_reduce_torch:topk_reduce_torch_ref",
+         lambda r: _topk_reduce_inputs(r, T=8, K=2, ranks=4, H=96), static={"T": 8, "K": 2},
+         rtol=2e-2, atol=2e-2),
     _attention_tkg_case("attention_tkg_flat_kT", bs=2, q_head=4, s_active=1, s_prior=512,
                         d_head=64, tp_k_prior=False),
     _attention_tkg_case("attention_tkg_flat", bs=2, q_head=4, s_active=2, s_prior=512,
@@ -272,6 +288,20 @@ CASES = [
     _attention_tkg_case("attention_tkg_block16", bs=2, q_head=4, s_active=1, s_prior=512,
                         d_head=64, block_len=16),
 ]
+
+
+def _topk_reduce_inputs(rng, T, K, ranks, H):
+    """The sparse all_to_all_v output an MoE combine reduces: T * K rows scattered over
+    ranks * T slots, each carrying its token id as an int32 packed in the last two bf16
+    columns; the other rows hold zeros and token id -1."""
+    rows = ranks * T
+    data = np.zeros((rows, H + 2), BF16)
+    ids = np.full(rows, -1, np.int32)
+    where = rng.permutation(rows)[:T * K]
+    ids[where] = np.repeat(np.arange(T, dtype=np.int32), K)
+    data[where, :H] = rng.standard_normal((T * K, H)).astype(BF16)
+    data[:, H:] = ids.view(np.uint16).reshape(rows, 2).view(BF16)
+    return {"input": data}
 
 
 def _ce_backward_inputs(rng, n, vocab):

@@ -112,8 +112,8 @@ def nc_matmul(dst, stationary, moving, is_stationary_onezero=False, is_moving_on
     if moving.shape[0] != K:
         fail(f"contraction (partition) sizes differ: stationary K={K}, moving K={moving.shape[0]}",
              op)
-    a = as_2d(s.read()).astype(np.float32)
-    b = as_2d(m.read()).astype(np.float32)
+    a = as_2d(s.read_as(np.float32))
+    b = as_2d(m.read_as(np.float32))
     if double_row:
         if target.nc_version < 3:
             fail(f"perf_mode=double_row needs NeuronCore-v3+ ({target.name} is v2)", op,
@@ -171,15 +171,15 @@ def _accumulate(op, d, product, accumulate, target):
             fail("accumulate=True onto PSUM not last written by nc_matmul (uninitialised, or "
                  "written by another instruction) is undefined on NeuronCore-v2/v3; start the "
                  "accumulation group with accumulate=False or None", op, "dst")
-        adds = np.ones(product.shape, bool)
+        adds = True
     else:
-        adds = (np.zeros(product.shape, bool) if accumulate is False
-                else np.asarray(started) & np.asarray(written))
-    if not adds.any():
+        adds = None if accumulate is False else np.asarray(started) & np.asarray(written)
+    if accumulate is False or (adds is not True and not adds.any()):
         out = product
     else:
-        old = as_2d(d.read()).astype(np.float32)
-        out = np.where(adds, old + product, product)
+        old = d.read_as(np.float32).reshape(product.shape)
+        out = old + product if adds is True or adds.all() else \
+            np.where(adds, old + product, product)
     d.write(dtypes.cast(out, d.dtype).reshape(d.shape))    # clears mm_written for these elements
     if idx is None:
         views[0][...] = True
