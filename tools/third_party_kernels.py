@@ -281,6 +281,14 @@ CASES = [
          "experimental.collectives.topk_reduce_torch:topk_reduce_torch_ref",
          lambda r: _topk_reduce_inputs(r, T=8, K=2, ranks=4, H=96), static={"T": 8, "K": 2},
          rtol=2e-2, atol=2e-2),
+    Case("rotational_topk", "core.topk.rotational_topk:rotational_topk",
+         "core.topk.torch_ref:topk_torch_ref", lambda r: _topk_inputs(r, 4, 4096, 16),
+         ref_args=lambda a: {"inp": a["inp"], "config": a["config"]},
+         outputs=lambda out, _: [np.asarray(o).reshape(4, 16) for o in out], rtol=0, atol=0),
+    Case("rotational_topk_padded_k", "core.topk.rotational_topk:rotational_topk",
+         "core.topk.torch_ref:topk_torch_ref", lambda r: _topk_inputs(r, 3, 1000, 10),
+         ref_args=lambda a: {"inp": a["inp"], "config": a["config"]},
+         outputs=lambda out, _: [np.asarray(o).reshape(3, 10) for o in out], rtol=0, atol=0),
     _attention_tkg_case("attention_tkg_flat_kT", bs=2, q_head=4, s_active=1, s_prior=512,
                         d_head=64, tp_k_prior=False),
     _attention_tkg_case("attention_tkg_flat", bs=2, q_head=4, s_active=2, s_prior=512,
@@ -302,6 +310,19 @@ def _topk_reduce_inputs(rng, T, K, ranks, H):
     data[where, :H] = rng.standard_normal((T * K, H)).astype(BF16)
     data[:, H:] = ids.view(np.uint16).reshape(rows, 2).view(BF16)
     return {"input": data}
+
+
+def _topk_inputs(rng, rows, vocab, k):
+    """Rows of scores and the kernel's own config, built by the library's factories (host code,
+    as its tests do)."""
+    import nki.language as nl
+    utils = importlib.import_module(LIB + "core.topk.rotational_topk")
+    inp = rng.standard_normal((rows, vocab)).astype(np.float32)
+    topk = utils.create_topk_config(inp_shape=(rows, 1, vocab), inp_dtype=nl.float32, k=k,
+                                    sorted=True, num_programs=1)
+    config = utils.prepare_rotational_constants(
+        utils.create_rotational_topk_config(inp_shape=inp.shape, topk_config=topk))
+    return {"inp": inp, "config": config}
 
 
 def _ce_backward_inputs(rng, n, vocab):
