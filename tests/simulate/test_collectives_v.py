@@ -80,19 +80,53 @@ def test_all_to_all_v_sends_each_rank_its_own_chunk():
 
 
 @pytest.mark.parametrize("collective, meta, match", [
-    (cc.all_gather_v, _meta([7, 0, 0, 0], [0] * 4), r"elements \[0, 7\) are outside srcs\[0\]"),
+    (cc.all_gather_v, _meta([7, 0, 0, 0], [0] * 4),
+     r"send_counts\[0\] = 7 from send_displs\[0\] = 0: elements \[0, 7\) are outside srcs\[0\] "
+     r"\(6 elements\)"),
     (cc.all_gather_v, _meta([2, 0, 0, 0], [5, 0, 0, 0]), r"\[5, 7\) are outside"),
-    (cc.all_gather_v, _meta([4, 4, 4, 4], [0] * 4)[:, :2], r"n = 4"),
-    (cc.all_gather_v, _meta([4, 4, 4, 4], [0] * 4).astype(np.int32), "must be uint32"),
-    (cc.all_to_all_v, _meta([0, 0, 0, 5], [0] * 4), "do not fit at its slot"),
-    (cc.all_gather_v, _meta([4] * 4, [0] * 4, [0, 3, 8, 12]), "overlap in dsts"),
-    (cc.all_gather_v, _meta([4] * 4, [0] * 4, [0, 4, 8, 13]), "do not fit at recv_displs"),
+    (cc.all_to_all_v, _meta([0, 0, 3, 0], [0, 0, 4, 0]),
+     r"send_counts\[2\] = 3 from send_displs\[2\] = 4: elements \[4, 7\)"),
+    (cc.all_gather_v, _meta([4, 4, 4, 4], [0] * 4)[:, :2],
+     r"shape \(3, 2\); it must be \(rows, n\) on HBM with rows 3 or 4 \(has_rdispls=False\) "
+     r"and n = 4 \(the rank-list size\)"),
+    (cc.all_gather_v, np.zeros((5, 4), np.uint32), r"shape \(5, 4\)"),
+    (cc.all_gather_v, np.zeros((2, 4), np.uint32), r"shape \(2, 4\)"),
+    (cc.all_gather_v, _meta([4, 4, 4, 4], [0] * 4).astype(np.int32), "must be uint32, got int32"),
+    (cc.all_to_all_v, _meta([0, 0, 0, 5], [0] * 4),
+     r"rank 3 sends 5 elements, which do not fit at its slot \[0, 4\) of dsts\[0\] "
+     r"\(16 elements\)"),
+    (cc.all_gather_v, _meta([4] * 4, [0] * 4, [0, 3, 8, 12]),
+     r"the chunks of ranks 3 and 1 overlap in dsts\[0\]"),
+    (cc.all_gather_v, _meta([4] * 4, [0] * 4, [0, 4, 8, 13]),
+     r"rank 2 sends 4 elements, which do not fit at recv_displs\[3\] = 13"),
 ])
 def test_run_time_sizes_that_do_not_fit_are_refused(collective, meta, match):
-    has_rdispls = meta.shape[0] == 4
+    has_rdispls = meta.shape[0] == 4 and meta.dtype == np.uint32 and meta[3].any()
     k = _v_kernel(collective, has_rdispls=has_rdispls)
-    with pytest.raises(ValidationError, match=match):
+    with pytest.raises(ValidationError, match=match) as err:
         simulate(k, ranks=RANKS)(_srcs()[0], np.zeros(16, np.float32), meta)
+    assert err.value.op == collective.__name__
+    assert err.value.operand in ("metadata_tensor", "dsts[0]")
+
+
+def test_dst_that_cannot_be_cut_into_equal_slots_is_refused():
+    k = _v_kernel(cc.all_gather_v)
+    with pytest.raises(ValidationError, match=r"dsts\[0\] has 10 elements, not a multiple of the "
+                                              r"rank-list size 4") as err:
+        simulate(k, ranks=RANKS)(_srcs()[0], np.zeros(10, np.float32), _meta([1] * 4, [0] * 4))
+    assert err.value.operand == "dsts[0]"
+
+
+def test_metadata_in_sbuf_must_be_one_partition():
+    @jit
+    def k(src, dst, meta):
+        m = nl.ndarray((2, 3, RANKS), nl.uint32, buffer=nl.sbuf)
+        nisa.dma_copy(dst=m, src=meta)
+        cc.all_gather_v(srcs=[src], dsts=[dst], replica_group=[ORDER], metadata_tensor=m)
+        return dst
+    with pytest.raises(ValidationError, match=r"\(1, rows, n\) in SBUF"):
+        simulate(k, ranks=RANKS)(_srcs()[0], np.zeros(8, np.float32),
+                                 np.zeros((2, 3, RANKS), np.uint32))
 
 
 def test_metadata_without_recv_displs_is_refused_when_they_are_promised():
@@ -195,13 +229,68 @@ def test_processing_rank_id_follows_the_ring_backwards():
         assert seen[r] == [ORDER[(k0 - i) % RANKS] for i in range(6)]
 
 
-@pytest.mark.parametrize("channel_ids, match", [([1], "channel_ids=.1."),
-                                                ([0, 1], r"one per channel \(1\)")])
-def test_ring_channel_ids_are_checked(channel_ids, match):
+@pytest.mark.parametrize("srcs, dsts, channel_ids, match, operand", [
+    (1, 1, [1], r"channel_ids=\[1\] must be 0, 1, \.\., one per channel \(1\), at most 4",
+     "channel_ids"),
+    (1, 1, [0, 1], r"one per channel \(1\)", "channel_ids"),
+    (5, 5, [0, 1, 2, 3, 4], r"at most 4", "channel_ids"),
+    (2, 1, [0, 1], r"srcs_by_channel, dsts_by_channel must list the same, non-zero number of "
+                   r"channels, got \[2, 1\]", "dsts_by_channel"),
+])
+def test_ring_channel_lists_and_ids_are_checked(srcs, dsts, channel_ids, match, operand):
     @jit
     def k(a, d):
-        cc.collective_permute_implicit(srcs_by_channel=[[a]], dsts_by_channel=[[d]],
+        cc.collective_permute_implicit(srcs_by_channel=[[a]] * srcs, dsts_by_channel=[[d]] * dsts,
                                        replica_group=[[0, 1]], channel_ids=channel_ids)
         return d
-    with pytest.raises(ValidationError, match=match):
+    with pytest.raises(ValidationError, match=match) as err:
         simulate(k, ranks=2)(np.zeros(4, np.float32), np.zeros(4, np.float32))
+    assert (err.value.op, err.value.operand) == ("collective_permute_implicit", operand)
+
+
+def test_ring_inner_lists_hold_one_tensor_and_shapes_match():
+    @jit
+    def two(a, d):
+        cc.collective_permute_implicit(srcs_by_channel=[[a, a]], dsts_by_channel=[[d, d]],
+                                       replica_group=[[0, 1]])
+        return d
+    with pytest.raises(ValidationError, match=r"srcs_by_channel\[0\] must hold exactly one "
+                                              r"tensor .*got 2") as err:
+        simulate(two, ranks=2)(np.zeros(4, np.float32), np.zeros(4, np.float32))
+    assert err.value.operand == "srcs_by_channel[0]"
+
+    @jit
+    def shapes(a, b, d):
+        cc.collective_permute_implicit_reduce(srcs0_by_channel=[[a]], srcs1_by_channel=[[b]],
+                                              dsts_by_channel=[[d]], replica_group=[[0, 1]],
+                                              op=nl.add)
+        return d
+    with pytest.raises(ValidationError, match=r"srcs1_by_channel\[0\]\[0\] has shape \(5,\), "
+                                              r"expected \(4,\)"):
+        simulate(shapes, ranks=2)(np.zeros(4, np.float32), np.zeros(5, np.float32),
+                                  np.zeros(4, np.float32))
+    with pytest.raises(ValidationError, match=r"op=.* must be nl.add, nl.minimum or nl.maximum"):
+        @jit
+        def bad_op(a, b, d):
+            cc.collective_permute_implicit_reduce(srcs0_by_channel=[[a]], srcs1_by_channel=[[b]],
+                                                  dsts_by_channel=[[d]], replica_group=[[0, 1]],
+                                                  op=nl.multiply)
+            return d
+        simulate(bad_op, ranks=2)(*(np.zeros(4, np.float32),) * 3)
+
+
+@pytest.mark.parametrize("iteration, channel, match, operand", [
+    (-1, 0, r"iteration_id=-1 must be >= 0", "iteration_id"),
+    (1.5, 0, r"iteration_id must be an int, a register or a scalar, got float", "iteration_id"),
+    (True, 0, r"got bool", "iteration_id"),
+    (0, 4, r"channel_id=4 must be in \[0, 4\)", "channel_id"),
+])
+def test_processing_rank_id_arguments_are_checked(iteration, channel, match, operand):
+    @jit
+    def k(x):
+        cc.collective_permute_implicit_current_processing_rank_id(iteration, [[0, 1]],
+                                                                  channel_id=channel)
+        return x
+    with pytest.raises(ValidationError, match=match) as err:
+        simulate(k, ranks=2)(np.zeros(1, np.float32))
+    assert err.value.operand == operand
