@@ -7,6 +7,7 @@ import pytest
 from nki_kernels.simulate import jit, nisa, nl, per_rank, simulate
 from nki_kernels.simulate import collectives as cc
 from nki_kernels.simulate.errors import ValidationError
+from nki_kernels.simulate.lnc import SynchronizationError
 
 RANKS = 4
 ORDER = [3, 1, 0, 2]                   # a rank-list whose order is not the ranks' order
@@ -294,3 +295,56 @@ def test_processing_rank_id_arguments_are_checked(iteration, channel, match, ope
     with pytest.raises(ValidationError, match=match) as err:
         simulate(k, ranks=2)(np.zeros(1, np.float32))
     assert err.value.operand == operand
+
+
+def test_four_ring_channels_are_the_documented_maximum():
+    @jit
+    def k(a, d):
+        cc.collective_permute_implicit(srcs_by_channel=[[a]] * 4, dsts_by_channel=[[d]] * 4,
+                                       replica_group=[[0, 1]], channel_ids=[0, 1, 2, 3])
+        return d
+    xs = [np.full(4, r, np.float32) for r in range(2)]
+    got = simulate(k, ranks=2)(per_rank(xs), np.zeros(4, np.float32))
+    np.testing.assert_array_equal(got[0], xs[1])
+    np.testing.assert_array_equal(got[1], xs[0])
+
+
+def test_v_collectives_take_hbm_tensors_only():
+    @jit
+    def k(src, dst, meta):
+        t = nl.ndarray((1, 6), nl.float32, buffer=nl.sbuf)
+        nisa.dma_copy(dst=t, src=src.reshape((1, 6)))
+        u = nl.ndarray((1, 8), nl.float32, buffer=nl.sbuf)
+        cc.all_gather_v(srcs=[t], dsts=[u], replica_group=[ORDER], metadata_tensor=meta)
+        return dst
+    with pytest.raises(ValidationError, match=r"all_gather_v\(srcs\): tensors must be on HBM"):
+        simulate(k, ranks=RANKS)(_srcs()[0], np.zeros(8, np.float32), _meta([2] * 4, [0] * 4))
+
+
+def test_ring_ranks_passing_different_shapes_is_an_error():
+    @jit
+    def k(a, d):
+        cc.collective_permute_implicit(srcs_by_channel=[[a]], dsts_by_channel=[[d]],
+                                       replica_group=[[0, 1]])
+        return d
+    with pytest.raises(SynchronizationError, match="same group, shapes and dtypes"):
+        simulate(k, ranks=2)(per_rank([np.zeros(4, np.float32), np.zeros(5, np.float32)]),
+                             per_rank([np.zeros(4, np.float32), np.zeros(5, np.float32)]))
+
+
+def test_processing_rank_id_of_a_device_loop_index():
+    seen = {}
+
+    @jit
+    def k(x):
+        r = cc.rank_id()
+
+        def body(i):
+            seen.setdefault(r, []).append(
+                cc.collective_permute_implicit_current_processing_rank_id(i, [ORDER]).read_value())
+        nl.fori_loop(0, 3, body)
+        return x
+    simulate(k, ranks=RANKS)(np.zeros(1, np.float32))
+    for r in range(RANKS):
+        k0 = ORDER.index(r)
+        assert seen[r] == [ORDER[(k0 - i) % RANKS] for i in range(3)]
