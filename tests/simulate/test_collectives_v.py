@@ -348,3 +348,33 @@ def test_processing_rank_id_of_a_device_loop_index():
     for r in range(RANKS):
         k0 = ORDER.index(r)
         assert seen[r] == [ORDER[(k0 - i) % RANKS] for i in range(3)]
+
+
+def test_all_to_all_v_with_recv_displs_packs_what_each_rank_receives():
+    srcs = [np.arange(12, dtype=np.int32) + 100 * r for r in range(RANKS)]
+    counts = {r: [(j + r) % 3 + 1 for j in range(RANKS)] for r in range(RANKS)}
+    metas = []
+    for r in range(RANKS):
+        me = ORDER.index(r)
+        got_counts = [counts[s][me] for s in ORDER]
+        displs = list(np.cumsum([0] + got_counts)[:-1])
+        metas.append(_meta(counts[r], [3 * j for j in range(RANKS)], displs))
+    got = simulate(_v_kernel(cc.all_to_all_v, has_rdispls=True), ranks=RANKS)(
+        per_rank(srcs), per_rank([np.full(12, -5, np.int32) for _ in range(RANKS)]),
+        per_rank(metas))
+    for r in range(RANKS):
+        me = ORDER.index(r)
+        packed = np.concatenate([srcs[s][3 * me:3 * me + counts[s][me]] for s in ORDER])
+        want = np.full(12, -5, np.int32)
+        want[:packed.size] = packed
+        np.testing.assert_array_equal(got[r][0], want)
+
+
+def test_v_collectives_take_one_tensor_per_list():
+    @jit
+    def k(src, dst, meta):
+        cc.all_to_all_v(srcs=[src, src], dsts=[dst, dst], replica_group=[ORDER],
+                        metadata_tensor=meta)
+        return dst
+    with pytest.raises(ValidationError, match=r"all_to_all_v\(srcs\): exactly one tensor"):
+        simulate(k, ranks=RANKS)(_srcs()[0], np.zeros(8, np.float32), _meta([2] * 4, [0] * 4))
