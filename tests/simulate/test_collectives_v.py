@@ -378,3 +378,16 @@ def test_v_collectives_take_one_tensor_per_list():
         return dst
     with pytest.raises(ValidationError, match=r"all_to_all_v\(srcs\): exactly one tensor"):
         simulate(k, ranks=RANKS)(_srcs()[0], np.zeros(8, np.float32), _meta([2] * 4, [0] * 4))
+
+
+def test_v_collectives_treat_2d_tensors_as_flat_buffers():
+    srcs = [np.arange(12, dtype=np.float32).reshape(3, 4) + 100 * r for r in range(RANKS)]
+    dsts = [np.zeros((4, 6), np.float32) for _ in range(RANKS)]         # 24 = 4 slots of 6
+    metas = [_meta([5] * 4, [2] * 4) for _ in range(RANKS)]             # elements 2..6 of each
+    got = simulate(_v_kernel(cc.all_gather_v), ranks=RANKS)(per_rank(srcs), per_rank(dsts),
+                                                           per_rank(metas))
+    want = np.zeros(24, np.float32)
+    for j, s in enumerate(ORDER):
+        want[6 * j:6 * j + 5] = srcs[s].reshape(-1)[2:7]
+    for dst, _ in got:
+        np.testing.assert_array_equal(dst, want.reshape(4, 6))
