@@ -8,6 +8,8 @@ indices untouched. Row ``w`` of an indirect side pairs with row ``w`` (dim 0) of
 
 from __future__ import annotations
 
+import functools
+
 
 from nki_kernels import access_patterns as aps
 
@@ -88,6 +90,12 @@ def _run_elems(r: Resolved) -> int:
     pattern = tuple(zip(t.strides, t.shape))
     if r.indices is not None or r.buffer in ("sbuf", "psum"):
         pattern = pattern[1:] or ((1, 1),)
+    return _contiguous_run(pattern)
+
+
+@functools.lru_cache(maxsize=4096)
+def _contiguous_run(pattern) -> int:
+    """``aps.contiguous_run`` of a (step, num) pattern from offset 0 (kernels repeat a few)."""
     return aps.contiguous_run(aps.AccessPattern(pattern, 0))
 
 
