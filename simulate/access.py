@@ -145,8 +145,8 @@ def resolve(t, op: str, role: str, oob_mode: str = "error") -> Resolved:
         context.fail(ValidationError, f"expected an nl.ndarray, got {type(t).__name__}",
                      op=op, operand=role)
     label = f"{role}={t.name}" if t.name else role
-    if t._storage.hazard is not None:        # placed, sharing bytes with overlapping tensors
-        t._storage.hazard.sync()
+    if t._storage.shared_region is not None:     # placed, partly overlapping other tensors
+        t._storage.shared_region.sync()
     dyn = t._dynamic
     flat_size = t._storage.elements(t._dtype).size
     if dyn is None:

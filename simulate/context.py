@@ -113,7 +113,6 @@ def running(launch: Launch):
 
 
 @functools.lru_cache(maxsize=None)
-@functools.lru_cache(maxsize=4096)
 def in_simulator(filename: str) -> bool:
     """Whether code of ``filename`` belongs to this package (not to a kernel); cached (hot: read
     on every tensor dtype access)."""

@@ -45,7 +45,7 @@ class Storage:
     gives the position there)."""
 
     __slots__ = ("data", "shape", "buffer", "name", "address", "mm_written", "group_started",
-                 "ident", "row_bytes", "hazard", "__weakref__")
+                 "ident", "row_bytes", "shared_region", "__weakref__")
 
     def __init__(self, data: np.ndarray, shape, buffer: str, name: str = "", address=None,
                  ident=None):
@@ -59,7 +59,7 @@ class Storage:
         # allocation wrote (accumulate=None: the first overwrites, later ones add); reset by
         # every nl.ndarray that returns the storage (a new tensor starts new groups)
         self.ident = next(_IDENTS) if ident is None else ident
-        self.hazard = None          # placed and partly overlapping others: its _Region, synced
+        self.shared_region = None   # placed and partly overlapping others: its _Region, synced
         # with them before every access
         self.row_bytes = math.prod(self.shape[1:]) * data.itemsize   # bytes per partition
 
@@ -134,7 +134,7 @@ def _watch(region):
     for ref in region.storages:
         storage = ref()
         if storage is not None:
-            storage.hazard = region
+            storage.shared_region = region
 
 
 class Memory:
@@ -196,7 +196,7 @@ class Memory:
         region.last = weakref.ref(storage)
         region.storages.append(region.last)
         if region.peers:
-            storage.hazard = region
+            storage.shared_region = region
         weakref.finalize(storage, self._leave_region, key, region)
         return storage
 

@@ -98,12 +98,15 @@ class ndarray:
         self._init_view(storage, shape, _contiguous_strides(shape), 0, dtype)
 
     # -- construction of views --------------------------------------------------------------
-    def _init_view(self, storage, shape, strides, offset, dtype, is_ap=False, dynamic=None):
+    def _init_view(self, storage, shape, strides, offset, dtype, is_ap=False, dynamic=None,
+                   ints=False):
+        """Set the view; ``ints``: shape and strides are Python ints and ``dtype`` a NumPy
+        dtype already (views derived from a tensor: the hot path skips the conversions)."""
         self._storage = storage
-        self._shape = tuple(int(n) for n in shape)
-        self._strides = tuple(int(s) for s in strides)
+        self._shape = tuple(shape) if ints else tuple(int(n) for n in shape)
+        self._strides = tuple(strides) if ints else tuple(int(s) for s in strides)
         self._offset = int(offset)
-        self._dtype = np.dtype(dtype)
+        self._dtype = dtype if ints else np.dtype(dtype)
         self._is_ap = is_ap
         self._dynamic = dynamic
         return self
@@ -119,13 +122,9 @@ class ndarray:
     def _derive(self, shape, strides, offset, dtype=None) -> "ndarray":
         if self._is_ap:
             _fail(AccessError, "cannot take a view of an access-pattern tensor", op="view")
-        if dtype is None:                      # hot: shape and strides are already ints here
-            view = ndarray.__new__(ndarray)
-            view._storage, view._shape, view._strides = self._storage, tuple(shape), tuple(strides)
-            view._offset, view._dtype, view._is_ap, view._dynamic = int(offset), self._dtype, \
-                False, None
-            return view
-        return ndarray.__new__(ndarray)._init_view(self._storage, shape, strides, offset, dtype)
+        return ndarray.__new__(ndarray)._init_view(
+            self._storage, shape, strides, offset, self._dtype if dtype is None else dtype,
+            ints=dtype is None)
 
     # -- attributes ---------------------------------------------------------------------------
     shape = property(lambda self: self._shape)
@@ -201,11 +200,10 @@ class ndarray:
                 shape.append(1)
                 strides.append(s)
             elif isinstance(k, slice):
-                start, stop, step = _slice_bounds(k, n, dim)
-                count = max(0, -(-(stop - start) // step))
-                offset += start * s
+                count, stride, skip = _sliced(k, n, s, dim)
+                offset += skip
                 shape.append(count)
-                strides.append(s * step)
+                strides.append(stride)
             else:
                 _fail(TypeError, f"unsupported index {k!r} for dim {dim}", op="index")
         keep = _kept_dims(len(shape), dropped, self.on_chip)
@@ -213,10 +211,9 @@ class ndarray:
 
     def _two_slices(self, k0, k1) -> "ndarray":
         (n0, n1), (s0, s1) = self._shape, self._strides
-        a0, b0, t0 = _slice_bounds(k0, n0, 0)
-        a1, b1, t1 = _slice_bounds(k1, n1, 1)
-        return self._derive((max(0, -(-(b0 - a0) // t0)), max(0, -(-(b1 - a1) // t1))),
-                            (s0 * t0, s1 * t1), self._offset + a0 * s0 + a1 * s1)
+        c0, t0, o0 = _sliced(k0, n0, s0, 0)
+        c1, t1, o1 = _sliced(k1, n1, s1, 1)
+        return self._derive((c0, c1), (t0, t1), self._offset + o0 + o1)
 
     # -- view methods (NKI >= 0.5) ----------------------------------------------------------
     def slice(self, dim, start, end, step=1):
@@ -380,6 +377,12 @@ def _slice_bounds(k: slice, n: int, dim: int):
         _fail(OutOfBoundsError, f"slice {start}:{stop} out of range for dim {dim} of size {n}",
               op="index")
     return start, max(start, stop), step
+
+
+def _sliced(k: slice, n: int, stride: int, dim: int):
+    """(count, stride, offset in elements) of slice ``k`` over a dim of ``n`` at ``stride``."""
+    start, stop, step = _slice_bounds(k, n, dim)
+    return max(0, -(-(stop - start) // step)), stride * step, start * stride
 
 
 def _kept_dims(ndim, dropped, on_chip):

@@ -164,22 +164,26 @@ def _accumulate(op, d, product, accumulate, target):
         storage.group_started = np.zeros(storage.data.size, dtype=bool)
     views = d.flag_view(storage.mm_written), d.flag_view(storage.group_started)
     idx = d.flat_indices().reshape(product.shape) if views[0] is None else None
-    written, started = ((flags[idx] for flags in (storage.mm_written, storage.group_started))
-                        if idx is not None else (v.reshape(product.shape) for v in views))
+    if idx is None:
+        written, started = (v.reshape(product.shape) for v in views)
+    else:
+        written, started = storage.mm_written[idx], storage.group_started[idx]
     if accumulate is True:
         if target.nc_version < 4 and not written.all():
             fail("accumulate=True onto PSUM not last written by nc_matmul (uninitialised, or "
                  "written by another instruction) is undefined on NeuronCore-v2/v3; start the "
                  "accumulation group with accumulate=False or None", op, "dst")
         adds = True
-    else:
-        adds = None if accumulate is False else np.asarray(started) & np.asarray(written)
-    if accumulate is False or (adds is not True and not adds.any()):
+    elif accumulate is False:
+        adds = False
+    else:                                   # auto: add where this tensor's matmul wrote last
+        both = started & written
+        adds = True if both.all() else (both if both.any() else False)
+    if adds is False:
         out = product
     else:
         old = d.read_as(np.float32).reshape(product.shape)
-        out = old + product if adds is True or adds.all() else \
-            np.where(adds, old + product, product)
+        out = old + product if adds is True else np.where(adds, old + product, product)
     d.write(dtypes.cast(out, d.dtype).reshape(d.shape))    # clears mm_written for these elements
     if idx is None:
         views[0][...] = True

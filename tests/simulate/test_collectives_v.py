@@ -260,24 +260,21 @@ def test_ring_inner_lists_hold_one_tensor_and_shapes_match():
         simulate(two, ranks=2)(np.zeros(4, np.float32), np.zeros(4, np.float32))
     assert err.value.operand == "srcs_by_channel[0]"
 
-    @jit
-    def shapes(a, b, d):
-        cc.collective_permute_implicit_reduce(srcs0_by_channel=[[a]], srcs1_by_channel=[[b]],
-                                              dsts_by_channel=[[d]], replica_group=[[0, 1]],
-                                              op=nl.add)
-        return d
-    with pytest.raises(ValidationError, match=r"srcs1_by_channel\[0\]\[0\] has shape \(5,\), "
-                                              r"expected \(4,\)"):
-        simulate(shapes, ranks=2)(np.zeros(4, np.float32), np.zeros(5, np.float32),
-                                  np.zeros(4, np.float32))
-    with pytest.raises(ValidationError, match=r"op=.* must be nl.add, nl.minimum or nl.maximum"):
+    def reduce_kernel(op):
         @jit
-        def bad_op(a, b, d):
+        def k(a, b, d):
             cc.collective_permute_implicit_reduce(srcs0_by_channel=[[a]], srcs1_by_channel=[[b]],
                                                   dsts_by_channel=[[d]], replica_group=[[0, 1]],
-                                                  op=nl.multiply)
+                                                  op=op)
             return d
-        simulate(bad_op, ranks=2)(*(np.zeros(4, np.float32),) * 3)
+        return simulate(k, ranks=2)
+
+    with pytest.raises(ValidationError, match=r"srcs1_by_channel\[0\]\[0\] has shape \(5,\), "
+                                              r"expected \(4,\)"):
+        reduce_kernel(nl.add)(np.zeros(4, np.float32), np.zeros(5, np.float32),
+                              np.zeros(4, np.float32))
+    with pytest.raises(ValidationError, match=r"op=.* must be nl.add, nl.minimum or nl.maximum"):
+        reduce_kernel(nl.multiply)(*(np.zeros(4, np.float32),) * 3)
 
 
 @pytest.mark.parametrize("iteration, channel, match, operand", [
