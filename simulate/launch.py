@@ -153,6 +153,7 @@ def launch(fn, args, kwargs, grid=(), target=None, shuffle=False, seed=0, rank=0
 
     if len(instances) > 1 and not shuffle:
         results = run_instances(run_one, instances)      # concurrently, as the cores run
+        trace.canonicalise()                             # an order free of thread timing
         result = results[instances[-1]]
     else:
         result = None

@@ -91,7 +91,7 @@ def core_barrier(data, cores, engine=None, name=None):
     n = meeting.next_number(me, "barrier")
     others = [(c,) for c in cores if (c,) != me]
     meeting.arrive(("barrier", n), me, None, others, op)
-    return record(op, "gpsimd", {"data": r}, name=name)
+    return record(op, "gpsimd", {"data": r}, name=name, details={"sync": ("barrier", n)})
 
 
 GPSIMD_DMA_LIMIT = {4: 1024, 2: 512, 1: 256}      # bytes per partition by element size
@@ -133,7 +133,8 @@ def sendrecv(src, dst, send_to_rank, recv_from_rank, pipe_id, dma_engine=None, n
                      f"to program {to} on pipe {pipe_id}", op=op, operand="recv_from_rank")
     d.write(sent.reshape(dst.shape))
     return record(op, "dma", {"dst": d, "src": s}, name=name,
-                  dma_bytes=int(values.size) * src.dtype.itemsize)
+                  dma_bytes=int(values.size) * src.dtype.itemsize,
+                  details={"sync": ("sendrecv", pipe_id, n)})
 
 
 def run_instances(run_one, instances, noun="program"):

@@ -6,6 +6,7 @@ bytes a DMA moved, with the contiguous runs (descriptor-sized pieces) it moved t
 
 from __future__ import annotations
 
+import bisect
 import threading
 from collections import Counter
 from dataclasses import dataclass, field
@@ -86,6 +87,37 @@ class Trace:
     def mark_iteration(self, program_id) -> None:
         with self._lock:
             self.iteration_starts.append((len(self.events), program_id))
+
+    def canonicalise(self) -> None:
+        """Put the events of concurrently run program instances (LNC=2) in an order that does not
+        depend on thread timing: each program's own order kept, programs taken in id order
+        within each *epoch* (the stretch between two of its synchronising instructions, events
+        with ``details["sync"]``; the synchronising events end their epoch). The indices, the
+        device-loop marks and the ``depends_on`` edges are renumbered to match."""
+        epochs, keyed = {}, []
+        for e in self.events:
+            epoch = epochs.get(e.program_id, 0)
+            keyed.append(((epoch, e.program_id, e.index), e))
+            if (e.details or {}).get("sync") is not None:
+                epochs[e.program_id] = epoch + 1
+        keyed.sort(key=lambda k: k[0])
+        old_by_program = {}            # program -> its events' old indices, ascending
+        for e in self.events:
+            old_by_program.setdefault(e.program_id, []).append(e.index)
+        renumber = {e.index: new for new, (_, e) in enumerate(keyed)}
+        for new, (_, e) in enumerate(keyed):
+            e.index = new
+            if e.details and "after" in e.details:
+                e.details["after"] = [(renumber[p], kind) for p, kind in e.details["after"]]
+        self.events = [e for _, e in keyed]
+
+        def moved(at, pid):     # a mark made before old event `at`: before pid's next event
+            olds = old_by_program.get(pid, [])
+            i = bisect.bisect_left(olds, at)
+            return renumber[olds[i]] if i < len(olds) else len(self.events)
+
+        self.iteration_starts = sorted(((moved(at, pid), pid) for at, pid in self.iteration_starts),
+                                       key=lambda m: m[0])
 
     def __len__(self):
         return len(self.events)

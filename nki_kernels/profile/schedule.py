@@ -1,6 +1,7 @@
 """Replay a trace as the hardware runs it: engines in order, dependencies through memory.
 
-Rules (per physical core; the cores of an LNC=2 launch share nothing but HBM):
+Rules (per physical core; the cores of an LNC=2 launch share nothing but HBM, and order each
+other only at their synchronising instructions):
 - Each compute engine (tensor, vector, scalar, gpsimd) runs its instructions in program order,
   one at a time; a VectorE instruction that reads the result of the one just before it pays
   ``dependent_vector_cycles`` more.
@@ -18,6 +19,11 @@ Rules (per physical core; the cores of an LNC=2 launch share nothing but HBM):
   of the 16 DMA engines (the ones free first). DMAs are ordered only by their data and by these resources.
 - An explicit ``depends_on`` edge holds an instruction until its producer ends (``runtime``,
   the default) or starts (``schedule``: issue order only).
+- The two cores' memory dependencies are not tracked against each other (no semaphore joins
+  them): a ``sendrecv`` starts on both cores when both sources are ready, a ``core_barrier``
+  when both cores have drained, and nothing of a core starts before its barrier ends. The
+  trace comes in the simulator's canonical order (``Trace.canonicalise``), so the schedule
+  does not depend on how its threads interleaved.
 - Each iteration of a device loop (``fori_loop``, ``while_loop``, ``dynamic_range``) starts
   with a barrier: every engine of the core drains, then ``loop_iteration_s`` passes.
 
@@ -181,7 +187,7 @@ def schedule(trace, hw: Hardware, core_of: Dict[tuple, int], compute_seconds,
     last_end: Dict[int, Tuple[float, Optional[int]]] = {}
     floor: Dict[int, Tuple[float, Optional[int], str]] = {}
     barriers: Dict[int, int] = {}
-    memory = _Memory()
+    memories: Dict[int, _Memory] = {}    # per core: cores order each other only at syncs
     slot_of: Dict[int, int] = {}          # trace event -> its (main) slot
     marks = sorted(trace.iteration_starts, key=lambda m: m[0])
     next_mark = 0
@@ -201,20 +207,21 @@ def schedule(trace, hw: Hardware, core_of: Dict[tuple, int], compute_seconds,
             last_end[slot.core] = (slot.end, k)
         return k
 
-    for e in trace:
-        while next_mark < len(marks) and marks[next_mark][0] <= e.index:
-            barrier(core_of[marks[next_mark][1]])
-            next_mark += 1
-        core = core_of[e.program_id]
+    def ready_of(e, core):
+        """When ``e`` may start as far as its data, ``depends_on`` edges and loop barriers go."""
         ready = floor.get(core, (0.0, None, "start"))
-        boxes = [(footprint(o), o.role in WRITTEN) for o in e.operands]
-        for box, write in boxes:
-            ready = memory.ready(box, write, ready)
+        memory = memories.setdefault(core, _Memory())
+        for o in e.operands:
+            ready = memory.ready(footprint(o), o.role in WRITTEN, ready)
         for producer, kind in (e.details or {}).get("after", ()):   # NkiInstruction.depends_on
             k = slot_of.get(producer)
             if k is not None:
                 t = slots[k].end if kind == "runtime" else slots[k].start
                 ready = later(ready, (t, k, "depends_on"))
+        return ready
+
+    def place(e, core, ready):
+        boxes = [(footprint(o), o.role in WRITTEN) for o in e.operands]
         made = None                       # when a DMA's descriptors (and offsets) are done
         if e.engine == "dma":
             mode = dge_mode(e, hw, nc_version)
@@ -272,11 +279,50 @@ def schedule(trace, hw: Hardware, core_of: Dict[tuple, int], compute_seconds,
                          start[2], work=cost))
             free[lane] = (end, k)
         slot_of[e.index] = k
+        memory = memories.setdefault(core, _Memory())
         for (box, write), o in zip(boxes, e.operands):
             if made is not None and o.role.endswith("_offsets"):
                 memory.record(box, write, made[1], made[0])     # read by descriptor generation
             else:
                 memory.record(box, write, k, slots[k].end)
+
+    def place_together(group):
+        """The cores' halves of one synchronising instruction start together, when the last of
+        them could start alone: a ``sendrecv`` when both sources are ready, a ``core_barrier``
+        when both cores have drained. Nothing after a barrier starts before it ends."""
+        readies = []
+        for e, core in group:
+            ready = ready_of(e, core)
+            if e.engine != "dma":
+                ready = later(ready, (*free.get((core, e.engine), (0.0, None)), "engine"))
+            if e.op == "core_barrier":
+                ready = later(ready, (*last_end.get(core, (0.0, None)), "drain"))
+            readies.append(ready)
+        joint = max(readies, key=lambda r: r[0])
+        for (e, core), ready in zip(group, readies):
+            place(e, core, later(ready, (joint[0], joint[1], "other core")))
+            if e.op == "core_barrier":
+                end = slots[slot_of[e.index]]
+                floor[core] = later(floor.get(core, (0.0, None, "start")),
+                                    (end.end, slot_of[e.index], "core barrier"))
+
+    held: Dict[tuple, list] = {}          # sync key -> (event, core) of the cores there so far
+    cores_in_trace = len({core_of[e.program_id] for e in trace})
+    for e in trace:
+        while next_mark < len(marks) and marks[next_mark][0] <= e.index:
+            barrier(core_of[marks[next_mark][1]])
+            next_mark += 1
+        core = core_of[e.program_id]
+        sync = (e.details or {}).get("sync")
+        if sync is not None and cores_in_trace > 1:
+            group = held.setdefault(sync, [])
+            group.append((e, core))
+            if len(group) == cores_in_trace:
+                place_together(held.pop(sync))
+            continue
+        place(e, core, ready_of(e, core))
+    for group in held.values():           # a partner that never came (the launch failed)
+        place_together(group)
     while next_mark < len(marks):
         barrier(core_of[marks[next_mark][1]])
         next_mark += 1
