@@ -77,8 +77,12 @@ class PagedKVLayout:
                 + head * self.head_stride)
 
     def token(self) -> AccessPattern:
-        """One token's [H, D] elements from its first: NHD one run of H*D; HND H runs of D."""
-        return coalesce(AccessPattern(((self.head_stride, self.num_heads), (1, self.head_dim))))
+        """One token's [H, D] elements from its first: NHD one run of H*D; HND H runs of D. The
+        innermost pair is always the unit-step run (``(1, 1)`` when D = 1 and H runs are apart)."""
+        ap = coalesce(AccessPattern(((self.head_stride, self.num_heads), (1, self.head_dim))))
+        if ap.pattern[-1][0] != 1:
+            ap = AccessPattern(ap.pattern + ((1, 1),), ap.offset, ap.dtype)
+        return ap
 
     @property
     def token_run(self) -> int:

@@ -52,11 +52,14 @@ def test_scatter_write_matches_onnx_semantics(mode):
         np.testing.assert_array_equal(got.reshape(shape), want)
 
 
+@pytest.mark.parametrize("D", [2, 1])
 @pytest.mark.parametrize("fused", [True, False])
 @pytest.mark.parametrize("layout", ["NHD", "HND"])
-def test_paged_layout_token_patterns_address_the_cache(layout, fused):
-    """start + tokens(...) reaches exactly the elements NumPy indexing gives, for K and V."""
-    N, P, H, D = 4, 6, 3, 2
+def test_paged_layout_token_patterns_address_the_cache(layout, fused, D):
+    """start + tokens(...) reaches exactly the elements NumPy indexing gives, for K and V.
+    head_dim 1 under HND: a token's heads are single elements P apart, so its contiguous run
+    is one element (found by the fuzz suite: the run was taken as H)."""
+    N, P, H = 4, 6, 3
     shape, arr = _numbered_cache(N, P, H, D, layout, fused)
     lay = PagedKVLayout.from_shape(shape, layout)
     assert (lay.num_pages, lay.page_size, lay.num_heads, lay.head_dim) == (N, P, H, D)
@@ -71,6 +74,7 @@ def test_paged_layout_token_patterns_address_the_cache(layout, fused):
     want = block[1:1 + count] if layout == "NHD" else block[:, 1:1 + count].transpose(1, 0, 2)
     np.testing.assert_array_equal(got, want.reshape(count, H * D))
     assert lay.token_run == (H * D if layout == "NHD" else D)
+    assert lay.token().pattern[-1] == (1, lay.token_run)
     with pytest.raises(ValueError, match="layout"):
         PagedKVLayout.from_shape(shape, "NDH")
 

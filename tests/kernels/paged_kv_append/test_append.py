@@ -43,9 +43,9 @@ DTYPES = [np.float32, np.float16, ml_dtypes.bfloat16, ml_dtypes.float8_e4m3fn, m
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
-@pytest.mark.parametrize("H, D", [(1, 64), (8, 128), (2, 256)])
+@pytest.mark.parametrize("H, D", [(1, 64), (8, 128), (2, 256), (3, 1)])
 def test_dtypes_heads_dims(case, dtype, H, D):
-    run_both(case([37, 5], [20, 1], 16, H, D, dtype=dtype, layout="HND" if H == 2 else "NHD"))
+    run_both(case([37, 5], [20, 1], 16, H, D, dtype=dtype, layout="NHD" if H in (1, 8) else "HND"))
 
 
 def test_only_appended_slots_change(case, target):
