@@ -46,6 +46,7 @@ def check_batch_decode_inputs(q, paged_kv_cache, kv_indptr, kv_indices, kv_last_
     if k_cache.dtype.name not in KV_DTYPES:
         raise TypeError(f"cache dtype {k_cache.dtype} must be one of {KV_DTYPES}")
     rows, hq, d = q.shape
+    source = "" if batch is not None else f"; q has {rows} rows, one per request"
     batch = rows if batch is None else batch
     if d != geo.head_dim:
         raise ValueError(f"q head_dim {d} != cache head_dim {geo.head_dim}")
@@ -56,9 +57,9 @@ def check_batch_decode_inputs(q, paged_kv_cache, kv_indptr, kv_indices, kv_last_
                          f"group must fit the {MAX_GROUP} partitions of a tile")
     if d > MAX_HEAD_DIM:
         raise ValueError(f"head_dim={d} exceeds {MAX_HEAD_DIM} (the largest matmul free size)")
-    require_int32_vector("kv_indptr", kv_indptr, batch + 1)
+    require_int32_vector("kv_indptr", kv_indptr, batch + 1, f"batch + 1{source}")
     require_int32_vector("kv_indices", kv_indices)
-    require_int32_vector("kv_last_page_len", kv_last_page_len, batch)
+    require_int32_vector("kv_last_page_len", kv_last_page_len, batch, f"batch{source}")
     kv_lens = check_page_table(kv_indices, kv_indptr, kv_last_page_len, geo)
     if sm_scale is None:
         sm_scale = 1.0 / np.sqrt(d)

@@ -12,7 +12,9 @@ from .layout import CacheGeometry, geometry, split_cache
 from .quantize import quant_table
 
 
-def require_int32_vector(name: str, a, length=None):
+def require_int32_vector(name: str, a, length=None, why: str = ""):
+    """``a`` is a 1-D int32 array (of ``length`` entries; ``why`` says where that length comes
+    from in the refusal)."""
     if not isinstance(a, np.ndarray):
         raise TypeError(f"{name} must be a numpy int32 array, got {type(a).__name__}")
     if a.dtype != np.int32:
@@ -21,7 +23,8 @@ def require_int32_vector(name: str, a, length=None):
     if a.ndim != 1:
         raise ValueError(f"{name} must be 1-D, got shape {a.shape}")
     if length is not None and a.shape[0] != length:
-        raise ValueError(f"{name} has {a.shape[0]} entries, expected {length}")
+        raise ValueError(f"{name} has {a.shape[0]} entries, expected {length}"
+                         + (f" ({why})" if why else ""))
 
 
 def check_append_shapes(append_key, append_value, batch_indices, positions, paged_kv_cache,
