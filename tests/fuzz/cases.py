@@ -98,10 +98,14 @@ def append_cases(draw):
     rng = np.random.default_rng(table["seed"] + 1)
     k = rng.standard_normal((nnz, H, D)).astype(np.float32).astype(dtype)
     v = rng.standard_normal((nnz, H, D)).astype(np.float32).astype(dtype)
+    cache = cache_for(table, H, D, dtype, layout, fused, table["seed"] + 2)
+    k_cache = cache if fused else cache[0]
+    if draw(st.booleans()) and 0 < nnz * H * D <= k_cache.size:
+        k = k_cache.reshape(-1)[:nnz * H * D].reshape(nnz, H, D)    # rows that view the cache
     return dict(table, H=H, D=D, dtype=dtype, layout=layout, fused=fused,
                 target=draw(st.sampled_from(TARGETS)),
                 key=k, value=v, batch_indices=batch[order], positions=positions[order],
-                cache=cache_for(table, H, D, dtype, layout, fused, table["seed"] + 2))
+                cache=cache)
 
 
 def append_args(c):

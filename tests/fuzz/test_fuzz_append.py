@@ -15,7 +15,11 @@ from .cases import (BUDGETS, append_args, append_cases, bits, fused_view, on_tar
 
 
 def _check_written(c, got):
-    want = fused_view(append_paged_kv_cache_ref(*append_args(dict(c, cache=c["original"]))))
+    """``got`` equals the reference run on the inputs as they were before the call (appended
+    rows that view the cache are read before anything is written), and nothing outside the
+    slots the FlashInfer rule names changed."""
+    want = fused_view(append_paged_kv_cache_ref(*append_args(
+        dict(c, cache=c["original"], key=c["key_before"], value=c["value_before"]))))
     got, before = fused_view(got), fused_view(c["original"])
     assert np.array_equal(bits(got), bits(want)), "cache differs from the reference"
     outside = ~written_mask(c)
@@ -26,6 +30,7 @@ def _check_written(c, got):
 def _with_original(c):
     cache = c["cache"]
     c["original"] = cache.copy() if isinstance(cache, np.ndarray) else tuple(a.copy() for a in cache)
+    c["key_before"], c["value_before"] = c["key"].copy(), c["value"].copy()
     return c
 
 
