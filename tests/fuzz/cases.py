@@ -28,7 +28,8 @@ def run(prop, strategy, examples: int, budget: int) -> None:
     run is derandomised (the same cases every run); the long run draws new ones each time."""
     settings(max_examples=examples * budget, deadline=None, derandomize=budget == 1,
              database=None, print_blob=True,
-             suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])(
+             suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
+                                    HealthCheck.filter_too_much])(
         given(strategy)(prop))()
 
 
@@ -102,10 +103,15 @@ def append_cases(draw):
     k_cache = cache if fused else cache[0]
     if draw(st.booleans()) and 0 < nnz * H * D <= k_cache.size:
         k = k_cache.reshape(-1)[:nnz * H * D].reshape(nnz, H, D)    # rows that view the cache
-    return dict(table, H=H, D=D, dtype=dtype, layout=layout, fused=fused,
-                target=draw(st.sampled_from(TARGETS)),
-                key=k, value=v, batch_indices=batch[order], positions=positions[order],
-                cache=cache)
+    target = draw(st.sampled_from(TARGETS))
+    return dict(table, H=H, D=D, dtype=dtype, layout=layout, fused=fused, target=target,
+                lnc=draw(lnc_for(target)), key=k, value=v, batch_indices=batch[order],
+                positions=positions[order], cache=cache)
+
+
+def lnc_for(target):
+    """1, or on trn2 also 2 (the launch shared by the two cores of a logical core)."""
+    return st.sampled_from([1, 2] if target == "trn2" else [1])
 
 
 def append_args(c):

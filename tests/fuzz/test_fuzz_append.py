@@ -39,9 +39,38 @@ def test_append_writes_exactly_the_reference_slots(budget):
     def prop(c):
         _with_original(c)
         with on_target(c):
-            append_paged_kv_cache(*append_args(c))
+            append_paged_kv_cache(*append_args(c), lnc=c["lnc"])
         _check_written(c, c["cache"])
     run(prop, append_cases(), 60, budget)
+
+
+@pytest.mark.parametrize("budget", BUDGETS)
+def test_padding_rows_go_to_the_spare_page_and_nowhere_else(budget):
+    """``spare_page``: padding rows are written to a page no request owns; every other byte is
+    as the reference (which skips them) has it."""
+    def prop(c):
+        owned = set(c["kv_indices"][:c["kv_indptr"][-1]].tolist())
+        spare = next(p for p in range(c["num_pages"]) if p not in owned)
+        _with_original(c)
+        with on_target(c):
+            append_paged_kv_cache(*append_args(c), spare_page=spare, lnc=c["lnc"])
+        keep = np.ones(c["num_pages"], bool)
+        keep[spare] = False
+        c = dict(c, num_pages=c["num_pages"] - 1, kv_indices=_renumbered(c["kv_indices"], spare),
+                 cache=_without_page(c["cache"], spare),
+                 original=_without_page(c["original"], spare))
+        _check_written(c, c["cache"])
+    run(prop, append_cases(), 30, budget)
+
+
+def _without_page(cache, page):
+    drop = lambda a: np.delete(a, page, axis=0)     # noqa: E731
+    return drop(cache) if isinstance(cache, np.ndarray) else tuple(drop(a) for a in cache)
+
+
+def _renumbered(indices, removed):
+    """Page ids once page ``removed`` is taken out of the cache (ids above it shift down)."""
+    return np.where(indices > removed, indices - 1, indices).astype(np.int32)
 
 
 def slot_mapping(c):
@@ -63,7 +92,7 @@ def test_reshape_and_cache_writes_what_append_writes(budget):
         k_cache, v_cache = (cache, None) if c["fused"] else cache
         with on_target(c):
             reshape_and_cache(c["key"], c["value"], k_cache, v_cache, slot_mapping(c),
-                              c["layout"])
+                              c["layout"], lnc=c["lnc"])
         _check_written(c, cache)
     run(prop, append_cases(), 40, budget)
 

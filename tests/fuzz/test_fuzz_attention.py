@@ -12,11 +12,14 @@ from nki_kernels.paged_decode_attention import (batch_decode, batch_decode_ref, 
                                                 batch_prefill_ref, merge_states)
 from nki_kernels.paged_kv_append import append_paged_kv_cache_ref, get_batch_indices_positions
 
-from .cases import BUDGETS, TARGETS, bits, cache_for, on_target, page_tables, run, snapshot, unchanged
+from .cases import (BUDGETS, TARGETS, bits, cache_for, lnc_for, on_target, page_tables, run,
+                    snapshot, unchanged)
 
 # atol = rtol per q/cache dtype against the float64 reference (as the kernel tests')
-TOL = {"float32": 2e-5, "float16": 2e-3, "bfloat16": 2e-2}
-DTYPES = (np.float32, np.float16, ml_dtypes.bfloat16)
+TOL = {"float32": 2e-5, "float16": 2e-3, "bfloat16": 2e-2, "float8_e4m3fn": 3e-2,
+       "float8_e5m2": 3e-2}
+DTYPES = (np.float32, np.float16, ml_dtypes.bfloat16, ml_dtypes.float8_e4m3fn,
+          ml_dtypes.float8_e5m2)
 
 
 @st.composite
@@ -31,15 +34,24 @@ def attention_cases(draw, max_q=1):
     q_lens = np.array([draw(st.integers(0, min(int(n), max_q))) for n in lens], np.int32) \
         if max_q > 1 else np.ones(lens.size, np.int32)
     rng = np.random.default_rng(table["seed"] + 3)
-    q = rng.standard_normal((int(q_lens.sum()), H * group, D)).astype(np.float32).astype(dtype)
+    fp8 = np.dtype(dtype).itemsize == 1           # an fp8 cache: bf16 queries, K/V scales
+    q_dtype = ml_dtypes.bfloat16 if fp8 else dtype
+    q = rng.standard_normal((int(q_lens.sum()), H * group, D)).astype(np.float32).astype(q_dtype)
+    scales = {}
+    if fp8:
+        per_head = (rng.random(H) + 0.5).astype(np.float32)
+        scales = dict(k_scale=draw(st.sampled_from([1.0, 0.25, "per head"])),
+                      v_scale=draw(st.sampled_from([1.0, 2.0, "per head"])))
+        scales = {k: per_head if v == "per head" else v for k, v in scales.items()}
     options = dict(
         window_left=draw(st.sampled_from([-1, -1, 0, 1, 5, 17])),
         logits_soft_cap=draw(st.sampled_from([0.0, 0.0, 4.0])),
         sm_scale=draw(st.sampled_from([None, 0.3])),
         sinks=(rng.standard_normal(H * group).astype(np.float32)
-               if draw(st.booleans()) else None))
+               if draw(st.booleans()) else None), **scales)
+    target = draw(st.sampled_from(TARGETS))
     return dict(table, H=H, HQ=H * group, D=D, dtype=dtype, layout=layout, fused=fused,
-                q=q, q_lens=q_lens, options=options, target=draw(st.sampled_from(TARGETS)),
+                q=q, q_lens=q_lens, options=options, target=target, lnc=draw(lnc_for(target)),
                 cache=cache_for(table, H, D, dtype, layout, fused, table["seed"] + 2))
 
 
@@ -66,7 +78,7 @@ def test_decode_matches_the_reference_and_reads_only(budget):
         snap = snapshot(c["cache"], *_table(c), c["q"])
         with on_target(c):
             out, lse = batch_decode(c["q"], c["cache"], *_table(c), c["layout"],
-                                    return_lse=True, **c["options"])
+                                    return_lse=True, lnc=c["lnc"], **c["options"])
         want, want_lse = batch_decode_ref(c["q"], c["cache"], *_table(c), c["layout"],
                                           return_lse=True, **c["options"])
         assert out.dtype == c["q"].dtype and out.shape == c["q"].shape
@@ -88,7 +100,8 @@ def test_prefill_matches_the_reference_causal_or_not(budget):
         snap = snapshot(c["cache"], *_table(c), c["q"], qo)
         with on_target(c):
             out, lse = batch_prefill(c["q"], c["cache"], qo, *_table(c), c["layout"],
-                                     causal=causal, return_lse=True, **c["options"])
+                                     causal=causal, return_lse=True, lnc=c["lnc"],
+                                     **c["options"])
         want, want_lse = batch_prefill_ref(c["q"], c["cache"], qo, *_table(c), c["layout"],
                                            causal=causal, return_lse=True, **c["options"])
         _close(out, want, c["dtype"], "out")
@@ -111,7 +124,7 @@ def test_fused_write_then_attention_equals_append_then_reference(budget):
                                              c["kv_indptr"], c["kv_last_page_len"], c["layout"])
         with on_target(c):
             out = batch_prefill(c["q"], c["cache"], qo, *_table(c), c["layout"], causal=True,
-                                append_key=k, append_value=v, **c["options"])
+                                append_key=k, append_value=v, lnc=c["lnc"], **c["options"])
         for got, want in zip(*(x if isinstance(x, tuple) else (x,)
                                for x in (c["cache"], appended))):
             assert np.array_equal(bits(got), bits(want)), "cache differs from the reference append"

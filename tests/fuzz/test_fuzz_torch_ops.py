@@ -93,7 +93,8 @@ def test_misused_append_op_is_refused_and_writes_nothing(budget):
 
 @pytest.mark.parametrize("budget", BUDGETS)
 def test_decode_op_matches_the_reference(budget):
-    cases = attention_cases().filter(lambda c: c["fused"] and c["options"]["sinks"] is None)
+    cases = attention_cases().filter(lambda c: c["fused"] and c["options"]["sinks"] is None
+                                     and np.dtype(c["dtype"]).itemsize > 1)
 
     def prop(c):
         o = c["options"]
