@@ -143,3 +143,28 @@ def fused_view(cache):
 
 def on_target(c):
     return simulate.use_target(c["target"])
+
+
+def corrupted(valid_cases, corrupt, kinds, fresh=dict):
+    """A valid case from ``valid_cases`` spoiled by one of ``kinds`` that applies to it:
+    ``corrupt(case, kind)`` changes the case and returns the text its refusal must contain, or
+    None when the kind does not apply (tried on ``fresh(case)``, a copy it may change). The case
+    gets ``kind`` and ``expect``."""
+    @st.composite
+    def draw_case(draw):
+        c = draw(valid_cases)
+        applicable = [k for k in kinds if corrupt(fresh(c), k) is not None]
+        c["kind"] = draw(st.sampled_from(applicable))
+        c["expect"] = corrupt(c, c["kind"])
+        return c
+    return draw_case()
+
+
+def assert_refused(c, call, *inputs):
+    """``call()`` raises ValueError/TypeError holding ``c["expect"]``, every array among
+    ``inputs`` bit-identical afterwards."""
+    snap = snapshot(*inputs)
+    with on_target(c), pytest.raises((ValueError, TypeError)) as err:
+        call()
+    assert c["expect"] in str(err.value), (c["kind"], str(err.value))
+    assert unchanged(snap), f"{c['kind']}: an input changed before the refusal"

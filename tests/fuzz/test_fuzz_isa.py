@@ -3,7 +3,6 @@ instruction either runs or raises a ``SimulationError`` subclass naming the inst
 kernel line. A NumPy or Python error escaping (IndexError, ValueError, TypeError, ...) is what a
 kernel author would see instead of the rule they broke: never acceptable for user input."""
 
-import ml_dtypes
 import numpy as np
 import pytest
 from hypothesis import event

@@ -10,7 +10,7 @@ torch = pytest.importorskip("torch")
 
 from nki_kernels.paged_decode_attention import batch_decode_ref  # noqa: E402
 from nki_kernels.paged_kv_append import append_paged_kv_cache_ref  # noqa: E402
-from nki_kernels.torch import ops  # noqa: E402,F401  (registers torch.ops.nki_kernels)
+from nki_kernels.torch import ops  # noqa: E402  (registers torch.ops.nki_kernels)
 
 from .cases import BUDGETS, append_cases, bits, on_target, run  # noqa: E402
 from .test_fuzz_attention import TOL, attention_cases  # noqa: E402
@@ -24,6 +24,12 @@ def _tensor(a):
     if a.dtype.name == "bfloat16":
         return torch.from_numpy(a.view(np.uint16)).view(torch.bfloat16)
     return torch.from_numpy(a)
+
+
+@pytest.fixture(autouse=True)
+def _simulator_backend():
+    """The ops must run the kernels in the simulator here, not the NumPy references."""
+    assert ops.get_backend() == "sim"
 
 
 def _bytes(x):
