@@ -101,8 +101,12 @@ def append_cases(draw):
     v = rng.standard_normal((nnz, H, D)).astype(np.float32).astype(dtype)
     cache = cache_for(table, H, D, dtype, layout, fused, table["seed"] + 2)
     k_cache = cache if fused else cache[0]
-    if draw(st.booleans()) and 0 < nnz * H * D <= k_cache.size:
-        k = k_cache.reshape(-1)[:nnz * H * D].reshape(nnz, H, D)    # rows that view the cache
+    n = nnz * H * D
+    if draw(st.booleans()) and 0 < n <= k_cache.size:
+        k = k_cache.reshape(-1)[:n].reshape(nnz, H, D)              # rows that view the cache
+    v_cache = cache if fused else cache[1]
+    if draw(st.booleans()) and 0 < n <= v_cache.size:
+        v = v_cache.reshape(-1)[v_cache.size - n:].reshape(nnz, H, D)   # the cache's tail
     target = draw(st.sampled_from(TARGETS))
     return dict(table, H=H, D=D, dtype=dtype, layout=layout, fused=fused, target=target,
                 lnc=draw(lnc_for(target)), key=k, value=v, batch_indices=batch[order],
