@@ -80,3 +80,10 @@ def test_depends_on_edges_point_at_the_renumbered_producer():
         assert a2.details["after"] == [(0, "runtime")]
         assert b2.details["after"] == [(7, "runtime")]
         assert events[0].op == "a0" and events[7].op == "b1"
+
+
+def test_a_mark_of_a_program_that_recorded_nothing_goes_to_the_end():
+    trace = recorded([A] * 6 + [B] * 5)
+    trace.mark_iteration((2,))                 # an instance whose loop body issued nothing
+    trace.canonicalise()
+    assert trace.iteration_starts[-1] == (len(WANT), (2,))
