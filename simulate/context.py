@@ -33,6 +33,7 @@ class Launch:
     loop_frames: list = field(default_factory=list)  # LoopFrame per enclosing device loop
     while_loops: list = field(default_factory=list)  # open ``while reg:`` loops: (site, iterations)
     issued: int = 0               # instructions issued by this instance (depends_on order)
+    is_default: bool = False      # the stand-in launch of code outside any kernel
 
     def loop_position(self) -> Tuple[int, bool]:
         """(device loops around the current point, whether every one is in its first iteration:
@@ -94,12 +95,11 @@ def current() -> Launch:
     """The running launch; outside a kernel, a default one (so tensors can be built in tests)
     for the target selected now (``use_target`` / the environment), made again when that changes:
     host code asking ``nisa.get_nc_version()`` must see the target the next launch runs on."""
-    launch = _get()
-    if launch is None or (launch is getattr(_local, "default", None)
-                          and launch.target.name != get_target().name):
+    launch = getattr(_local, "launch", None)
+    if launch is None or (launch.is_default and launch.target.name != get_target().name):
         from .memory import Memory
         target = get_target()
-        launch = _local.launch = _local.default = Launch(target=target, memory=Memory(target))
+        launch = _local.launch = Launch(target=target, memory=Memory(target), is_default=True)
     return launch
 
 
