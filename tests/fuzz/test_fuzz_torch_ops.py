@@ -10,9 +10,12 @@ torch = pytest.importorskip("torch")
 
 from nki_kernels.paged_decode_attention import batch_decode_ref  # noqa: E402
 from nki_kernels.paged_kv_append import append_paged_kv_cache_ref  # noqa: E402
+from nki_kernels.block_tables import csr_to_block_tables  # noqa: E402
+from nki_kernels.torch import block_tables as torch_block_tables  # noqa: E402
 from nki_kernels.torch import ops  # noqa: E402  (registers torch.ops.nki_kernels)
 
 from .cases import BUDGETS, append_cases, bits, on_target, run  # noqa: E402
+from .test_fuzz_append import _check_written, _with_original, sorted_append_cases  # noqa: E402
 from .test_fuzz_attention import TOL, attention_cases  # noqa: E402
 from .test_fuzz_tensor_scatter import definition, scatter_cases  # noqa: E402
 
@@ -134,3 +137,25 @@ def test_tensor_scatter_op_equals_the_definition(budget):
         assert np.array_equal(bits(got), bits(want))
         assert np.array_equal(bits(c["past"]), before), "the functional op wrote past_cache"
     run(prop, cases, 30, budget)
+
+
+@pytest.mark.parametrize("budget", BUDGETS)
+def test_torch_block_table_append_writes_what_append_writes(budget):
+    """vLLM-neuron's arguments as CPU tensors: the (k, v) cache tensors written in place, bit
+    for bit as the reference append, nothing outside the write set."""
+    cases = sorted_append_cases().filter(lambda c: np.dtype(c["dtype"]).name in TORCH_DTYPES)
+
+    def prop(c):
+        _with_original(c)
+        B = c["kv_last_page_len"].size
+        counts = np.bincount(c["batch_indices"][c["batch_indices"] >= 0], minlength=B)
+        qsl = np.concatenate([[0], np.cumsum(counts)]).astype(np.int32)
+        tables, seq_lens = csr_to_block_tables(c["kv_indptr"], c["kv_indices"],
+                                               c["kv_last_page_len"], c["page_size"])
+        with on_target(c):
+            torch_block_tables.append_kv_with_block_tables(
+                _tensor(np.ascontiguousarray(c["key"])), _tensor(np.ascontiguousarray(c["value"])),
+                tuple(_tensor(a) for a in c["cache"]), torch.from_numpy(tables),
+                torch.from_numpy(seq_lens), torch.from_numpy(qsl), c["layout"])
+        _check_written(c, c["cache"])
+    run(prop, cases, 20, budget)
