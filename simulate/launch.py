@@ -118,8 +118,9 @@ def simulate_kernel(func, args=(), kwargs=None, _lnc=1):
 def _collector_paused():
     """Python's cyclic garbage collector off while a kernel runs, back as it was afterwards: a
     launch allocates a few objects per instruction and keeps them in its trace, so every
-    collection pass re-scans the growing trace (10-25% of a decode launch's time). The objects
-    a kernel makes hold no reference cycles the collector would be needed for."""
+    collection pass re-scans the growing trace (a decode launch ran 6-20% faster without it in
+    alternating runs; the benchmark's noise is larger). Cycles a launch leaves are collected
+    after it."""
     was = gc.isenabled()
     gc.disable()
     try:
