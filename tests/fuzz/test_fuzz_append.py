@@ -111,16 +111,22 @@ def sorted_append_cases(draw):
     return c
 
 
+def block_table_args(c):
+    """(block_tables, seq_lens, query_start_loc) of a sorted case, as vLLM-neuron passes them."""
+    B = c["kv_last_page_len"].size
+    counts = np.bincount(c["batch_indices"][c["batch_indices"] >= 0], minlength=B)
+    qsl = np.concatenate([[0], np.cumsum(counts)]).astype(np.int32)
+    tables, seq_lens = csr_to_block_tables(c["kv_indptr"], c["kv_indices"],
+                                           c["kv_last_page_len"], c["page_size"])
+    assert np.array_equal(seq_lens, c["lens"])
+    return tables, seq_lens, qsl
+
+
 @pytest.mark.parametrize("budget", BUDGETS)
 def test_block_table_append_writes_what_append_writes(budget):
     def prop(c):
         _with_original(c)
-        B = c["kv_last_page_len"].size
-        counts = np.bincount(c["batch_indices"][c["batch_indices"] >= 0], minlength=B)
-        qsl = np.concatenate([[0], np.cumsum(counts)]).astype(np.int32)
-        tables, seq_lens = csr_to_block_tables(c["kv_indptr"], c["kv_indices"],
-                                               c["kv_last_page_len"], c["page_size"])
-        assert np.array_equal(seq_lens, c["lens"])
+        tables, seq_lens, qsl = block_table_args(c)
         with on_target(c):
             append_kv_with_block_tables(c["key"], c["value"], c["cache"], tables, seq_lens, qsl,
                                         c["layout"])

@@ -10,12 +10,12 @@ torch = pytest.importorskip("torch")
 
 from nki_kernels.paged_decode_attention import batch_decode_ref  # noqa: E402
 from nki_kernels.paged_kv_append import append_paged_kv_cache_ref  # noqa: E402
-from nki_kernels.block_tables import csr_to_block_tables  # noqa: E402
 from nki_kernels.torch import block_tables as torch_block_tables  # noqa: E402
 from nki_kernels.torch import ops  # noqa: E402  (registers torch.ops.nki_kernels)
 
 from .cases import BUDGETS, append_cases, bits, on_target, run  # noqa: E402
-from .test_fuzz_append import _check_written, _with_original, sorted_append_cases  # noqa: E402
+from .test_fuzz_append import (_check_written, _with_original, block_table_args,  # noqa: E402
+                               sorted_append_cases)
 from .test_fuzz_attention import TOL, attention_cases  # noqa: E402
 from .test_fuzz_tensor_scatter import definition, scatter_cases  # noqa: E402
 
@@ -147,11 +147,7 @@ def test_torch_block_table_append_writes_what_append_writes(budget):
 
     def prop(c):
         _with_original(c)
-        B = c["kv_last_page_len"].size
-        counts = np.bincount(c["batch_indices"][c["batch_indices"] >= 0], minlength=B)
-        qsl = np.concatenate([[0], np.cumsum(counts)]).astype(np.int32)
-        tables, seq_lens = csr_to_block_tables(c["kv_indptr"], c["kv_indices"],
-                                               c["kv_last_page_len"], c["page_size"])
+        tables, seq_lens, qsl = block_table_args(c)
         with on_target(c):
             torch_block_tables.append_kv_with_block_tables(
                 _tensor(np.ascontiguousarray(c["key"])), _tensor(np.ascontiguousarray(c["value"])),
