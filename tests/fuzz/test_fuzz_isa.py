@@ -37,6 +37,29 @@ INSTRUCTIONS = {
     "nc_transpose": (("dst", "data"), {}),
     "dma_copy": (("dst", "src"), {}),
     "memset": (("dst",), dict(value=st.sampled_from([0.0, 1, -3.5]))),
+    "tensor_partition_reduce": (("dst", "data"), dict(op=st.sampled_from([nl.add, nl.maximum]))),
+    "bn_stats": (("dst", "data"), {}),
+    "bn_aggr": (("dst", "data"), {}),
+    "max8": (("dst", "src"), {}),
+    "nc_find_index8": (("dst", "data", "vals"), {}),
+    "scalar_tensor_tensor": (("dst", "data", "operand1"),
+                             dict(op0=st.sampled_from([nl.multiply, nl.add]),
+                                  operand0=st.sampled_from([1.5, "x"]),
+                                  op1=st.sampled_from([nl.add, nl.maximum, nl.exp]))),
+    "tensor_tensor_scan": (("dst", "data0", "data1"),
+                           dict(initial=st.sampled_from([0.0, "x"]),
+                                op0=st.sampled_from([nl.multiply, nl.add]),
+                                op1=st.sampled_from([nl.add, nl.maximum]))),
+    "tensor_copy_predicated": (("dst", "src", "predicate"), {}),
+    "exponential": (("dst", "src"), dict(max_value=st.sampled_from([0.0, 2.0, "x"]))),
+    "activation_reduce": (("dst", "data", "reduce_res"),
+                          dict(op=st.sampled_from([nl.exp, nl.copy]),
+                               reduce_op=st.sampled_from([nl.add, nl.maximum, nl.exp]))),
+    "dma_transpose": (("dst", "src"), {}),
+    "select_reduce": (("dst", "predicate", "on_true"),
+                      dict(on_false=st.sampled_from([0.0, -1.0, "x"]))),
+    "iota": (("dst",), dict(pattern=st.sampled_from([[[1, 4]], [[0, 1], [2, 8]], [[1, 3]]]),
+                            channel_multiplier=st.sampled_from([0, 1, -2]))),
 }
 
 
@@ -66,7 +89,8 @@ def instruction_calls(draw):
                       "hbm" if name == "dma_copy" and role == "dst" else "sbuf", d, shape, v)
                for role, (_, d, shape, v) in ops.items()}
     args = {k: draw(s) for k, s in kwargs.items()}
-    return dict(name=name, operands=ops, kwargs=args, target=draw(st.sampled_from(TARGETS)))
+    return dict(name=name, operands=ops, kwargs=args,
+                target=draw(st.sampled_from(TARGETS + ("trn3",))))
 
 
 def _make(buffer, dtype, shape, view, hbm_in):
@@ -96,10 +120,9 @@ def _kernel(call):
         for role, (buffer, dtype, shape, view) in specs.items():
             made[role] = _make(buffer, dtype, shape, view, x)
         extra = dict(kwargs)
-        if extra.get("operand0") == "x":
-            extra["operand0"] = made[list(made)[-1]]
-        if extra.get("scale") == "bias":
-            extra["scale"] = made[list(made)[-1]]
+        for key in ("operand0", "initial", "max_value", "on_false", "scale"):
+            if extra.get(key) in ("x", "bias"):       # a tile operand in that place
+                extra[key] = made[list(made)[-1]]
         instruction(**made, **extra)
         return x
     return kernel
@@ -118,4 +141,4 @@ def test_an_instruction_runs_or_raises_a_simulation_error_naming_it(budget):
             assert err.op, f"{type(err).__name__} names no instruction: {err}"
             assert err.location and "test_fuzz_isa.py" in err.location, \
                 f"{type(err).__name__} names no kernel line: {err}"
-    run(prop, instruction_calls(), 150, budget)
+    run(prop, instruction_calls(), 250, budget)
