@@ -4,10 +4,11 @@ with -1, ``seq_lens [B]``, ``query_start_loc [B+1]``, a ``kv_cache (2, N, Hkv, P
 ``(2, N, P, Hkv, D)`` (NHD) tensor or a (k_cache, v_cache) pair of 4-D tensors.
 
 CPU tensors run the kernels in the simulator on zero-copy NumPy views: the cache tensors are
-written in place, nothing is written when an argument is refused. The tables are host metadata
-(they become the kernels' small device tables). On a Neuron device, the torch ops take the
-fused ``[N, 2, ...]`` cache with CSR tables (``block_tables_to_csr`` converts); these entries
-refuse device tensors by name rather than copying the cache to the host.
+written in place, nothing is written when an argument is refused. On a Neuron device the small
+tables are copied to the host, checked and turned into the CSR page table there (as the
+stacks' own ``plan`` steps do), moved back, and the NKI kernels run on the device tensors
+(``append_kv_device`` / ``attention_device``, which the tests run on CPU tensors through the
+simulator); the cache never leaves the device.
 """
 
 from __future__ import annotations
@@ -20,15 +21,113 @@ from .convert import to_numpy, to_torch
 
 
 def _host(name, t):
-    """A torch tensor (or number / None) as the NumPy value the block-table entries take."""
+    """A CPU torch tensor (or number / None) as the NumPy value the block-table entries take."""
     if not isinstance(t, torch.Tensor):
         return t
     if t.device.type != "cpu":
-        raise NotImplementedError(
-            f"{name} is on {t.device}: the torch block-table entries run on CPU tensors (the "
-            f"simulator); on a Neuron device convert with nki_kernels.block_tables."
-            f"block_tables_to_csr and call torch.ops.nki_kernels.* with a fused cache")
+        raise ValueError(f"{name} is on {t.device} while the cache is on the CPU; every tensor "
+                         f"must be on the cache's device")
     return to_numpy(t)
+
+
+def _cache_parts(kv_cache):
+    return tuple(kv_cache) if isinstance(kv_cache, (tuple, list)) else (kv_cache,)
+
+
+def _on_device(kv_cache) -> bool:
+    """The cache lives on a Neuron device (the device path), not on the CPU (the simulator)."""
+    return any(isinstance(t, torch.Tensor) and t.device.type != "cpu"
+               for t in _cache_parts(kv_cache))
+
+
+def _tables(block_tables, seq_lens, page_size, like):
+    """The CSR page table of block tables held anywhere, computed on the host (the tables are
+    small; this is the validation and the plan), as int32 tensors on ``like``'s device."""
+    indptr, indices, last = _np.block_tables_to_csr(*(to_numpy(t.detach().cpu()) if
+                                                      isinstance(t, torch.Tensor) else t
+                                                      for t in (block_tables, seq_lens)),
+                                                    page_size)
+    return tuple(torch.from_numpy(np.ascontiguousarray(a)).to(like.device)
+                 for a in (indptr, indices, last))
+
+
+def _device_cache(kv_cache):
+    """The device path's cache: a fused tensor is ``(2, N, ...)`` here, so its K and V halves
+    (contiguous) go as a pair."""
+    parts = _cache_parts(kv_cache)
+    for i, t in enumerate(parts):
+        if t.requires_grad:
+            raise RuntimeError(f"kv_cache{'' if len(parts) == 1 else f'[{i}]'} requires grad; the "
+                               f"entries write it in place (detach it, or use torch.no_grad())")
+        if not t.is_contiguous():
+            raise ValueError(f"kv_cache{'' if len(parts) == 1 else f'[{i}]'} must be contiguous "
+                             f"(its pages are addressed by their strides)")
+    if len(parts) == 1:
+        if parts[0].dim() != 5 or parts[0].shape[0] != 2:
+            raise ValueError(f"kv_cache shape {tuple(parts[0].shape)} must be (2, N, H, P, D) "
+                             f"(HND) / (2, N, P, H, D) (NHD), or pass a (k_cache, v_cache) pair")
+        return parts[0][0], parts[0][1]
+    return parts
+
+
+def _numbers_only(**scales):
+    for name, value in scales.items():
+        if isinstance(value, torch.Tensor):
+            raise NotImplementedError(f"{name} per kv head on a Neuron device: pass a number here, "
+                                      f"or use torch.ops.nki_kernels.* with k_scales= / v_scales=")
+
+
+def _device_options(options, allowed):
+    """The options the device path takes; anything else is refused by name, never ignored."""
+    unknown = sorted(k for k, v in options.items()
+                     if k not in allowed and not (k == "lnc" and v == 1)
+                     and not (k == "spare_page" and v is None))
+    if unknown:
+        raise NotImplementedError(f"{', '.join(unknown)}: not taken by the block-table entries on "
+                                  f"a Neuron device (the torch ops take lnc and spare_page)")
+    return {k: v for k, v in options.items() if k in allowed}
+
+
+def append_kv_device(key, value, kv_cache, block_tables, seq_lens, query_start_loc,
+                     kv_layout="HND", k_scale=None, v_scale=None):
+    """The device path of ``append_kv_with_block_tables`` (torch operations and the NKI kernel
+    only; the small tables go through the host)."""
+    from nki_kernels.paged_kv_append import get_batch_indices_positions
+    from nki_kernels.paged_kv_append.checks import csr_counts, require_int32_vector
+    from . import device
+    _numbers_only(k_scale=k_scale, v_scale=v_scale)
+    pair = _device_cache(kv_cache)
+    page_size = pair[0].shape[2] if kv_layout == "HND" else pair[0].shape[1]
+    indptr, indices, last = _tables(block_tables, seq_lens, page_size, pair[0])
+    qsl, lens = (to_numpy(t.detach().cpu()) for t in (query_start_loc, seq_lens))
+    require_int32_vector("query_start_loc", qsl, lens.size + 1)
+    csr_counts("query_start_loc", qsl)
+    batch, positions = get_batch_indices_positions(qsl, lens, key.shape[0])
+    batch, positions = (torch.from_numpy(a).to(pair[0].device) for a in (batch, positions))
+    device.append_device(key, value, batch, positions, pair, indices, indptr, last, kv_layout,
+                         k_scale, v_scale)
+
+
+def attention_device(q, kv_cache, block_tables, seq_lens, query_start_loc=None,
+                     kv_layout="HND", causal=True, sm_scale=None, logits_soft_cap=0.0,
+                     window_left=-1, sinks=None, append_key=None, append_value=None,
+                     return_lse=False, k_scale=1.0, v_scale=1.0):
+    """The device path of ``attention_with_block_tables`` (decode without query_start_loc,
+    ragged queries with it; fp8 scales as numbers)."""
+    from . import device
+    _numbers_only(k_scale=k_scale, v_scale=v_scale)
+    pair = _device_cache(kv_cache)
+    page_size = pair[0].shape[2] if kv_layout == "HND" else pair[0].shape[1]
+    indptr, indices, last = _tables(block_tables, seq_lens, page_size, q)
+    if query_start_loc is None:
+        out, lse = device.decode_device(q, pair, indptr, indices, last, kv_layout, sm_scale,
+                                        logits_soft_cap, window_left, sinks, k_scale, v_scale)
+    else:
+        out, lse = device.prefill_device(q, pair, query_start_loc, indptr, indices, last,
+                                         kv_layout, causal, sm_scale, logits_soft_cap,
+                                         window_left, sinks, append_key, append_value, k_scale,
+                                         v_scale)
+    return (out, lse) if return_lse else out
 
 
 def _cache(kv_cache):
@@ -58,6 +157,11 @@ def append_kv_with_block_tables(key, value, kv_cache, block_tables, seq_lens, qu
     """``nki_kernels.block_tables.append_kv_with_block_tables`` on torch tensors: key, value
     [T, Hkv, D]; options: spare_page, lnc, k_scale / v_scale (numbers or [Hkv] tensors: fp8
     quantize on write). Writes ``kv_cache`` in place."""
+    if _on_device(kv_cache):
+        from .device import _require
+        _require()
+        return append_kv_device(key, value, kv_cache, block_tables, seq_lens, query_start_loc,
+                                kv_layout, **_device_options(options, ("k_scale", "v_scale")))
     cache = _cache(kv_cache)
     _np.append_kv_with_block_tables(_host("key", key), _host("value", value), cache,
                                     _host("block_tables", block_tables),
@@ -71,6 +175,14 @@ def attention_with_block_tables(q, kv_cache, block_tables, seq_lens, query_start
     """``nki_kernels.block_tables.attention_with_block_tables`` on torch tensors: returns out
     (q's dtype) and with return_lse=True also lse (float32, base 2), as tensors; options as
     there (tensors for sinks, per-head scales, append_key / append_value)."""
+    if _on_device(kv_cache):
+        from .device import _require
+        _require()
+        return attention_device(q, kv_cache, block_tables, seq_lens, query_start_loc, kv_layout,
+                                causal, **_device_options(options, (
+                                    "sm_scale", "logits_soft_cap", "window_left", "sinks",
+                                    "append_key", "append_value", "return_lse", "k_scale",
+                                    "v_scale")))
     out = _np.attention_with_block_tables(_host("q", q), _cache(kv_cache),
                                           _host("block_tables", block_tables),
                                           _host("seq_lens", seq_lens),

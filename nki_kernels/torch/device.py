@@ -36,6 +36,21 @@ def _host(t):
     return None if t is None else to_numpy(t.detach().cpu())
 
 
+def _cache_meta(kv_cache):
+    """Host stand-ins of a fused cache tensor or a (k_cache, v_cache) pair of tensors."""
+    if isinstance(kv_cache, (tuple, list)):
+        return tuple(_meta(t) for t in kv_cache)
+    return _meta(kv_cache)
+
+
+def _cache_rows(kv_cache, row_elems):
+    """The kernels' (k_rows, v_rows) views [R, row_elems] of the cache (v_rows None when fused:
+    V follows K in each page)."""
+    if isinstance(kv_cache, (tuple, list)):
+        return tuple(t.view(-1, row_elems) for t in kv_cache)
+    return kv_cache.view(-1, row_elems), None
+
+
 def _dev(a, like):
     return None if a is None else torch.from_numpy(np.ascontiguousarray(a)).to(like.device)
 
@@ -49,30 +64,31 @@ def append_device(append_key, append_value, batch_indices, positions, kv_cache, 
     from nki_kernels.paged_kv_append.kernel import paged_kv_scatter_kernel
     idx = [_host(t) for t in (batch_indices, positions, kv_indices, kv_indptr, kv_last_page_len)]
     geo, (quant, limit) = check_append_rows(_meta(append_key), _meta(append_value), idx[0], idx[1],
-                                            _meta(kv_cache), idx[2], idx[3], idx[4], kv_layout,
-                                            k_scale, v_scale)
+                                            _cache_meta(kv_cache), idx[2], idx[3], idx[4],
+                                            kv_layout, k_scale, v_scale)
     lens = check_page_table(idx[2], idx[3], idx[4], geo)
     pages, entries, keep = destination_slots(idx[0], idx[1], idx[2], idx[3], lens, geo)
     Tb = bucket_tokens(append_key.shape[0])
     slots, counts, parts = padded_slots(geo.rows(pages, entries), None if keep.all() else keep,
                                         geo, quantized=quant is not None)
-    rows = kv_cache.view(-1, geo.row_elems)
-    written = paged_kv_scatter_kernel(rows, None, pad_rows(append_key, Tb),
-                                      pad_rows(append_value, Tb), _dev(slots, kv_cache),
-                                      _dev(counts, kv_cache), geo.token_pattern, geo.v_offset,
-                                      _dev(quant, kv_cache), limit, parts)
-    _keep(written, rows)
+    k_rows, v_rows = _cache_rows(kv_cache, geo.row_elems)
+    written = paged_kv_scatter_kernel(k_rows, v_rows, pad_rows(append_key, Tb),
+                                      pad_rows(append_value, Tb), _dev(slots, k_rows),
+                                      _dev(counts, k_rows), geo.token_pattern, geo.v_offset,
+                                      _dev(quant, k_rows), limit, parts)
+    for got, rows in zip(written if v_rows is not None else (written,), (k_rows, v_rows)):
+        _keep(got, rows)
 
 
 def decode_device(q, kv_cache, kv_indptr, kv_indices, kv_last_page_len, kv_layout, sm_scale,
                   logits_soft_cap, window_left, sinks, k_scale=1.0, v_scale=1.0):
     from nki_kernels.paged_decode_attention.decode import prepare_decode
     from nki_kernels.paged_decode_attention.kernel import batch_decode_kernel
-    launch = prepare_decode(_meta(q), _meta(kv_cache), _host(kv_indptr), _host(kv_indices),
+    launch = prepare_decode(_meta(q), _cache_meta(kv_cache), _host(kv_indptr), _host(kv_indices),
                             _host(kv_last_page_len), kv_layout, sm_scale, logits_soft_cap,
                             window_left, _host(sinks), k_scale, v_scale)
     B, HQ, D = q.shape
-    out, lse = batch_decode_kernel(launch.pad_queries(q.contiguous()), kv_cache.reshape(-1, D), None,
+    out, lse = batch_decode_kernel(launch.pad_queries(q.contiguous()), *_cache_rows(kv_cache, D),
                                    *(_dev(a, q) for a in launch.arrays), *launch.statics)
     return out[:B], lse[:B].reshape(B, HQ)
 
@@ -90,14 +106,14 @@ def prefill_device(q, kv_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_l
     from nki_kernels.paged_decode_attention.prefill_append import append_plan
     from nki_kernels.paged_kv_append.append import bucket_tokens
     qo = _host(qo_indptr)
-    launch = prepare_prefill(_meta(q), _meta(kv_cache), qo, _host(kv_indptr), _host(kv_indices),
+    launch = prepare_prefill(_meta(q), _cache_meta(kv_cache), qo, _host(kv_indptr), _host(kv_indices),
                              _host(kv_last_page_len), kv_layout, causal, sm_scale,
                              logits_soft_cap, window_left, _host(sinks), k_scale, v_scale)
     writes = ()
     if append_key is not None or append_value is not None:
         slots, counts, quant, write = append_plan(
             None if append_key is None else _meta(append_key),
-            None if append_value is None else _meta(append_value), _meta(kv_cache), kv_layout,
+            None if append_value is None else _meta(append_value), _cache_meta(kv_cache), kv_layout,
             qo, _host(kv_indptr), _host(kv_indices), _host(kv_last_page_len), launch.kv_lens,
             q.shape[0], k_scale, v_scale)
         Tb = bucket_tokens(q.shape[0])
@@ -105,7 +121,7 @@ def prefill_device(q, kv_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_l
                   _dev(slots, q), _dev(counts, q), None if quant is None else _dev(quant, q),
                   write)
     kernel = append_attention_kernel if writes else batch_decode_kernel
-    out, lse = kernel(launch.pad_queries(q), kv_cache.reshape(-1, q.shape[2]), None, *writes,
+    out, lse = kernel(launch.pad_queries(q), *_cache_rows(kv_cache, q.shape[2]), *writes,
                       *(_dev(a, q) for a in launch.arrays), *launch.statics)
     return launch.unpad(out), launch.unpad(lse).reshape(q.shape[0], q.shape[1])
 
