@@ -54,14 +54,7 @@ def _tables(block_tables, seq_lens, page_size, like):
 def _device_cache(kv_cache):
     """The device path's cache: a fused tensor is ``(2, N, ...)`` here, so its K and V halves
     (contiguous) go as a pair."""
-    parts = _cache_parts(kv_cache)
-    for i, t in enumerate(parts):
-        if t.requires_grad:
-            raise RuntimeError(f"kv_cache{'' if len(parts) == 1 else f'[{i}]'} requires grad; the "
-                               f"entries write it in place (detach it, or use torch.no_grad())")
-        if not t.is_contiguous():
-            raise ValueError(f"kv_cache{'' if len(parts) == 1 else f'[{i}]'} must be contiguous "
-                             f"(its pages are addressed by their strides)")
+    parts = _checked_parts(kv_cache)
     if len(parts) == 1:
         if parts[0].dim() != 5 or parts[0].shape[0] != 2:
             raise ValueError(f"kv_cache shape {tuple(parts[0].shape)} must be (2, N, H, P, D) "
@@ -130,20 +123,27 @@ def attention_device(q, kv_cache, block_tables, seq_lens, query_start_loc=None,
     return (out, lse) if return_lse else out
 
 
-def _cache(kv_cache):
-    """The cache as the NumPy entries take it (views: writes reach the tensors), refusing a
-    tensor autograd tracks (the append writes it in place)."""
-    parts = tuple(kv_cache) if isinstance(kv_cache, (tuple, list)) else (kv_cache,)
+def _checked_parts(kv_cache):
+    """The cache's tensors, refusing a non-tensor, a tensor autograd tracks (the append writes
+    it in place) and a strided one (pages are addressed by their strides)."""
+    parts = _cache_parts(kv_cache)
     for i, t in enumerate(parts):
+        name = "kv_cache" if len(parts) == 1 else f"kv_cache[{i}]"
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"kv_cache must be a tensor or a (k_cache, v_cache) pair of tensors, "
                             f"got {type(t).__name__}")
         if t.requires_grad:
-            raise RuntimeError(f"kv_cache{'' if len(parts) == 1 else f'[{i}]'} requires grad; the "
-                               f"entries write it in place (detach it, or use torch.no_grad())")
+            raise RuntimeError(f"{name} requires grad; the entries write it in place (detach "
+                               f"it, or use torch.no_grad())")
         if not t.is_contiguous():
-            raise ValueError(f"kv_cache{'' if len(parts) == 1 else f'[{i}]'} must be contiguous "
-                             f"(its pages are addressed by their strides)")
+            raise ValueError(f"{name} must be contiguous (its pages are addressed by their "
+                             f"strides)")
+    return parts
+
+
+def _cache(kv_cache):
+    """The cache as the NumPy entries take it (views: writes reach the tensors)."""
+    parts = _checked_parts(kv_cache)
     views = tuple(_host("kv_cache", t) for t in parts)
     return views if isinstance(kv_cache, (tuple, list)) else views[0]
 

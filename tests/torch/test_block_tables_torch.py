@@ -29,14 +29,22 @@ def _case(rng, layout):
         (int(qsl[-1]), 2 * H, D)).astype(np.float32)
 
 
-@pytest.mark.parametrize("layout", ["HND", "NHD"])
-@pytest.mark.parametrize("pair", [False, True])
-def test_torch_entries_equal_the_numpy_ones(rng, target, layout, pair):
+def _with_expected(rng, layout, pair):
+    """A case, the cache the NumPy append leaves, and a torch copy of the cache (the tensor, and
+    the argument: the tensor or its (k, v) halves)."""
     tables, seq_lens, qsl, cache, key, value, q = _case(rng, layout)
     want = cache.copy()
     np_entries.append_kv_with_block_tables(key, value, want, tables, seq_lens, qsl, layout)
     t_cache = torch.from_numpy(cache.copy())
     arg = (t_cache[0], t_cache[1]) if pair else t_cache
+    return tables, seq_lens, qsl, cache, key, value, q, want, t_cache, arg
+
+
+@pytest.mark.parametrize("layout", ["HND", "NHD"])
+@pytest.mark.parametrize("pair", [False, True])
+def test_torch_entries_equal_the_numpy_ones(rng, target, layout, pair):
+    tables, seq_lens, qsl, cache, key, value, q, want, t_cache, arg = _with_expected(rng, layout,
+                                                                                     pair)
     T = torch.from_numpy
     torch_entries.append_kv_with_block_tables(T(key), T(value), arg, T(tables), T(seq_lens),
                                               T(qsl), layout)
@@ -101,11 +109,8 @@ def test_device_path_equals_the_numpy_entries(rng, target, layout, pair):
     """The Neuron-device path (tables through the host, kernels on the tensors; run here on CPU
     tensors by the simulator): the same cache bytes and outputs as the NumPy entries, for a
     (2, N, ...) cache and a pair, decode, ragged prefill and the fused write."""
-    tables, seq_lens, qsl, cache, key, value, q = _case(rng, layout)
-    want = cache.copy()
-    np_entries.append_kv_with_block_tables(key, value, want, tables, seq_lens, qsl, layout)
-    t_cache = torch.from_numpy(cache.copy())
-    arg = (t_cache[0], t_cache[1]) if pair else t_cache
+    tables, seq_lens, qsl, cache, key, value, q, want, t_cache, arg = _with_expected(rng, layout,
+                                                                                     pair)
     T = torch.from_numpy
     torch_entries.append_kv_device(T(key), T(value), arg, T(tables), T(seq_lens), T(qsl), layout)
     assert to_numpy(t_cache).tobytes() == want.tobytes()
