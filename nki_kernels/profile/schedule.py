@@ -207,12 +207,19 @@ def schedule(trace, hw: Hardware, core_of: Dict[tuple, int], compute_seconds,
             last_end[slot.core] = (slot.end, k)
         return k
 
-    def ready_of(e, core):
-        """When ``e`` may start as far as its data, ``depends_on`` edges and loop barriers go."""
+    def memory_of(core) -> _Memory:
+        memory = memories.get(core)
+        if memory is None:
+            memory = memories[core] = _Memory()
+        return memory
+
+    def ready_of(e, core, boxes):
+        """When ``e`` may start as far as its data (``boxes``: its operands' footprints and
+        whether each is written), ``depends_on`` edges and loop barriers go."""
         ready = floor.get(core, (0.0, None, "start"))
-        memory = memories.setdefault(core, _Memory())
-        for o in e.operands:
-            ready = memory.ready(footprint(o), o.role in WRITTEN, ready)
+        memory = memory_of(core)
+        for box, write in boxes:
+            ready = memory.ready(box, write, ready)
         for producer, kind in (e.details or {}).get("after", ()):   # NkiInstruction.depends_on
             k = slot_of.get(producer)
             if k is not None:
@@ -220,8 +227,7 @@ def schedule(trace, hw: Hardware, core_of: Dict[tuple, int], compute_seconds,
                 ready = later(ready, (t, k, "depends_on"))
         return ready
 
-    def place(e, core, ready):
-        boxes = [(footprint(o), o.role in WRITTEN) for o in e.operands]
+    def place(e, core, ready, boxes):
         made = None                       # when a DMA's descriptors (and offsets) are done
         if e.engine == "dma":
             mode = dge_mode(e, hw, nc_version)
@@ -279,7 +285,7 @@ def schedule(trace, hw: Hardware, core_of: Dict[tuple, int], compute_seconds,
                          start[2], work=cost))
             free[lane] = (end, k)
         slot_of[e.index] = k
-        memory = memories.setdefault(core, _Memory())
+        memory = memory_of(core)
         for (box, write), o in zip(boxes, e.operands):
             if made is not None and o.role.endswith("_offsets"):
                 memory.record(box, write, made[1], made[0])     # read by descriptor generation
@@ -291,36 +297,37 @@ def schedule(trace, hw: Hardware, core_of: Dict[tuple, int], compute_seconds,
         them could start alone: a ``sendrecv`` when both sources are ready, a ``core_barrier``
         when both cores have drained. Nothing after a barrier starts before it ends."""
         readies = []
-        for e, core in group:
-            ready = ready_of(e, core)
+        for e, core, boxes in group:
+            ready = ready_of(e, core, boxes)
             if e.engine != "dma":
                 ready = later(ready, (*free.get((core, e.engine), (0.0, None)), "engine"))
             if e.op == "core_barrier":
                 ready = later(ready, (*last_end.get(core, (0.0, None)), "drain"))
             readies.append(ready)
         joint = max(readies, key=lambda r: r[0])
-        for (e, core), ready in zip(group, readies):
-            place(e, core, later(ready, (joint[0], joint[1], "other core")))
+        for (e, core, boxes), ready in zip(group, readies):
+            place(e, core, later(ready, (joint[0], joint[1], "other core")), boxes)
             if e.op == "core_barrier":
                 end = slots[slot_of[e.index]]
                 floor[core] = later(floor.get(core, (0.0, None, "start")),
                                     (end.end, slot_of[e.index], "core barrier"))
 
-    held: Dict[tuple, list] = {}          # sync key -> (event, core) of the cores there so far
+    held: Dict[tuple, list] = {}          # sync key -> (event, core, boxes) of the cores there
     cores_in_trace = len({core_of[e.program_id] for e in trace})
     for e in trace:
         while next_mark < len(marks) and marks[next_mark][0] <= e.index:
             barrier(core_of[marks[next_mark][1]])
             next_mark += 1
         core = core_of[e.program_id]
+        boxes = [(footprint(o), o.role in WRITTEN) for o in e.operands]
         sync = (e.details or {}).get("sync")
         if sync is not None and cores_in_trace > 1:
             group = held.setdefault(sync, [])
-            group.append((e, core))
+            group.append((e, core, boxes))
             if len(group) == cores_in_trace:
                 place_together(held.pop(sync))
             continue
-        place(e, core, ready_of(e, core))
+        place(e, core, ready_of(e, core, boxes), boxes)
     for group in held.values():           # a partner that never came (the launch failed)
         place_together(group)
     while next_mark < len(marks):
