@@ -97,13 +97,20 @@ def append_kv_with_block_tables(key, value, kv_cache, block_tables, seq_lens, qu
     ``append_paged_kv_cache``. Writes in place, or raises before writing anything.
     """
     pair = kv_pair(kv_cache)
-    indptr, indices, last = block_tables_to_csr(block_tables, seq_lens,
-                                                geometry(pair, kv_layout).page_size)
-    require_int32_vector("query_start_loc", query_start_loc, seq_lens.size + 1)
-    csr_counts("query_start_loc", query_start_loc)
-    batch, positions = get_batch_indices_positions(query_start_loc, seq_lens, key.shape[0])
+    (indptr, indices, last), batch, positions = append_tables(
+        block_tables, seq_lens, query_start_loc, geometry(pair, kv_layout).page_size,
+        key.shape[0])
     append_paged_kv_cache(key, value, batch, positions, pair, indices, indptr, last, kv_layout,
                           spare_page=spare_page, lnc=lnc, k_scale=k_scale, v_scale=v_scale)
+
+
+def append_tables(block_tables, seq_lens, query_start_loc, page_size, rows):
+    """What an append of ``rows`` packed K/V rows needs from the block tables, checked: the CSR
+    table (kv_indptr, kv_indices, kv_last_page_len) and each row's (batch, position)."""
+    csr = block_tables_to_csr(block_tables, seq_lens, page_size)
+    require_int32_vector("query_start_loc", query_start_loc, seq_lens.size + 1)
+    csr_counts("query_start_loc", query_start_loc)
+    return (csr,) + get_batch_indices_positions(query_start_loc, seq_lens, rows)
 
 
 def attention_with_block_tables(q, kv_cache, block_tables, seq_lens, query_start_loc=None,

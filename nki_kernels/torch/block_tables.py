@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from nki_kernels import block_tables as _np
+from nki_kernels.paged_kv_append.layout import geometry
 from .convert import to_numpy, to_torch
 
 
@@ -40,15 +41,15 @@ def _on_device(kv_cache) -> bool:
                for t in _cache_parts(kv_cache))
 
 
-def _tables(block_tables, seq_lens, page_size, like):
-    """The CSR page table of block tables held anywhere, computed on the host (the tables are
-    small; this is the validation and the plan), as int32 tensors on ``like``'s device."""
-    indptr, indices, last = _np.block_tables_to_csr(*(to_numpy(t.detach().cpu()) if
-                                                      isinstance(t, torch.Tensor) else t
-                                                      for t in (block_tables, seq_lens)),
-                                                    page_size)
-    return tuple(torch.from_numpy(np.ascontiguousarray(a)).to(like.device)
-                 for a in (indptr, indices, last))
+def _on_host(t):
+    """Tables held anywhere (a tensor on any device, or NumPy) as NumPy on the host: they are
+    small; this is the validation and the plan, as the stacks' own ``plan`` steps do."""
+    return to_numpy(t.detach().cpu()) if isinstance(t, torch.Tensor) else t
+
+
+def _page_size(pair, kv_layout) -> int:
+    from .device import _cache_meta
+    return geometry(_cache_meta(pair), kv_layout).page_size
 
 
 def _device_cache(kv_cache):
@@ -85,20 +86,15 @@ def append_kv_device(key, value, kv_cache, block_tables, seq_lens, query_start_l
                      kv_layout="HND", k_scale=None, v_scale=None):
     """The device path of ``append_kv_with_block_tables`` (torch operations and the NKI kernel
     only; the small tables go through the host)."""
-    from nki_kernels.paged_kv_append import get_batch_indices_positions
-    from nki_kernels.paged_kv_append.checks import csr_counts, require_int32_vector
-    from . import device
+    from .device import _dev, append_device
     _numbers_only(k_scale=k_scale, v_scale=v_scale)
     pair = _device_cache(kv_cache)
-    page_size = pair[0].shape[2] if kv_layout == "HND" else pair[0].shape[1]
-    indptr, indices, last = _tables(block_tables, seq_lens, page_size, pair[0])
-    qsl, lens = (to_numpy(t.detach().cpu()) for t in (query_start_loc, seq_lens))
-    require_int32_vector("query_start_loc", qsl, lens.size + 1)
-    csr_counts("query_start_loc", qsl)
-    batch, positions = get_batch_indices_positions(qsl, lens, key.shape[0])
-    batch, positions = (torch.from_numpy(a).to(pair[0].device) for a in (batch, positions))
-    device.append_device(key, value, batch, positions, pair, indices, indptr, last, kv_layout,
-                         k_scale, v_scale)
+    (indptr, indices, last), batch, positions = _np.append_tables(
+        *(_on_host(t) for t in (block_tables, seq_lens, query_start_loc)),
+        _page_size(pair, kv_layout), key.shape[0])
+    append_device(key, value, *(_dev(a, pair[0]) for a in (batch, positions)), pair,
+                  *(_dev(a, pair[0]) for a in (indices, indptr, last)), kv_layout, k_scale,
+                  v_scale)
 
 
 def attention_device(q, kv_cache, block_tables, seq_lens, query_start_loc=None,
@@ -110,8 +106,8 @@ def attention_device(q, kv_cache, block_tables, seq_lens, query_start_loc=None,
     from . import device
     _numbers_only(k_scale=k_scale, v_scale=v_scale)
     pair = _device_cache(kv_cache)
-    page_size = pair[0].shape[2] if kv_layout == "HND" else pair[0].shape[1]
-    indptr, indices, last = _tables(block_tables, seq_lens, page_size, q)
+    indptr, indices, last = (device._dev(a, q) for a in _np.block_tables_to_csr(
+        _on_host(block_tables), _on_host(seq_lens), _page_size(pair, kv_layout)))
     if query_start_loc is None:
         out, lse = device.decode_device(q, pair, indptr, indices, last, kv_layout, sm_scale,
                                         logits_soft_cap, window_left, sinks, k_scale, v_scale)
