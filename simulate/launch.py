@@ -23,6 +23,7 @@ import numpy as np
 
 from . import compile_cache, context, dtypes, subset
 from .lnc import run_instances
+from .blas_threads import one_blas_thread
 from .memory import Memory
 from .targets import get_target
 from .tensor import _contiguous_strides, ndarray
@@ -133,7 +134,7 @@ def _collector_paused():
 def launch(fn, args, kwargs, grid=(), target=None, shuffle=False, seed=0, rank=0, job=None):
     """Run one launch; ``rank``/``job``: this launch's rank and the collectives rendezvous of a
     multi-rank job (``simulate.ranks``)."""
-    with _collector_paused():
+    with _collector_paused(), one_blas_thread():
         return _launch(fn, args, kwargs, grid, target, shuffle, seed, rank, job)
 
 
