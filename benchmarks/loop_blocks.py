@@ -4,7 +4,7 @@
 
 A loop iteration costs a ~9 us barrier (nki_kernels/profile), so the kernels issue several units
 per iteration: decode chunks in blocks (paged_decode_attention.plan.CHUNK_BLOCKS), append tiles or
-tokens in blocks (paged_kv_append.kernel.UNITS_PER_ITERATION). This sweeps the block sizes on
+tokens in blocks (paged_kv_append.kernel.TILES_PER_ITERATION). This sweeps the block sizes on
 trn2 (decode: batch 8 x 4096 tokens and batch 32 x 300, bf16, 8 kv heads x 4, D 128, pages of
 16; append: 1024 prompt tokens) and prints the scheduled time, the program size and the loop
 iterations, so the defaults can be read off the table.
@@ -43,7 +43,7 @@ def decode_row(blocks, lens, rng):
 
 def append_row(per_tile, tokens, rng):
     from nki_kernels.paged_kv_append.append import reshape_and_cache
-    append_kernel.UNITS_PER_ITERATION = {3: per_tile, 2: 64}
+    append_kernel.TILES_PER_ITERATION = per_tile
     simulate.reset_compile_stats()
     H, D, N, P = 8, 128, 512, 16
     kc = np.zeros((N, P, H, D), np.float32)
@@ -58,7 +58,7 @@ def append_row(per_tile, tokens, rng):
 
 def main():
     rng = np.random.default_rng(0)
-    saved = plan.CHUNK_BLOCKS, dict(append_kernel.UNITS_PER_ITERATION)
+    saved = plan.CHUNK_BLOCKS, append_kernel.TILES_PER_ITERATION
     try:
         print("| decode chunk blocks | 8 x 4096: us | program | iterations "
               "| 32 x 300: us | program | iterations |")
@@ -76,7 +76,7 @@ def main():
             print(f"| {per} | {t * 1e6:.1f} | {prog} | {it} |", flush=True)
     finally:
         _set_blocks(saved[0])
-        append_kernel.UNITS_PER_ITERATION = saved[1]
+        append_kernel.TILES_PER_ITERATION = saved[1]
 
 
 if __name__ == "__main__":

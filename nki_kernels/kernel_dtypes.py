@@ -15,8 +15,11 @@ _SIZES = (
 
 
 def dtype_bytes(dtype) -> int:
-    """Bytes of one element of ``dtype`` (an ``nl`` dtype)."""
-    for size, names in _SIZES:
-        if any(dtype == getattr(nl, name) for name in names):
-            return size
-    raise TypeError(f"dtype {dtype} is not an NKI element type of known size")
+    """Bytes of one element of ``dtype`` (an ``nl`` dtype); an assertion names any other."""
+    size = 0
+    for entry in _SIZES:
+        for name in entry[1]:
+            if dtype == getattr(nl, name):
+                size = entry[0]
+    assert size, f"dtype {dtype} is not an NKI element type of known size"
+    return size

@@ -2,15 +2,30 @@
 
 The NKI language guide lists the values a kernel handles (None, bools, 32-bit integers, 32-bit
 floats, strings, tensors), the containers (tuples, lists, dicts with string keys, classes derived
-from ``NKIObject`` only, enumerations) and says every other Python feature is a compile error.
-The simulator runs kernels as Python, so it checks, at launch:
+from ``NKIObject`` only, enumerations) and the control flow (``if``, ``for`` over ranges, lists
+or tuples, ``while``). The Beta 2 front-end parses the kernel's source itself (AWS's KLR,
+github.com/leanprover/KLR: ``interop/klr/gather.c`` converts the Python AST,
+``KLR/NKI/Simplify.lean`` lowers it) and refuses the rest. The simulator runs kernels as Python,
+so it checks, at launch, in two tiers:
 
-- the kernel function's source: no ``try``, generators (``yield``), ``async``/``await``,
-  ``global``/``nonlocal``, sets, or classes that derive from anything but ``NKIObject``/``Enum``;
-- every argument: a tensor, number (integers within 32 bits), string, None, dtype, ALU operator,
-  function, ``NKIObject`` or ``Enum`` member, or a tuple / dict (string keys) of those.
+- refused (``SubsetError``): ``try``, generators, ``async``/``await``, ``global``/``nonlocal``,
+  sets, classes that derive from anything but ``NKIObject`` / ``Enum`` / ``NamedTuple``, a
+  ``for`` target that is not a simple variable (``for a, b in ...``: "expecting simple
+  variable", which users also report from deployed NKI) and ``else`` on a loop;
+- flagged (``SubsetWarning``, once per kernel; an error under ``NKI_SIM_SUBSET=strict``): what
+  that front-end's newest public source (March 2026) refuses or has no form for, but no report
+  from deployed NKI confirms: ``raise``, ``del``, ``import`` or ``class`` inside a function,
+  ``match``, lambdas, list / dict / generator comprehensions, ``:=``, ``*`` / ``**`` expansion,
+  ``*args`` parameters, ``@``, dict displays with keys other than string constants. That source
+  also refuses inner functions, which the current documentation uses (a ``fori_loop`` body),
+  so it has grown since; AWS's own kernel library (nki-library, ~1,200 loops) uses none of the
+  flagged constructs in kernel code.
 
-Each refusal is a ``SubsetError`` naming the construct and the kernel line, or the argument.
+Every argument is checked too: a tensor, number (integers within 32 bits), string, None, dtype,
+ALU operator, function, ``NKIObject`` or ``Enum`` member, or a tuple / dict (string keys) of
+those.
+
+Each refusal names the construct and the kernel line, or the argument.
 The check covers the ``nki.jit`` function's body and, as the real compiler inlines them, the
 helper functions it calls, transitively: every call whose callee resolves statically (a name in
 the function's globals or closure, or ``module.name`` / ``Class.name`` of one) to a Python
@@ -24,8 +39,10 @@ import ast
 import enum
 import inspect
 import os
+import sys
 import sysconfig
 import textwrap
+import warnings
 
 import numpy as np
 
@@ -47,41 +64,111 @@ _REFUSED = {
 }
 if hasattr(ast, "TryStar"):
     _REFUSED[ast.TryStar] = "try/except*"
-_CLASS_BASES = {"NKIObject", "Enum", "IntEnum"}
+_FLAGGED = {
+    ast.Raise: "raise (use assert)", ast.Delete: "del", ast.Import: "import inside a function",
+    ast.ImportFrom: "import inside a function", ast.Lambda: "lambda",
+    ast.ListComp: "list comprehensions", ast.DictComp: "dict comprehensions",
+    ast.GeneratorExp: "generator expressions", ast.NamedExpr: "assignment expressions (:=)",
+    ast.Starred: "*-expansion", ast.ClassDef: "a class defined inside a function",
+}
+if hasattr(ast, "Match"):
+    _FLAGGED[ast.Match] = "match"
+_CLASS_BASES = {"NKIObject", "Enum", "IntEnum", "NamedTuple"}
+
+
+class SubsetWarning(UserWarning):
+    """Kernel code the NKI front-end's public source has no form for (see the module doc)."""
 
 
 def _base_name(node) -> str:
     return node.attr if isinstance(node, ast.Attribute) else getattr(node, "id", "?")
 
 
-def _violation(tree):
+def _strict() -> bool:
+    return os.environ.get("NKI_SIM_SUBSET", "").lower() == "strict"
+
+
+def _refusal(node):
+    """What deployed NKI refuses in ``node`` (None if nothing)."""
+    for kind, what in _REFUSED.items():
+        if isinstance(node, kind):
+            return f"{what} is not part of the NKI language"
+    if isinstance(node, (ast.For, ast.comprehension)) and not isinstance(node.target, ast.Name):
+        return ("a for target must be a simple variable (the front-end says \"expecting simple "
+                "variable\"): iterate over an index and unpack in the body")
+    if isinstance(node, (ast.For, ast.While)) and node.orelse:
+        return "else on a loop is not part of the NKI language"
+    if isinstance(node, ast.ClassDef):
+        bad = [_base_name(b) for b in node.bases if _base_name(b) not in _CLASS_BASES]
+        if bad or not node.bases:
+            return (f"class {node.name} must derive from NKIObject (or Enum) and no other "
+                    f"class")
+    return None
+
+
+def _flag(node, top):
+    """What the front-end's public source has no form for in ``node`` (None if nothing);
+    ``top``: the function checked (its own definition is not an inner one)."""
+    for kind, what in _FLAGGED.items():
+        if isinstance(node, kind) and node is not top:
+            return what
+    if isinstance(node, ast.FunctionDef) and node.args.vararg is not None:
+        return "*args parameters"
+    if isinstance(node, ast.keyword) and node.arg is None:
+        return "**-expansion of keyword arguments"
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.MatMult):
+        return "the @ operator"
+    if isinstance(node, ast.Dict) and not all(
+            isinstance(k, ast.Constant) and isinstance(k.value, str) for k in node.keys):
+        return "dict displays with keys other than string constants"
+    return None
+
+
+def _violation(tree, flagged=None):
+    """The first refused construct of ``tree`` as (node, message), or None; the flagged ones
+    are appended to ``flagged`` as (node, message) as they are met."""
+    top = tree.body[0] if len(tree.body) == 1 else None
     for node in ast.walk(tree):
-        for kind, what in _REFUSED.items():
-            if isinstance(node, kind):
-                return node, f"{what} is not part of the NKI language"
-        if isinstance(node, ast.ClassDef):
-            bad = [_base_name(b) for b in node.bases if _base_name(b) not in _CLASS_BASES]
-            if bad or not node.bases:
-                return node, (f"class {node.name} must derive from NKIObject (or Enum) and no "
-                              f"other class")
+        message = _refusal(node)
+        if message is not None:         # (a comprehension clause has no line: its target does)
+            return (node.target if isinstance(node, ast.comprehension) else node), message
+        what = _flag(node, top) if flagged is not None else None
+        if what is not None:
+            flagged.append((node, f"{what}: the NKI front-end's public source has no form for "
+                                  f"this"))
     return None
 
 
 def check_function(fn) -> None:
     """Raise ``SubsetError`` when ``fn``'s source, or a helper it calls, uses Python the NKI
-    compiler refuses."""
+    compiler refuses; warn (``SubsetWarning``, once) of the flagged constructs, or raise for
+    them too under ``NKI_SIM_SUBSET=strict``."""
     code = getattr(fn, "__code__", None)
     if code is None:
         return
-    if code not in _checked:
-        _checked[code] = _scan(fn, code, fn.__name__, set())
-    if _checked[code] is not None:
-        raise _checked[code]
+    key = (code, _strict())
+    if key not in _checked:
+        flagged = []
+        error = _scan(fn, code, fn.__name__, set(), flagged)
+        if error is None and flagged:
+            where, message = flagged[0]
+            more = f" (and {len(flagged) - 1} more)" if len(flagged) > 1 else ""
+            if key[1]:
+                error = SubsetError(f"{message}{more} [NKI_SIM_SUBSET=strict]", op="nki.jit",
+                                    location=where)
+            else:
+                warnings.warn(SubsetWarning(f"{where}: {message}{more}; they may not compile on "
+                                            f"Trainium (NKI_SIM_SUBSET=strict refuses them)"),
+                              stacklevel=5)
+        _checked[key] = error
+    if _checked[key] is not None:
+        raise _checked[key]
 
 
-def _scan(fn, code, kernel, seen):
+def _scan(fn, code, kernel, seen, flagged):
     """The first refusal in ``fn`` or the helpers it calls (None when clean); ``kernel``
-    names the launched function in the message, ``seen`` the code objects visited."""
+    names the launched function in the message, ``seen`` the code objects visited; flagged
+    constructs are appended to ``flagged`` as (location, message)."""
     seen.add(code)
     try:
         lines, first = inspect.getsourcelines(fn)
@@ -91,17 +178,32 @@ def _scan(fn, code, kernel, seen):
         tree = ast.parse(textwrap.dedent("".join(lines)))
     except SyntaxError:
         return None
-    found = _violation(tree)
+    via = "" if fn.__name__ == kernel else f" (in helper {fn.__name__}, which it calls)"
+    where = lambda node: f"{code.co_filename.rsplit('/', 1)[-1]}:{first + node.lineno - 1}"  # noqa: E731
+    found_here = []
+    found = _violation(tree, found_here)
+    flagged.extend((where(node), f"kernel {kernel}{via}: {message}") for node, message in found_here)
     if found is not None:
         node, message = found
-        where = f"{code.co_filename.rsplit('/', 1)[-1]}:{first + node.lineno - 1}"
-        via = "" if fn.__name__ == kernel else f" (in helper {fn.__name__}, which it calls)"
-        return SubsetError(f"kernel {kernel}{via}: {message}", op="nki.jit", location=where)
+        return SubsetError(f"kernel {kernel}{via}: {message}", op="nki.jit", location=where(node))
     for helper in _helpers(fn, tree):
+        if isinstance(helper, tuple):                # a class the kernel builds: NKI compiles it
+            cls, node = helper
+            if not _nki_class(cls):
+                return SubsetError(
+                    f"kernel {kernel}{via}: it builds a {cls.__name__}, a class that does not "
+                    f"derive from NKIObject (or Enum, NamedTuple); NKI compiles only those",
+                    op="nki.jit", location=where(node))
+            for method in _methods(cls):
+                if method.__code__ not in seen:
+                    error = _scan(method, method.__code__, kernel, seen, flagged)
+                    if error is not None:
+                        return error
+            continue
         hcode = helper.__code__
         if hcode in seen:
             continue
-        error = _scan(helper, hcode, kernel, seen)
+        error = _scan(helper, hcode, kernel, seen, flagged)
         if error is not None:
             return error
     return None
@@ -135,6 +237,32 @@ def _helpers(fn, tree):
             value = inspect.getattr_static(value, attr, None)
             if isinstance(value, (staticmethod, classmethod)):
                 value = value.__func__
+        if inspect.isfunction(value) and _user_code(value.__code__.co_filename):
+            out.append(value)
+        elif inspect.isclass(value) and _user_class(value):
+            out.append((value, node))
+    return out
+
+
+def _user_class(cls) -> bool:
+    module = sys.modules.get(cls.__module__)
+    filename = getattr(module, "__file__", None)
+    return filename is not None and _user_code(filename)
+
+
+def _nki_class(cls) -> bool:
+    """Derived from NKIObject or Enum, or a NamedTuple: a class NKI kernels may build."""
+    if any(c.__name__ in _CLASS_BASES for c in cls.__mro__[1:]):
+        return True
+    return tuple in cls.__bases__ and hasattr(cls, "_fields")      # typing.NamedTuple
+
+
+def _methods(cls):
+    """The class's own functions (its methods, as written in user code)."""
+    out = []
+    for value in vars(cls).values():
+        if isinstance(value, (staticmethod, classmethod)):
+            value = value.__func__
         if inspect.isfunction(value) and _user_code(value.__code__.co_filename):
             out.append(value)
     return out

@@ -114,10 +114,11 @@ def append_attention_kernel(q, k_rows, v_rows, key, value, slots, counts, quant,
     before reading."""
     write_pattern, v_offset, row_elems, limit, parts = write
     D = q.shape[2]
-    as_entries = [None if t is None else t.reshape((t.shape[0] * D // row_elems, row_elems))
-                  for t in (k_rows, v_rows)]
-    scatter_rows(*as_entries, key, value, slots, counts, write_pattern, v_offset, quant, limit,
-                 parts)
+    k_entries = k_rows.reshape((k_rows.shape[0] * D // row_elems, row_elems))
+    v_entries = (None if v_rows is None else
+                 v_rows.reshape((v_rows.shape[0] * D // row_elems, row_elems)))
+    scatter_rows(k_entries, v_entries, key, value, slots, counts, write_pattern, v_offset, quant,
+                 limit, parts)
     if program_cores() == 2:
         for t in (k_rows,) if v_rows is None else (k_rows, v_rows):
             nisa.core_barrier(data=t, cores=(0, 1))
@@ -147,10 +148,15 @@ def attention(q, k_rows, v_rows, meta, spans, kv_indices, tok_tab, row_tab, sink
     per_group = max(1, min(H, 128 // GQ))          # kv heads per tile: rows = heads x G x Qt <= 128
     # tiles of score rows (first kv head, kv heads, first query token of the block): every tile
     # of a chunk's step shares its K^T per kv head and its V
-    tiles = [(h0, min(per_group, H - h0), q0) for h0 in range(0, H, per_group)
-             for q0 in range(0, Qb, Qt)]
+    tiles = []
+    for h0 in range(0, H, per_group):
+        for q0 in range(0, Qb, Qt):
+            tiles.append((h0, min(per_group, H - h0), q0))
     R = per_group * GQ
-    row_q = {q0: query_of_row(row_tab, R, GQ, q0 * G) for q0 in range(0, Qb, Qt)} if Qb > 1 else {}
+    row_q = []                     # per tile of query tokens (q0 = j * Qt): its rows' tokens
+    if Qb > 1:
+        for q0 in range(0, Qb, Qt):
+            row_q.append(query_of_row(row_tab, R, GQ, q0 * G))
     iota_rt = nl.ndarray((R, T), nl.int32, buffer=nl.sbuf, name="iota_rt")
     nisa.iota(dst=iota_rt, pattern=[[1, T]], offset=0, channel_multiplier=0)
     # OCP fp8 (e4m3fn) is a matmul input from NeuronCore-v4 only: V is converted per chunk before.
@@ -159,10 +165,20 @@ def attention(q, k_rows, v_rows, meta, spans, kv_indices, tok_tab, row_tab, sink
     consts = (geo, sources, iota_rt, indirect, v_dtype)
     # mask-free blocks of whole pages gather several consecutive tokens per partition
     blocked = page_size <= 128
-    gathered = {size: group_size(geo, size, dtype_bytes(k_rows.dtype)) if blocked else 1
-                for size in CHUNK_BLOCKS}
-    entry_rows = {g: group_entry_rows(tok_tab, geo, g) for g in sorted(set(gathered.values()))
-                  if blocked and indirect}
+    k_bytes = dtype_bytes(k_rows.dtype)
+
+    def gathered(count):
+        """Tokens per partition of a gather of a mask-free block of ``count`` chunks."""
+        return group_size(geo, count, k_bytes) if blocked else 1
+
+    entry_rows = {}                # by f"{group}" (NKI dict keys are strings), groups ascending
+    if blocked and indirect:
+        groups = []
+        for size in CHUNK_BLOCKS:
+            groups.append(gathered(size))
+        for g in range(1, max(groups) + 1):
+            if g in groups:
+                entry_rows[f"{g}"] = group_entry_rows(tok_tab, geo, g)
 
     U = items_per_iteration(Qb)
     whole = whole_units(Qb)
@@ -178,9 +194,10 @@ def attention(q, k_rows, v_rows, meta, spans, kv_indices, tok_tab, row_tab, sink
     def cache_rows(cursor, count, masked):
         """{"rows", "pids"} of the ``count`` chunks at the cursor: a mask-free block's cache rows
         (indirect gathers) or page ids (one DMA per page), made up front; None otherwise."""
-        group = 1 if masked else gathered[count]
+        group = 1 if masked else gathered(count)
         if blocked and not masked and indirect:
-            return {"rows": block_rows(kv_indices, cursor, count, geo, group, entry_rows[group]),
+            return {"rows": block_rows(kv_indices, cursor, count, geo, group,
+                                       entry_rows[f"{group}"]),
                     "pids": None}
         if blocked and not masked and group > 1:
             return {"rows": None, "pids": block_page_ids(kv_indices, cursor, count, geo)}
@@ -192,26 +209,31 @@ def attention(q, k_rows, v_rows, meta, spans, kv_indices, tok_tab, row_tab, sink
         the next item's first gather never waits behind this one's chunks (the state slots it
         chains through: flat list only)."""
         cols = item_columns(meta, i, max(T, R) if count else 1)
-        item = {"cols": cols, "b": nisa.scalar_load(cols[0:1, OUT:OUT + 1]),
-                "states": [state_tile(n * GQ, D) for _, n, _ in tiles]}
+        states = []
+        for tile in tiles:
+            states.append(state_tile(tile[1] * GQ, D))
+        item = {"cols": cols, "b": nisa.scalar_load(cols[0:1, OUT:OUT + 1]), "states": states}
         if not whole:
-            item["load"], item["store"] = (nisa.scalar_load(cols[0:1, c:c + 1])
-                                           for c in (LOAD, STORE))
+            item["load"] = nisa.scalar_load(cols[0:1, LOAD:LOAD + 1])
+            item["store"] = nisa.scalar_load(cols[0:1, STORE:STORE + 1])
         if count == 0:
             return item
-        item["q"] = [group_queries(q, item["b"], h0, n, G, Qt, mm_dtype, q0)
-                     for h0, n, q0 in tiles]
-        # per first query token of a tile: the item's bounds (the token-level ones are common)
-        item["bounds"] = ({0: request_bounds(cols, T, R)} if Qb == 1 else
-                          block_bounds(cols, T, row_q))
+        queries = []
+        for tile in tiles:
+            queries.append(group_queries(q, item["b"], tile[0], tile[1], G, Qt, mm_dtype,
+                                         tile[2]))
+        item["q"] = queries
+        # per tile of query tokens: the item's bounds (the token-level ones are common)
+        item["bounds"] = [request_bounds(cols, T, R)] if Qb == 1 else block_bounds(cols, T, row_q)
         item["cursor"] = start_cursor(cols, tok_sb, R)
-        item.update(cache_rows(item["cursor"], count, masked))
+        made = cache_rows(item["cursor"], count, masked)
+        item["rows"], item["pids"] = made["rows"], made["pids"]
         return item
 
     def shape(count, masked):
         """(tokens per partition of a gather, chunks per softmax step, softmax steps) of an
         item of ``count`` chunks."""
-        group = 1 if masked else gathered[count]
+        group = 1 if masked else gathered(count)
         width = (step_chunks(geo, group) if group > 1 else
                  min(count, FOLD_WIDTH if len(tiles) > 1 and Qb > 1 else 1))
         return group, width, count // width
@@ -222,88 +244,106 @@ def attention(q, k_rows, v_rows, meta, spans, kv_indices, tok_tab, row_tab, sink
         rows, pids, cursor, bounds = item["rows"], item["pids"], item["cursor"], item["bounds"]
 
         def load(g):
-            if group > 1 and indirect:
-                return [(views, None) for views in
-                        load_group_indirect(sources, rows[:, g:g + 1], geo, group, v_dtype)]
+            chunks = []
             if group > 1:
-                first = g * T * group // page_size
-                return [(views, None) for views in
-                        load_group_pages(sources, pids, first, geo, group, v_dtype)]
-            return [_load_chunk(consts, kv_indices, cursor, bounds, masked,
-                                None if rows is None else rows[:, k:k + 1])
-                    for k in range(g * width, (g + 1) * width)]
+                if indirect:
+                    pairs = load_group_indirect(sources, rows[:, g:g + 1], geo, group, v_dtype)
+                else:
+                    pairs = load_group_pages(sources, pids, g * T * group // page_size, geo,
+                                             group, v_dtype)
+                for views in pairs:
+                    chunks.append((views, None))
+                return chunks
+            for k in range(g * width, (g + 1) * width):
+                chunks.append(_load_chunk(consts, kv_indices, cursor, bounds, masked,
+                                          None if rows is None else rows[:, k:k + 1]))
+            return chunks
         return load
 
     def blocks(item, count, masked):
         """A nested loop's body (whole units): the next ``count`` chunks of the item at its
         cursor, folded into its states (a mask-free block's cache rows made per iteration)."""
         def body(_):
-            fold(dict(item, **cache_rows(item["cursor"], count, masked)), count, masked)
+            this = {}
+            for key in item.keys():
+                this[key] = item[key]
+            made = cache_rows(item["cursor"], count, masked)
+            this["rows"], this["pids"] = made["rows"], made["pids"]
+            fold(this, count, masked)
         return body
 
-    def fold(item, count, masked, after_first=None):
+    def fold(item, count, masked, finish_first=None):
         """The item's ``count`` chunks, ``width`` per softmax step (one [rows, width*T] score
         tile), software-pipelined in program order: gathers run two steps ahead and scores up
         to SCORES_AHEAD tiles ahead of the softmax (a whole step when it has no more tiles), so
         TensorE makes the next scores while VectorE and ScalarE finish these, and the DMAs
         overlap both. A mask-free block's gathers take ``group`` tokens per partition, folded
-        ``width`` chunks per softmax step (``per_load`` steps per gather). ``after_first`` runs
-        after the first softmax step; ``item["loads"]``: gathers issued before (by gather)."""
+        ``width`` chunks per softmax step (``per_load`` steps per gather). ``finish_first``: an
+        item to ``finish`` after the first softmax step; ``item["loads"]``: gathers issued
+        before (by f"{gather}": NKI dict keys are strings)."""
         group, width, steps = shape(count, masked)
         per_load = max(1, group // width)          # softmax steps per load
-        states = [state_views(t) for t in item["states"]]
+        states = []
+        for t in item["states"]:
+            states.append(state_views(t))
         load = loader(item, count, masked)
 
-        loads, kts = item.get("loads", {}), {}
+        loads = item["loads"] if "loads" in item else {}
+        kts = {}                                   # K^T by f"{step},{first kv head}"
 
         def step(s):
             """The chunks of softmax step s, loading them on first use."""
-            if s // per_load not in loads:
-                loads[s // per_load] = load(s // per_load)
+            key = f"{s // per_load}"
+            if key not in loads:
+                loads[key] = load(s // per_load)
             k = (s % per_load) * width
-            return loads[s // per_load][k:k + width]
+            return loads[key][k:k + width]
 
         def score(u):
             """Scores of unit u = (step, tile); K^T of a step's chunks made once per kv heads,
             at their first tile, dropped after their last."""
-            s, t = divmod(u, len(tiles))
+            s, t = u // len(tiles), u % len(tiles)
             h0, n, q0 = tiles[t]
             loaded = step(s)
-            if (s, h0) not in kts:
-                kts[(s, h0)] = [k_transposed(views[0], h0, n, D, mm_dtype)
-                                for views, _ in loaded]
+            key = f"{s},{h0}"
+            if key not in kts:
+                kts[key] = []
+                for chunk in loaded:
+                    kts[key].append(k_transposed(chunk[0][0], h0, n, D, mm_dtype))
             bias = loaded[0][1]               # masked chunks are folded one at a time
             tile_rows = item["q"][t][0][0].shape[1]
-            scores = chunk_scores(item["q"][t], kts[(s, h0)], T,
-                                  None if bias is None else bias[q0][0:tile_rows, :],
+            scores = chunk_scores(item["q"][t], kts[key], T,
+                                  None if bias is None else bias[q0 // Qt][0:tile_rows, :],
                                   scale, soft_cap, mm_dtype)
             if t + 1 == len(tiles) or tiles[t + 1][0] != h0:
-                del kts[(s, h0)]
+                kts.pop(key)                  # its tiles are free from here on
             return scores
 
         units_, ahead = steps * len(tiles), min(len(tiles), SCORES_AHEAD)
         for s in range(min(2, steps)):
             step(s)
-        pending = [score(u) for u in range(min(ahead, units_))]
+        pending = []
+        for u in range(min(ahead, units_)):
+            pending.append(score(u))
         for u in range(units_):
-            s, t = divmod(u, len(tiles))
+            s, t = u // len(tiles), u % len(tiles)
             if t == 0 and s + 2 < steps:
                 step(s + 2)
             if u + ahead < units_:
                 pending.append(score(u + ahead))
-            h0, n, _ = tiles[t]
-            softmax_step(states[t], pending.pop(0), n, [v for (_, v), _ in step(s)], h0, D,
-                         mm_dtype)
+            softmax_step(states[t], pending.pop(0), tiles[t][1], _v_views(step(s)), tiles[t][0],
+                         D, mm_dtype)
             if t + 1 == len(tiles) and s % per_load == per_load - 1:
-                del loads[s // per_load]     # its tiles are free from here on
-            if u + 1 == len(tiles) and after_first is not None:
-                after_first()                # the previous item's finish (see iteration)
+                loads.pop(f"{s // per_load}")    # its tiles are free from here on
+            if u + 1 == len(tiles) and finish_first is not None:
+                finish(finish_first)             # the previous item (see iteration)
 
     def finish(item):
         """Chain the item's state onto its unit's (scratch slot LOAD: the unit's earlier items,
         or the identity), keep it in slot STORE and write the unit's output and LSE (a later
         item of the unit writes them again)."""
-        for t, ((h0, n, q0), tile) in enumerate(zip(tiles, item["states"])):
+        for t in range(len(tiles)):
+            n, tile = tiles[t][1], item["states"][t]
             kept = load_state(scratch, item["load"], t, R, n * GQ)
             merge_states(state_views(tile), state_views(kept))
             store_state(scratch, item["store"], t, R, tile)
@@ -311,7 +351,9 @@ def attention(q, k_rows, v_rows, meta, spans, kv_indices, tok_tab, row_tab, sink
 
     def write(states, b):
         """Output rows and LSE of unit output row ``b`` from its states (one per tile)."""
-        for (h0, n, q0), tile in zip(tiles, states):
+        for t in range(len(tiles)):
+            h0, n, q0 = tiles[t]
+            tile = states[t]
             finalize(state_views(tile), out, lse, sinks, b, h0, G, Qt, v_scale, q0)
 
     def merge_split(states, b):
@@ -328,8 +370,10 @@ def attention(q, k_rows, v_rows, meta, spans, kv_indices, tok_tab, row_tab, sink
         the item, its states complete."""
         item = prepare(i, 1, True)
         cols = item["cols"]
-        c0, full_lo, full_hi, c1 = (nisa.scalar_load(cols[0:1, c:c + 1])
-                                    for c in (C0, FULL_LO, FULL_HI, C1))
+        c0 = nisa.scalar_load(cols[0:1, C0:C0 + 1])
+        full_lo = nisa.scalar_load(cols[0:1, FULL_LO:FULL_LO + 1])
+        full_hi = nisa.scalar_load(cols[0:1, FULL_HI:FULL_HI + 1])
+        c1 = nisa.scalar_load(cols[0:1, C1:C1 + 1])
         nl.fori_loop(c0, full_lo, blocks(item, 1, True))
         lo = full_lo
         for size in CHUNK_BLOCKS:
@@ -346,38 +390,54 @@ def attention(q, k_rows, v_rows, meta, spans, kv_indices, tok_tab, row_tab, sink
         def whole_unit(i):
             item = unit(i)
             write(item["states"], item["b"])
-        first, end = (nisa.scalar_load(span[0:1, c:c + 1]) for c in (0, 1))
+        first, end = nisa.scalar_load(span[0:1, 0:1]), nisa.scalar_load(span[0:1, 1:2])
         nl.fori_loop(first, end, whole_unit)
         if cores == 2:
             item = unit(nisa.scalar_load(span[0:1, 2:3]))
             merge_split(item["states"], item["b"])
         return out, lse
-    for kind, (count, masked) in enumerate(ITEM_CLASSES):
+    for kind in range(len(ITEM_CLASSES)):
+        count, masked = ITEM_CLASSES[kind]
         for width in loop_widths(U):
             col = span_column(kind, width, U)
-            first, end = (nisa.scalar_load(span[0:1, c:c + 1]) for c in (col, col + 1))
+            first = nisa.scalar_load(span[0:1, col:col + 1])
+            end = nisa.scalar_load(span[0:1, col + 1:col + 2])
 
             def iteration(i, count=count, masked=masked, width=width):
-                batch = [prepare(i + k, count, masked) for k in range(width)]
+                batch = []
+                for k in range(width):
+                    batch.append(prepare(i + k, count, masked))
                 if masked:      # every item's gather before any softmax: each one's addresses
                     for item in batch:   # (VectorE) never wait behind another's softmax
-                        item["loads"] = {0: loader(item, count, masked)(0)}
+                        item["loads"] = {"0": loader(item, count, masked)(0)}
                 # an item finishes inside the next one's chunks, after that one's first softmax
                 # step: its DMAs then sit behind gathers already issued, not in front of them
-                for k, item in enumerate(batch):
-                    before = (lambda k=k: finish(batch[k - 1])) if k else None
+                for k in range(len(batch)):
+                    before = batch[k - 1] if k else None
                     if count:
-                        fold(item, count, masked, before)
-                    elif before:
-                        before()
+                        fold(batch[k], count, masked, before)
+                    elif before is not None:
+                        finish(before)
                 finish(batch[-1])
             nl.fori_loop(first, end, iteration, step=width)
     if cores == 2:          # the unit split between the cores: its part's state is in a slot
         cols = spans.shape[1]
-        slot, b = (nisa.scalar_load(span[0:1, c:c + 1]) for c in (cols - 2, cols - 1))
-        merge_split([load_state(scratch, slot, t, R, n * GQ)
-                     for t, (_, n, _) in enumerate(tiles)], b)
+        slot = nisa.scalar_load(span[0:1, cols - 2:cols - 1])
+        b = nisa.scalar_load(span[0:1, cols - 1:cols])
+        parts = []
+        for t in range(len(tiles)):
+            parts.append(load_state(scratch, slot, t, R, tiles[t][1] * GQ))
+        merge_split(parts, b)
     return out, lse
+
+
+def _v_views(chunks):
+    """The V views of loaded chunks ((K, V), bias), as a list (a temporary: the simulator frees
+    a tile when its last reference goes, as the compiler frees it after its last use)."""
+    views = []
+    for chunk in chunks:
+        views.append(chunk[0][1])
+    return views
 
 
 def _load_chunk(consts, kv_indices, cursor, bounds, masked, rows=None):
@@ -394,15 +454,20 @@ def _load_chunk(consts, kv_indices, cursor, bounds, masked, rows=None):
         load_chunk_pages([kv], sources, kv_indices, cursor, tokens, valid_t, geo)
         views = [KVTile(kv, 0, D), KVTile(kv, H * D, D)]
     else:
-        kv_tiles = [nl.ndarray((T, H * D), dtype, buffer=nl.sbuf, name=n) for n in ("k_sb", "v_sb")]
+        kv_tiles = [nl.ndarray((T, H * D), dtype, buffer=nl.sbuf, name="k_sb"),
+                    nl.ndarray((T, H * D), dtype, buffer=nl.sbuf, name="v_sb")]
         if indirect:
             load_chunk_indirect(kv_tiles, sources, kv_indices, cursor, valid_t, geo, rows)
         else:
             load_chunk_pages(kv_tiles, sources, kv_indices, cursor, tokens, valid_t, geo)
-        views = [KVTile(t, 0, D) for t in kv_tiles]
-    bias = {q0: mask_bias(cursor, b, iota_rt) for q0, b in bounds.items()} if masked else None
+        views = [KVTile(kv_tiles[0], 0, D), KVTile(kv_tiles[1], 0, D)]
+    bias = None
+    if masked:                     # per tile of query tokens, as ``bounds``
+        bias = []
+        for b in bounds:
+            bias.append(mask_bias(cursor, b, iota_rt))
     if rows is None:
         advance(cursor, geo.page_size)
     if v_dtype is not None:        # fp8 V as a matmul input before NeuronCore-v4: converted
-        views[1], = converted_v(views[1:], v_dtype)
-    return tuple(views), bias
+        views[1] = converted_v(views[1:], v_dtype)[0]
+    return (views[0], views[1]), bias

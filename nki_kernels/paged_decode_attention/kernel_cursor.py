@@ -63,15 +63,16 @@ def query_of_row(row_tab, R, GQ, first=0):
 
 
 def block_bounds(cols, T, row_qs):
-    """Bounds of a block of query tokens, per tile {q0: Bounds} (``row_qs``: {q0: row_q}): the
+    """Bounds of a block of query tokens, a list of Bounds per tile of query tokens (``row_qs``:
+    their row_q tiles, in order; NKI dicts take string keys only, so these are lists): the
     item's [WIN, LEN) on the T token rows (what it gathers; common to the tiles), and on each
     score row r of a tile (query qi = row_q[r]) its own keys
     [max(0, Q_BASE + qi - W_SPAN), min(HI_BASE + qi, LEN)) (causal mask and window per query).
     ``cols``: the item's ``item_columns``."""
-    R = next(iter(row_qs.values())).shape[0]
+    R = row_qs[0].shape[0]
     tok, rows = cols[0:T, :], cols[0:R, :]
-    bounds = {}
-    for q0, row_q in row_qs.items():
+    bounds = []
+    for row_q in row_qs:
         L_r = nl.ndarray((R, 1), nl.int32, buffer=nl.sbuf, name="len_r")
         _add_tiles(L_r, rows[:, HI_BASE:HI_BASE + 1], row_q)
         nisa.tensor_tensor(dst=L_r, data1=L_r, data2=rows[:, LEN:LEN + 1], op=nl.minimum)
@@ -79,7 +80,7 @@ def block_bounds(cols, T, row_qs):
         _add_tiles(W_r, rows[:, Q_BASE:Q_BASE + 1], row_q)
         nisa.tensor_tensor(dst=W_r, data1=W_r, data2=rows[:, W_SPAN:W_SPAN + 1], op=nl.subtract)
         nisa.tensor_scalar(dst=W_r, data=W_r, op0=nl.maximum, operand0=0)
-        bounds[q0] = Bounds(tok[:, LEN:LEN + 1], tok[:, WIN:WIN + 1], L_r, W_r)
+        bounds.append(Bounds(tok[:, LEN:LEN + 1], tok[:, WIN:WIN + 1], L_r, W_r))
     return bounds
 
 
@@ -95,8 +96,9 @@ def start_cursor(cols, tok_sb, R):
     iota_t = nl.ndarray((T, 1), nl.int32, buffer=nl.sbuf, name="iota_t")
     nisa.iota(dst=iota_t, pattern=[[1, 1]], offset=0, channel_multiplier=1)
     cursor = {}
-    for key, col, add in (("pos", POS0, iota_t), ("slot", SLOT0, tok_sb[:, 0:1]),
-                          ("entry", ENTRY0, tok_sb[:, 1:2])):
+    for field in (("pos", POS0, iota_t), ("slot", SLOT0, tok_sb[:, 0:1]),
+                  ("entry", ENTRY0, tok_sb[:, 1:2])):
+        key, col, add = field
         cursor[key] = nl.ndarray((T, 1), nl.int32, buffer=nl.sbuf, name=key)
         _add_tiles(cursor[key], cols[0:T, col:col + 1], add)
     cursor["start"] = nl.ndarray((R, 1), nl.int32, buffer=nl.sbuf, name="start")

@@ -31,10 +31,12 @@ def load_chunk_indirect(tiles, sources, kv_indices, cursor, valid_t, geo, row=No
         row = _chunk_rows(kv_indices, cursor, geo)
     if valid_t is not None:
         drop_invalid(row, row, valid_t)
-    for tile, (rows, offset) in zip(tiles, sources):
+    for i in range(len(tiles)):
+        tile = tiles[i]
+        rows, offset = sources[i]
         if valid_t is not None:
             nisa.memset(dst=tile, value=0.0)          # skipped rows must read as 0, not NaN
-        src = rows.ap([[D, T], *geo.token_pattern], offset=offset, vector_offset=row,
+        src = rows.ap([[D, T]] + list(geo.token_pattern), offset=offset, vector_offset=row,
                       indirect_dim=0)
         nisa.dma_copy(dst=tile, src=src, oob_mode=nisa.oob_mode.skip)
 
@@ -74,10 +76,15 @@ def converted_v(views, dtype):
     only): the tile's V columns, from the lowest view's base to its end (the whole tile, or the
     second half of a fused K+V load), copied by one instruction, the views re-based onto it."""
     tile = views[0].tile
-    lo = min(v.base for v in views)
+    lo = views[0].base
+    for v in views:
+        lo = min(lo, v.base)
     v_mm = nl.ndarray((tile.shape[0], tile.shape[1] - lo), dtype, buffer=nl.sbuf, name="v_mm")
     nisa.tensor_copy(dst=v_mm, src=tile[:, lo:])
-    return [KVTile(v_mm, v.base - lo, v.head_stride) for v in views]
+    out = []
+    for v in views:
+        out.append(KVTile(v_mm, v.base - lo, v.head_stride))
+    return out
 
 
 # SBUF bytes per partition of one grouped K (or V) gather, by whether a token's heads are one run
@@ -85,7 +92,8 @@ def converted_v(views, dtype):
 # iteration's pipeline fill short) or one run per head (HND: every doubling halves the software-
 # DGE descriptors that bound the gather). Decode 32 x 4096 bf16 on trn2, scheduled: HND 4720 us
 # at 8 KiB, 3208 at 16, 2995 at 32; NHD 2711 at 8, 2784 at 16.
-GROUP_TILE_BYTES = {True: 8192, False: 32768}       # keyed by "a token is one run"
+ONE_RUN_GROUP_BYTES = 8192          # a token's heads are one run (NHD)
+PER_HEAD_GROUP_BYTES = 32768        # one run per head (HND)
 PSUM_BANK_BYTES = 2048       # per partition: a softmax step's fp32 scores fit one bank
 
 
@@ -93,11 +101,11 @@ def group_size(geo, count, elem_bytes):
     """Tokens per partition of one gather of a mask-free block of ``count`` chunks: the largest
     power of two dividing ``count`` and the page size (a partition's tokens are consecutive
     entries of one page, so they are one contiguous run per head, or one run in all for NHD)
-    whose K tile fits GROUP_TILE_BYTES of its layout. 1 when the token layout is neither NHD-
+    whose K tile fits ONE_RUN_GROUP_BYTES or PER_HEAD_GROUP_BYTES, by its layout. 1 when the token layout is neither NHD-
     nor HND-like. A gather is folded in softmax steps of ``step_chunks`` chunks."""
     if len(geo.token_pattern) > 2 or geo.page_size > 128:
         return 1
-    limit = GROUP_TILE_BYTES[len(geo.token_pattern) == 1]
+    limit = ONE_RUN_GROUP_BYTES if len(geo.token_pattern) == 1 else PER_HEAD_GROUP_BYTES
     g = 1
     while (count % (2 * g) == 0 and geo.page_size % (2 * g) == 0
            and 2 * g * geo.H * geo.D * elem_bytes <= limit):
@@ -123,18 +131,30 @@ def gather_layout(geo, group, kv_step=0):
     NHD: [V,] tokens, heads x D (one run of K, one of V); HND: [V,] heads, tokens, D (one run of
     group*D per head)."""
     D, es = geo.D, geo.entry_stride
-    tagged = [(es * D, group, "tok")] + ([(kv_step, 2, "kv")] if kv_step else [])
-    if len(geo.token_pattern) == 1:                     # a token's heads are one run (NHD)
-        tagged.append((*geo.token_pattern[0], "hd"))
+    unsorted = [(es * D, group, "tok")]
+    if kv_step:
+        unsorted.append((kv_step, 2, "kv"))
+    pattern = geo.token_pattern
+    if len(pattern) == 1:                               # a token's heads are one run (NHD)
+        unsorted.append((pattern[0][0], pattern[0][1], "hd"))
     else:
-        tagged += [(*geo.token_pattern[0], "head"), (*geo.token_pattern[1], "d")]
-    tagged.sort(key=lambda lv: -lv[0])
+        unsorted.append((pattern[0][0], pattern[0][1], "head"))
+        unsorted.append((pattern[1][0], pattern[1][1], "d"))
+    tagged = []                                         # by falling stride, stable
+    for level in unsorted:
+        at = len(tagged)
+        while at > 0 and tagged[at - 1][0] < level[0]:
+            at -= 1
+        tagged.insert(at, level)
     cols, size = {}, 1
-    for _, num, tag in reversed(tagged):
-        cols[tag] = size
-        size *= num
-    return ([[stride, num] for stride, num, _ in tagged], cols["tok"],
-            D if "hd" in cols else cols["head"], cols.get("kv", 0))
+    for k in range(len(tagged) - 1, -1, -1):
+        cols[tagged[k][2]] = size
+        size *= tagged[k][1]
+    levels = []
+    for level in tagged:
+        levels.append([level[0], level[1]])
+    return (levels, cols["tok"], D if "hd" in cols else cols["head"],
+            cols["kv"] if "kv" in cols else 0)
 
 
 def group_entry_rows(tok_tab, geo, group):
@@ -176,18 +196,29 @@ def load_group_indirect(sources, row, geo, group, mm_dtype=None):
     T, D, H = geo.T, geo.D, geo.H
     levels, token_cols, head_cols, _ = gather_layout(geo, group)
     tiles = []
-    for (rows, offset), name in zip(sources, ("k_group", "v_group")):
+    for i in range(len(sources)):
+        rows, offset = sources[i]
+        name = ("k_group", "v_group")[i]
         tile = nl.ndarray((T, group * H * D), rows.dtype, buffer=nl.sbuf, name=name)
-        nisa.dma_copy(dst=tile, src=rows.ap([[D, T], *levels], offset=offset, vector_offset=row,
+        nisa.dma_copy(dst=tile, src=rows.ap([[D, T]] + levels, offset=offset, vector_offset=row,
                                             indirect_dim=0))
         tiles.append(tile)
-    return _pairs([KVTile(tiles[0], g * token_cols, head_cols) for g in range(group)],
-                  [KVTile(tiles[1], g * token_cols, head_cols) for g in range(group)], mm_dtype)
+    return _pairs(tiles[0], tiles[1], 0, token_cols, head_cols, group, mm_dtype)
 
 
-def _pairs(k_views, v_views, mm_dtype):
-    """[(K, V)] per chunk, V converted to ``mm_dtype`` when given."""
-    return list(zip(k_views, v_views if mm_dtype is None else converted_v(v_views, mm_dtype)))
+def _pairs(k_tile, v_tile, v_base, token_cols, head_cols, group, mm_dtype):
+    """[(K, V)] per chunk g < group of a grouped gather (chunk g's heads from column
+    ``g * token_cols``, V's from ``v_base`` on), V converted to ``mm_dtype`` when given."""
+    k_views, v_views = [], []
+    for g in range(group):
+        k_views.append(KVTile(k_tile, g * token_cols, head_cols))
+        v_views.append(KVTile(v_tile, v_base + g * token_cols, head_cols))
+    if mm_dtype is not None:
+        v_views = converted_v(v_views, mm_dtype)
+    pairs = []
+    for g in range(group):
+        pairs.append((k_views[g], v_views[g]))
+    return pairs
 
 
 def piece(geo):
@@ -215,23 +246,26 @@ def load_chunk_pages(tiles, sources, kv_indices, cursor, bounds, valid_t, geo):
                            operand1=sub)
     if len(tiles) == 1:                      # fused: V is sources[1]'s offset after K
         (rows, k_off), (_, v_off) = sources
-        targets = [(tiles[0], rows, k_off, [[v_off - k_off, 2], *geo.token_pattern])]
+        targets = [(tiles[0], rows, k_off, [[v_off - k_off, 2]] + list(geo.token_pattern))]
     else:
-        targets = [(t, rows, off, list(geo.token_pattern)) for t, (rows, off) in zip(tiles, sources)]
+        targets = []
+        for i in range(len(tiles)):
+            targets.append((tiles[i], sources[i][0], sources[i][1], list(geo.token_pattern)))
     width = tiles[0].shape[1]
     if valid_t is not None:
         _drop_pieces_outside(pid, cursor, bounds, span, nslots)
         pred = nl.ndarray((T, width), nl.uint8, buffer=nl.sbuf, name="pred")
         nisa.memset(dst=pred, value=0)
         nisa.tensor_scalar(dst=pred, data=pred, op0=nl.add, operand0=valid_t)
-    for tile, rows, offset, pattern in targets:
+    for target in targets:
+        tile, rows, offset, pattern = target
         pieces = rows.reshape((rows.shape[0] * D // unit, unit))
         raw = tile                                   # a full chunk: every row is loaded
         if valid_t is not None:
             raw = nl.ndarray((T, width), tile.dtype, buffer=nl.sbuf, name="kv_raw")
             nisa.memset(dst=raw, value=0.0)
         for j in range(nslots):
-            src = pieces.ap([[es * D, span], *pattern], offset=offset,
+            src = pieces.ap([[es * D, span]] + pattern, offset=offset,
                             scalar_offset=pid[0:1, j:j + 1], indirect_dim=0)
             nisa.dma_copy(dst=raw[j * span:(j + 1) * span, :], src=src, oob_mode=nisa.oob_mode.skip)
         if valid_t is not None:
@@ -270,20 +304,20 @@ def load_group_pages(sources, pid, first, geo, group, mm_dtype=None):
     width = group * H * D * (2 if fused else 1)
     targets = [(k_src, k_off)] if fused else [(k_src, k_off), (v_src, v_off)]
     tiles = []
-    for (rows, offset), name in zip(targets, ("k_group", "v_group")):
+    for i in range(len(targets)):
+        rows, offset = targets[i]
+        name = ("k_group", "v_group")[i]
         tile = nl.ndarray((T, width), rows.dtype, buffer=nl.sbuf, name=name)
         pieces = rows.reshape((rows.shape[0] * D // unit, unit))
         span = P // group                              # partitions per page
         for j in range(T // span):
             nisa.dma_copy(dst=tile[j * span:(j + 1) * span, :],
-                          src=pieces.ap([[group * es * D, span], *levels], offset=offset,
+                          src=pieces.ap([[group * es * D, span]] + levels, offset=offset,
                                         scalar_offset=pid[0:1, first + j:first + j + 1],
                                         indirect_dim=0))
         tiles.append(tile)
-    k_tile, v_tile = (tiles[0], tiles[0]) if fused else tiles
-    return _pairs([KVTile(k_tile, g * token_cols, head_cols) for g in range(group)],
-                  [KVTile(v_tile, v_cols + g * token_cols, head_cols) for g in range(group)],
-                  mm_dtype)
+    v_tile = tiles[0] if fused else tiles[1]
+    return _pairs(tiles[0], v_tile, v_cols, token_cols, head_cols, group, mm_dtype)
 
 
 def _drop_pieces_outside(pid, cursor, bounds, span, nslots):

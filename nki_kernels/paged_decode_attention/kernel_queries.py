@@ -28,7 +28,9 @@ def group_queries(q, t0, h0, n, G, Qb, mm_dtype, q0=0):
     nisa.dma_copy(dst=rows, src=q.ap([[G * D, n], [HQ * D, Qb], [D, G], [1, D]],
                                      offset=(q0 * HQ + h0 * G) * D, scalar_offset=t0,
                                      indirect_dim=0))
-    pads = [[] for _ in range(n)]
+    pads = []
+    for _ in range(n):
+        pads.append([])
     for d0 in range(0, D, 128):
         dp = min(128, D - d0)
         qT_ps = nl.ndarray((dp, R), transpose_dtype(q.dtype), buffer=nl.psum, name="qT_ps")

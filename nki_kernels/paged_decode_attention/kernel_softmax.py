@@ -85,8 +85,10 @@ def _scores(q_pads, kTs, T, mm_dtype):
     heads apart). ``kTs``: per chunk, ``k_transposed`` of the tile's heads."""
     R = q_pads[0][0].shape[1]
     s_ps = nl.ndarray((R, len(kTs) * T), nl.float32, buffer=nl.psum, name="s_ps")
-    for c, kT in enumerate(kTs):
-        for j, parts in enumerate(q_pads):
+    for c in range(len(kTs)):
+        kT = kTs[c]
+        for j in range(len(q_pads)):
+            parts = q_pads[j]
             for k in range(len(parts)):
                 nisa.nc_matmul(dst=s_ps[:, c * T:(c + 1) * T], stationary=parts[k],
                                moving=kT[(j, k)], accumulate=(j, k) != (0, 0))
@@ -104,7 +106,8 @@ def k_transposed(k_sb, h0, n, D, mm_dtype):
     t_dtype = transpose_dtype(k_sb.tile.dtype)
     per = max(1, min(n, PSUM_BANK_BYTES // (T * dtype_bytes(t_dtype))))
     kT = {}
-    for k, d0 in enumerate(range(0, D, 128)):
+    for k in range((D + 127) // 128):
+        d0 = 128 * k
         dp = min(128, D - d0)
         for j0 in range(0, n, per):
             m = min(per, n - j0)

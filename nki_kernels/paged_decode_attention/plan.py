@@ -182,16 +182,17 @@ CHUNK_BLOCKS = (32, 16, 8, 4, 2, 1)
 ITEM_CLASSES = ((0, False), (1, True)) + tuple((size, False) for size in CHUNK_BLOCKS)
 
 
-def loop_widths(per_iteration: int) -> tuple:
+def loop_widths(per_iteration: int) -> list:
     """Items per iteration of each loop over one kind of item: ``per_iteration`` (a power of
-    two), then the halves down to 1 for the remainder (at most one iteration each)."""
-    if per_iteration < 1 or per_iteration & (per_iteration - 1):
-        raise ValueError(f"per_iteration={per_iteration!r} must be a power of two")
+    two), then the halves down to 1 for the remainder (at most one iteration each). Kernel code:
+    an assertion names a bad value (NKI has no ``raise``)."""
+    assert per_iteration >= 1 and per_iteration & (per_iteration - 1) == 0, (
+        f"per_iteration={per_iteration!r} must be a power of two")
     widths = []
     while per_iteration:
         widths.append(per_iteration)
         per_iteration //= 2
-    return tuple(widths)
+    return widths
 
 
 def span_cols(per_iteration: int) -> int:

@@ -28,9 +28,9 @@ Paths (units of work: 128-token tiles on trn2, tokens on trn1):
         copied HBM to HBM by two ``scalar_offset`` DMAs.
     Every iteration of a device loop costs a scheduling barrier (~9 us, nki-library's dynamic
     flash-attention notes; ``nki_kernels/profile``), far more than one unit's DMAs, so units are
-    issued in blocks: a bucket of at most ``UNITS_PER_ITERATION`` units is one static pass (no
-    loop; padding units cost their DMA issue, their rows skipped), a larger one loops over blocks
-    of that many units with the trip count from ``counts`` (the program does not grow with T; the
+    issued in blocks: a bucket of at most ``TILES_PER_ITERATION`` (v3+) or
+    ``TOKENS_PER_ITERATION`` (v2) units is one static pass (no loop; padding units cost their DMA
+    issue, their rows skipped), a larger one loops over blocks of that many units with the trip count from ``counts`` (the program does not grow with T; the
     padding past the last block holding real tokens costs nothing).
 HBM traffic is the appended K/V bytes read plus written (and 4 bytes of slot per token).
 LNC=2 (``kernel[2]``, trn2): program 0 writes K and program 1 writes V, an exact half each.
@@ -72,20 +72,27 @@ def scatter_rows(k_rows, v_rows, key, value, slots, counts, token_pattern, v_off
     if program_cores() == 2:                # LNC=2: core 0 writes K, core 1 writes V
         targets = targets[nl.program_id(0):nl.program_id(0) + 1]
     tiles = nisa.get_nc_version() >= 3
-    # quantize on write: each target's reciprocal scales broadcast to its units' partitions
-    targets = [(src, rows, offset,
-                None if quant is None else _broadcast(quant, which, n if tiles else 1))
-               for src, rows, offset, which in targets]
-    if tiles:                              # v3+: tiles of n tokens, one slot per partition
-        src_tiles = [(src.reshape((T // n, n * token_elems)), rows, offset, inv)
-                     for src, rows, offset, inv in targets]
-        _in_blocks(T // n, counts, 1, lambda first, per: _load_slots(slots, first, per, n),
-                   lambda i, slot: _scatter_tile(i, slot, src_tiles, n, token_elems,
-                                                 token_pattern, limit))
-    else:                                  # units: tokens, slots in one partition
-        _in_blocks(T, counts, 0, lambda first, per: _load_slots(slots, first, per, 1),
-                   lambda t, slot: _scatter_token(t, slot, targets, token_pattern, token_elems,
-                                                  limit))
+    # quantize on write: each target's reciprocal scales broadcast to its units' partitions;
+    # v3+: tiles of n tokens (one slot per partition), v2: tokens (slots in one partition)
+    staged = []
+    for target in targets:
+        src, rows, offset, which = target
+        inv = None if quant is None else _broadcast(quant, which, n if tiles else 1)
+        if tiles:
+            src = src.reshape((T // n, n * token_elems))
+        staged.append((src, rows, offset, inv))
+    per_unit = n if tiles else 1
+
+    def load_slots(first, per):
+        return _load_slots(slots, first, per, per_unit)
+
+    def unit(i, slot):
+        if tiles:
+            _scatter_tile(i, slot, staged, n, token_elems, token_pattern, limit)
+        else:
+            _scatter_token(i, slot, staged, token_pattern, token_elems, limit)
+
+    _in_blocks(T // n if tiles else T, counts, 1 if tiles else 0, load_slots, unit)
 
 
 def _broadcast(quant, which, n):
@@ -109,14 +116,19 @@ def _quantized(src_ap, inv, rows_dtype, n, token_elems, limit):
     return out
 
 
-UNITS_PER_ITERATION = {3: 8, 2: 64}     # by NeuronCore version: tiles (v3+) or tokens (v2)
+TILES_PER_ITERATION = 8            # NeuronCore-v3+: units are tiles of up to 128 tokens
+TOKENS_PER_ITERATION = 64          # NeuronCore-v2: units are tokens
 
 
 def units_per_iteration(units: int, nc_version: int) -> int:
     """Units issued per loop iteration: the largest divisor of the bucket's ``units`` that is at
     most the target's block size (so the last block never leaves the bucket)."""
-    limit = UNITS_PER_ITERATION[min(3, nc_version)]
-    return max(d for d in range(1, min(units, limit) + 1) if units % d == 0)
+    limit = TILES_PER_ITERATION if nc_version >= 3 else TOKENS_PER_ITERATION
+    best = 1
+    for d in range(1, min(units, limit) + 1):
+        if units % d == 0:
+            best = d
+    return best
 
 
 def _in_blocks(units, counts, column, load_slots, unit):
@@ -153,10 +165,11 @@ def _load_slots(slots, block, per, n):
 def _scatter_tile(i, slot, src_tiles, n, token_elems, token_pattern, limit):
     """Tile i (its slots in ``slot`` [n, 1]): one indirect HBM-to-HBM write per K / V (rows of
     padded or skipped tokens are neither read nor written), or SBUF to HBM when quantized."""
-    for src, rows, offset, inv in src_tiles:
+    for target in src_tiles:
+        src, rows, offset, inv = target
         row_elems = rows.shape[1]
-        dst = rows.ap([[row_elems, n], *token_pattern], offset=offset, vector_offset=slot,
-                      indirect_dim=0)
+        dst = rows.ap([[row_elems, n]] + list(token_pattern), offset=offset,
+                      vector_offset=slot, indirect_dim=0)
         rows_in = src.ap([[token_elems, n], [1, token_elems]], scalar_offset=i, indirect_dim=0)
         if inv is not None:
             rows_in = _quantized(rows_in, inv, rows.dtype, n, token_elems, limit)
@@ -166,8 +179,10 @@ def _scatter_tile(i, slot, src_tiles, n, token_elems, token_pattern, limit):
 def _scatter_token(t, slot, targets, token_pattern, token_elems, limit):
     """Token t (its slot in ``slot`` [1, 1]): its K and V rows HBM to HBM at that slot (through
     SBUF when quantized)."""
-    for src, rows, offset, inv in targets:
-        dst = rows.ap([[0, 1], *token_pattern], offset=offset, scalar_offset=slot, indirect_dim=0)
+    for target in targets:
+        src, rows, offset, inv = target
+        dst = rows.ap([[0, 1]] + list(token_pattern), offset=offset, scalar_offset=slot,
+                      indirect_dim=0)
         rows_in = src.ap([[token_elems, 1], [1, token_elems]], scalar_offset=t, indirect_dim=0)
         if inv is not None:
             rows_in = _quantized(rows_in, inv, rows.dtype, 1, token_elems, limit)
@@ -194,11 +209,12 @@ def _scatter_packed(rows, key, value, sub_slots, token_pattern, parts):
     part_elems = H * D // parts
     pattern, _ = split_token_pattern(token_pattern, parts)
     kv = nl.ndarray((2 * n, part_elems), key.dtype, buffer=nl.sbuf, name="kv_rows")
-    for k, src in enumerate((key, value)):
-        nisa.dma_copy(dst=kv[k * n:(k + 1) * n, :], src=src.reshape((n, part_elems)))
+    sources = (key, value)
+    for k in range(2):
+        nisa.dma_copy(dst=kv[k * n:(k + 1) * n, :], src=sources[k].reshape((n, part_elems)))
     slot = nl.ndarray((2 * n, 1), nl.int32, buffer=nl.sbuf, name="sub_slots")
     nisa.dma_copy(dst=slot, src=sub_slots)
     flat = rows.reshape((rows.shape[0] * rows.shape[1] // D, D))
-    nisa.dma_copy(dst=flat.ap([[D, 2 * n], *pattern], offset=0, vector_offset=slot,
+    nisa.dma_copy(dst=flat.ap([[D, 2 * n]] + pattern, offset=0, vector_offset=slot,
                               indirect_dim=0),
                   src=kv, oob_mode=nisa.oob_mode.skip)

@@ -60,7 +60,9 @@ def split_token_pattern(token_pattern, parts):
     the one run of all heads): (one part's ``(step, num)`` pairs, elements from one part's start
     to the next). Used by the packed write's kernel and its host-made destinations alike."""
     step, num = token_pattern[0]
-    pattern = [[step, num // parts]] + [list(p) for p in token_pattern[1:]]
+    pattern = [[step, num // parts]]
+    for pair in token_pattern[1:]:
+        pattern.append(list(pair))
     return pattern, (num // parts) * step
 
 

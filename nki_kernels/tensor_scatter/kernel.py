@@ -9,7 +9,10 @@ Paths:
       fewest consecutive prefixes of one batch per partition that fit (row index o * M + w[b]
       computed on device, so only for O * M < 2**24 rows, where the fp32 ALU is exact; larger
       caches take the linear path), whatever the mode.
-Patterns come from ``access_patterns.sequence_rows`` ([outer, rows, inner] of a sequence axis).
+Patterns are ``access_patterns.sequence_rows`` ([outer, rows, inner] of a sequence axis),
+written out as lists here: NKI compiles only classes on NKIObject, so kernel code builds no
+``AccessPattern`` (a test keeps the two equal). The kernel's Python is the front-end's subset
+(no comprehensions, lambdas, tuple loop targets or raise: ``NKI_SIM_SUBSET=strict``).
   linear (all targets): one HBM->HBM DMA per batch; the destination pattern covers the batch's
       O/B prefixes x S rows x I words and starts at row w[b] through ``scalar_offset``.
   circular, NeuronCore-v3+ (trn2): rows land at (w[b] + s) mod M, which is not affine in s, so the
@@ -25,7 +28,6 @@ A write that wraps would be two static patterns if w were known at trace time; i
 
 from __future__ import annotations
 
-from nki_kernels.access_patterns import permute, sequence_rows, tile
 from nki_kernels.backend import nki, nisa, nl
 from nki_kernels.kernel_dtypes import dtype_bytes
 
@@ -35,13 +37,28 @@ ROW_LIMIT = 2 ** 24                  # row indices computed on VectorE (fp32 ALU
 
 
 def _rows(outer, seq, rows, inner):
-    """``access_patterns.sequence_rows`` as ``.ap`` pairs."""
-    return _pairs(sequence_rows(outer, seq, rows, inner))
+    """``access_patterns.sequence_rows(outer, seq, rows, inner)`` as the lists ``.ap`` takes:
+    ``rows`` rows of each of ``outer`` prefixes of a [outer, seq, inner] tensor."""
+    return [[seq * inner, outer], [inner, rows], [1, inner]]
 
 
-def _pairs(ap):
-    """An ``AccessPattern``'s [step, num] pairs as the lists ``.ap`` takes."""
-    return [list(p) for p in ap.pattern]
+def _column_pieces(outer, seq, rows, inner, cols):
+    """``tile(permute(sequence_rows(outer, seq, rows, inner), (1, 0, 2)), 2, cols)`` as
+    (pattern, offset) pairs: rows on partitions, then prefixes, then ``cols``-element pieces of
+    a row (the last may be shorter)."""
+    pieces = []
+    for c0 in range(0, inner, cols):
+        pieces.append(([[inner, rows], [seq * inner, outer], [1, min(cols, inner - c0)]], c0))
+    return pieces
+
+
+def _prefixes_per_partition(per_batch, O):
+    """The fewest consecutive prefixes of one batch per partition that divide its ``per_batch``
+    and fit all ``O`` prefixes on <= 128 partitions (``per_batch`` when none does)."""
+    for d in range(1, per_batch + 1):
+        if per_batch % d == 0 and O // d <= P_MAX:
+            return d
+    return per_batch
 
 
 @nki.jit
@@ -87,23 +104,29 @@ def _single_row_indirect(cache, update, w, batch, per_batch):
     O, M, I = cache.shape
     rows_view = cache.reshape((O * M, I))
     upd_rows = update.reshape((O, I))
-    k = next(d for d in range(1, per_batch + 1)
-             if per_batch % d == 0 and (O // d <= P_MAX or d == per_batch))
+    k = _prefixes_per_partition(per_batch, O)
     parts = per_batch // k                      # partitions per batch
     per_tile = P_MAX // parts                   # batches per DMA
-    tiles = [(b0, min(per_tile, batch - b0)) for b0 in range(0, batch, per_tile)]
+    tiles = []
+    for b0 in range(0, batch, per_tile):
+        tiles.append((b0, min(per_tile, batch - b0)))
     # every tile's row indices before the first scatter, so no index load queues behind a
     # scatter's data and the scatters' descriptor generation runs back to back
     idx = []
-    for b0, nb in tiles:
+    for b0_nb in tiles:
+        b0, nb = b0_nb
         t = nl.ndarray((nb * parts, 1), nl.int32, buffer=nl.sbuf, name="row_idx")
         nisa.dma_copy(dst=t, src=w.ap([[1, nb], [0, parts], [1, 1]], offset=b0))   # w[b] per p
         idx.append(t)
-    for (b0, nb), t in zip(tiles, idx):
+    for j in range(len(tiles)):
+        b0, nb = tiles[j]
+        t = idx[j]
         base = nl.ndarray((nb * parts, 1), nl.int32, buffer=nl.sbuf, name="prefix_base")
         nisa.iota(dst=base, pattern=[[1, 1]], offset=b0 * per_batch * M, channel_multiplier=k * M)
         nisa.tensor_tensor(dst=t, data1=t, data2=base, op=nl.add)           # o * M + w[b]
-    for (b0, nb), t in zip(tiles, idx):
+    for j in range(len(tiles)):
+        b0, nb = tiles[j]
+        t = idx[j]
         n = nb * parts
         nisa.dma_copy(dst=rows_view.ap([[I, n], [M * I, k], [1, I]], offset=0, vector_offset=t,
                                        indirect_dim=0),
@@ -137,13 +160,16 @@ def _circular_indirect(cache, update, w, batch, per_batch):
             for o0 in range(0, per_batch, chunk):
                 n = min(chunk, per_batch - o0)
                 o = b * per_batch + o0
-                src_pieces = tile(permute(sequence_rows(n, S, rows, I), (1, 0, 2)), 2, cols)
-                dst_pieces = tile(permute(sequence_rows(n, M, rows, I), (1, 0, 2)), 2, cols)
-                for src_ap, dst_ap in zip(src_pieces, dst_pieces):
-                    upd_sb = nl.ndarray(src_ap.shape, cache.dtype, buffer=nl.sbuf, name="upd_sb")
-                    nisa.dma_copy(dst=upd_sb, src=update.ap(_pairs(src_ap),
-                                                            offset=(o * S + s0) * I + src_ap.offset))
-                    dst = rows_view.ap(_pairs(dst_ap), offset=o * M * I + dst_ap.offset,
+                src_pieces = _column_pieces(n, S, rows, I, cols)
+                dst_pieces = _column_pieces(n, M, rows, I, cols)
+                for j in range(len(src_pieces)):
+                    src_pattern, c0 = src_pieces[j]
+                    dst_pattern = dst_pieces[j][0]
+                    shape = (rows, n, src_pattern[2][1])
+                    upd_sb = nl.ndarray(shape, cache.dtype, buffer=nl.sbuf, name="upd_sb")
+                    nisa.dma_copy(dst=upd_sb, src=update.ap(src_pattern,
+                                                            offset=(o * S + s0) * I + c0))
+                    dst = rows_view.ap(dst_pattern, offset=o * M * I + c0,
                                        vector_offset=idx, indirect_dim=0)
                     nisa.dma_copy(dst=dst, src=upd_sb)
 

@@ -18,7 +18,7 @@ def gather_rows(t, idx, inner, offset):
     P, W = idx.shape
     idx_sb = nl.ndarray((P, W), nl.int32, buffer=nl.sbuf)
     nisa.dma_copy(dst=idx_sb, src=idx)
-    n = int(np.prod([num for _, num in inner]))
+    n = int(np.prod([pair[1] for pair in inner]))
     out_sb = nl.ndarray((P, n), t.dtype, buffer=nl.sbuf)
     nisa.dma_copy(dst=out_sb, src=t.ap([[1, P]] + [list(p) for p in inner], offset=offset,
                                        vector_offset=idx_sb, indirect_dim=0))

@@ -19,7 +19,7 @@ def loop_gather(flat, pattern, offset):
 
 @jit
 def read_ap(t, pattern, offset):
-    shape = tuple(n for _, n in pattern)
+    shape = tuple(pair[1] for pair in pattern)
     out = nl.ndarray(shape, t.dtype, buffer=nl.shared_hbm)
     nisa.dma_copy(dst=out, src=t.ap([list(p) for p in pattern], offset=offset))
     return out
@@ -44,8 +44,8 @@ def gather_vector(t, idx, inner):
     P = idx.shape[0]
     idx_sb = nl.ndarray((P, 1), nl.int32, buffer=nl.sbuf)
     nisa.dma_copy(dst=idx_sb, src=idx)
-    shape = (P,) + tuple(n for _, n in inner)
-    out_sb = nl.ndarray((P, int(np.prod([n for _, n in inner]))), t.dtype, buffer=nl.sbuf)
+    shape = (P,) + tuple(pair[1] for pair in inner)
+    out_sb = nl.ndarray((P, int(np.prod(shape[1:]))), t.dtype, buffer=nl.sbuf)
     nisa.dma_copy(dst=out_sb, src=t.ap([[1, P]] + [list(p) for p in inner], offset=0,
                                        vector_offset=idx_sb, indirect_dim=0))
     out = nl.ndarray(shape, t.dtype, buffer=nl.shared_hbm)
@@ -69,7 +69,7 @@ def test_vector_offset_equals_seed_loop(rows, inner):
 def gather_scalar(t, value, pattern, indirect_dim):
     v_sb = nl.ndarray((1, 1), nl.int32, buffer=nl.sbuf)
     nisa.dma_copy(dst=v_sb, src=value)
-    shape = tuple(n for _, n in pattern)
+    shape = tuple(pair[1] for pair in pattern)
     out = nl.ndarray(shape, t.dtype, buffer=nl.shared_hbm)
     nisa.dma_copy(dst=out, src=t.ap([list(p) for p in pattern], offset=2, scalar_offset=v_sb,
                                     indirect_dim=indirect_dim))

@@ -63,13 +63,13 @@ def tiled_matmul(lhsT, rhs):
         for n0 in range(0, N, TN):
             n = min(TN, N - n0)
             acc = nl.ndarray((m, n), nl.float32, buffer=nl.psum, name="acc")
-            for i, k0 in enumerate(range(0, K, TK)):
+            for k0 in range(0, K, TK):
                 k = min(TK, K - k0)
                 a = nl.ndarray((k, m), lhsT.dtype, buffer=nl.sbuf, name="a")
                 nisa.dma_copy(dst=a, src=lhsT[k0:k0 + k, m0:m0 + m])
                 b = nl.ndarray((k, n), rhs.dtype, buffer=nl.sbuf, name="b")
                 nisa.dma_copy(dst=b, src=rhs[k0:k0 + k, n0:n0 + n])
-                nisa.nc_matmul(dst=acc, stationary=a, moving=b, accumulate=i > 0)
+                nisa.nc_matmul(dst=acc, stationary=a, moving=b, accumulate=k0 > 0)
             res = nl.ndarray((m, n), nl.float32, buffer=nl.sbuf, name="res")
             nisa.tensor_copy(dst=res, src=acc)
             nisa.dma_copy(dst=out[m0:m0 + m, n0:n0 + n], src=res)

@@ -22,8 +22,8 @@ def _rotating_banks_kernel(n_tiles, banks):
             nisa.tensor_scalar(dst=t[:, 0:1], data=src, op0=nl.add, operand0=float(i))
             tiles.append(t)
         res = nl.ndarray((128, n_tiles), nl.float32, buffer=nl.sbuf)
-        for i, t in enumerate(tiles):
-            nisa.tensor_copy(dst=res[:, i:i + 1], src=t[:, 0:1])
+        for i in range(len(tiles)):
+            nisa.tensor_copy(dst=res[:, i:i + 1], src=tiles[i][:, 0:1])
         nisa.dma_copy(dst=out, src=res)
         return out
     return k

@@ -98,14 +98,17 @@ def mamba_kernel(delta, u, A, B, C, order):
             accs.append(acc)
         if order == "state_outer":
             for n in range(state):
-                for acc, c0 in zip(accs, tiles):
+                for j in range(len(accs)):
+                    c0 = tiles[j]
                     _step(_load(delta, b, c0, seq, "delta"), _load(u, b, c0, seq, "u"),
-                          _scale(A, c0, n), B, C, b, n, acc, seq)
+                          _scale(A, c0, n), B, C, b, n, accs[j], seq)
         else:
-            for acc, c0 in zip(accs, tiles):
+            for j in range(len(accs)):
+                c0 = tiles[j]
                 delta_i, u_i = _load(delta, b, c0, seq, "delta"), _load(u, b, c0, seq, "u")
                 for n in range(state):
-                    _step(delta_i, u_i, _scale(A, c0, n), B, C, b, n, acc, seq)
-        for acc, c0 in zip(accs, tiles):
-            nisa.dma_copy(dst=out[b, c0:c0 + 128, 0:seq], src=acc)
+                    _step(delta_i, u_i, _scale(A, c0, n), B, C, b, n, accs[j], seq)
+        for j in range(len(accs)):
+            c0 = tiles[j]
+            nisa.dma_copy(dst=out[b, c0:c0 + 128, 0:seq], src=accs[j])
     return out

@@ -175,9 +175,9 @@ def test_items_per_iteration_by_bucket():
 
 
 def test_loop_widths_and_span_columns():
-    assert loop_widths(4) == (4, 2, 1) and loop_widths(1) == (1,)
+    assert loop_widths(4) == [4, 2, 1] and loop_widths(1) == [1]
     for bad in (0, 3, 6):
-        with pytest.raises(ValueError, match=f"per_iteration={bad}"):
+        with pytest.raises(AssertionError, match=f"per_iteration={bad}"):
             loop_widths(bad)
     cols = [span_column(k, w, 4) for k in range(len(ITEM_CLASSES)) for w in (4, 2, 1)]
     assert cols == list(range(0, 2 * len(cols), 2))              # [first, end) pairs, no overlap

@@ -99,7 +99,7 @@ def test_padded_batch_rows_do_no_work(rng):
     trace = simulate.last_trace()
     loops = [l["iterations"] for l in trace.loops]
     widths = loop_widths(items_per_iteration(1))
-    assert widths == (8, 4, 2, 1) and len(loops) == 8 * 4     # 8 kinds of item x 4 widths
+    assert widths == [8, 4, 2, 1] and len(loops) == 8 * 4     # 8 kinds of item x 4 widths
     assert loops[4:8] == [0, 1, 0, 1] and sum(loops) == 2     # masked chunks: 4 + 1
 
 

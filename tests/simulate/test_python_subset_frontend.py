@@ -1,0 +1,170 @@
+"""The NKI front-end's subset beyond the language guide: loop targets and loop ``else`` refused
+(deployed NKI says "expecting simple variable"), the constructs its public source has no form
+for warned of once per kernel and refused under ``NKI_SIM_SUBSET=strict``, and classes a kernel
+builds held to the NKIObject / Enum / NamedTuple rule."""
+
+import linecache
+import warnings
+from typing import NamedTuple
+
+import numpy as np
+import pytest
+
+from nki_kernels.simulate import jit, nisa, nl
+from nki_kernels.simulate.subset import SubsetError, SubsetWarning
+
+X = np.arange(16, dtype=np.float32).reshape(4, 4)
+
+
+def _copy(x):
+    out = nl.ndarray(x.shape, x.dtype, buffer=nl.shared_hbm)
+    t = nl.ndarray(x.shape, x.dtype, buffer=nl.sbuf)
+    nisa.dma_copy(dst=t, src=x)
+    nisa.dma_copy(dst=out, src=t)
+    return out
+
+
+@jit
+def _unpacks_in_a_for(x):
+    for name, rows in (("a", 1), ("b", 2)):
+        pass
+    return _copy(x)
+
+
+@jit
+def _unpacks_in_a_comprehension(x):
+    sizes = [rows for _, rows in (("a", 1), ("b", 2))]
+    return _copy(x), sizes[0]
+
+
+@jit
+def _for_else(x):
+    for _ in range(2):
+        pass
+    else:
+        pass
+    return _copy(x)
+
+
+@jit
+def _while_else(x):
+    n = 0
+    while n < 2:
+        n += 1
+    else:
+        pass
+    return _copy(x)
+
+
+@pytest.mark.parametrize("kernel, what", [
+    (_unpacks_in_a_for, "expecting simple variable"),
+    (_unpacks_in_a_comprehension, "expecting simple variable"),
+    (_for_else, "else on a loop"), (_while_else, "else on a loop"),
+])
+def test_what_deployed_nki_refuses_is_refused_with_the_line(kernel, what):
+    with pytest.raises(SubsetError, match=what) as err:
+        kernel(X)
+    assert "test_python_subset_frontend.py:" in str(err.value)
+
+
+# One kernel per flagged construct; each is checked once per mode (the check is cached).
+def _flagged_kernel(body):
+    """A kernel whose source is ``body``, registered with linecache so its source can be read."""
+    source = f"def kernel(x):\n{body}    return _copy(x)\n"
+    name = f"<flagged kernel {len(linecache.cache)}>"
+    linecache.cache[name] = (len(source), None, source.splitlines(True), name)
+    namespace = {"nl": nl, "nisa": nisa, "_copy": _copy}
+    exec(compile(source, name, "exec"), namespace)
+    return namespace["kernel"]
+
+
+FLAGGED = {
+    "lambda": "    f = lambda v: v\n",
+    "list comprehensions": "    rows = [r for r in range(2)]\n",
+    "dict comprehensions": "    rows = {'a': r for r in range(2)}\n",
+    "generator expressions": "    n = sum(r for r in range(2))\n",
+    "raise": "    if x.shape[0] > 99:\n        raise ValueError('too big')\n",
+    "del": "    rows = {'a': 1}\n    del rows['a']\n",
+    "\\*-expansion": "    rows = [*range(2)]\n",
+    "\\*\\*-expansion": "    opts = {'a': 1}\n    dict(**opts)\n",
+    "dict displays with keys other than string constants": "    rows = {1: 2}\n",
+    "a class defined inside a function": "    class Inner(nl.NKIObject):\n        pass\n",
+    "import inside a function": "    import math\n",
+}
+
+
+def test_flagged_constructs_warn_once_by_default(monkeypatch):
+    monkeypatch.delenv("NKI_SIM_SUBSET", raising=False)
+    for what, body in FLAGGED.items():
+        kernel = jit(_flagged_kernel(body))
+        with pytest.warns(SubsetWarning, match=what):
+            np.testing.assert_array_equal(kernel(X), X)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            kernel(X)                          # once per kernel: the second launch is silent
+
+
+def test_flagged_constructs_are_refused_in_strict_mode(monkeypatch):
+    monkeypatch.setenv("NKI_SIM_SUBSET", "strict")
+    for what, body in FLAGGED.items():
+        kernel = jit(_flagged_kernel(body))
+        with pytest.raises(SubsetError, match=f"{what}.*NKI_SIM_SUBSET=strict"):
+            kernel(X)
+
+
+def test_the_warning_counts_every_flagged_site(monkeypatch):
+    monkeypatch.delenv("NKI_SIM_SUBSET", raising=False)
+    kernel = jit(_flagged_kernel("    f = lambda v: v\n    rows = [r for r in range(2)]\n"))
+    with pytest.warns(SubsetWarning, match=r"\(and 1 more\)"):
+        kernel(X)
+
+
+def _loop_body_kernel(x, n):
+    out = nl.ndarray(x.shape, x.dtype, buffer=nl.shared_hbm)
+    t = nl.ndarray(x.shape, x.dtype, buffer=nl.sbuf)
+    nisa.dma_copy(dst=t, src=x)
+
+    def body(i):                               # the documented fori_loop form: an inner function
+        nisa.tensor_scalar(dst=t, data=t, op0=nl.add, operand0=1.0)
+
+    nl.fori_loop(0, n, body)
+    nisa.dma_copy(dst=out, src=t)
+    return out
+
+
+def test_the_documented_loop_body_passes_strict_mode(monkeypatch):
+    monkeypatch.setenv("NKI_SIM_SUBSET", "strict")
+    np.testing.assert_array_equal(jit(_loop_body_kernel)(X, 3), X + 3)
+
+
+class _Plain:
+    def __init__(self, rows):
+        self.rows = rows
+
+
+class _Tuple(NamedTuple):
+    rows: int
+
+
+class _Object(nl.NKIObject):
+    rows = 2
+
+
+@jit
+def _builds_a_plain_class(x):
+    return _copy(x), _Plain(2).rows
+
+
+@jit
+def _builds_nki_classes(x):
+    return _copy(x), _Tuple(2).rows + _Object().rows
+
+
+def test_a_class_the_kernel_builds_must_be_an_nki_class():
+    with pytest.raises(SubsetError, match="builds a _Plain, a class that does not derive from "
+                                          "NKIObject") as err:
+        _builds_a_plain_class(X)
+    assert "test_python_subset_frontend.py:" in str(err.value)
+    out, rows = _builds_nki_classes(X)
+    np.testing.assert_array_equal(out, X)
+    assert rows == 4
