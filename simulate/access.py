@@ -23,6 +23,7 @@ from .tensor import ndarray
 
 
 _BITS = {n: np.dtype(f"u{n}") for n in (1, 2, 4, 8)}
+_DIRECT = {}          # dtype -> False when np.ndarray cannot view a buffer in it directly
 
 
 class Resolved:
@@ -52,9 +53,14 @@ class Resolved:
         """A zero-copy view of the (bounds-checked) static access of the storage."""
         flat, t = self._flat(), self.tensor
         itemsize = flat.itemsize
+        strides = [s * itemsize for s in t.strides]
+        if _DIRECT.get(flat.dtype, True):
+            try:                                        # one constructor call (hot)
+                return np.ndarray(t.shape, flat.dtype, flat, self.offset * itemsize, strides)
+            except (TypeError, ValueError):
+                _DIRECT[flat.dtype] = False             # a dtype NumPy will not stride directly
         bits = flat.view(_BITS[itemsize])               # a view type NumPy can stride for any dtype
-        view = np.ndarray(t.shape, bits.dtype, bits, self.offset * itemsize,
-                          [s * itemsize for s in t.strides])
+        view = np.ndarray(t.shape, bits.dtype, bits, self.offset * itemsize, strides)
         return view.view(flat.dtype)
 
     def read(self) -> np.ndarray:

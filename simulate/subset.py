@@ -49,7 +49,7 @@ import numpy as np
 from .errors import ValidationError
 
 INT32 = (-2**31, 2**32 - 1)            # signed or unsigned 32-bit
-_checked = {}                          # code object -> None | SubsetError
+_checked = {}                          # (code object, strict) -> None | SubsetError
 
 
 class SubsetError(ValidationError):
@@ -101,8 +101,8 @@ def _refusal(node):
     if isinstance(node, ast.ClassDef):
         bad = [_base_name(b) for b in node.bases if _base_name(b) not in _CLASS_BASES]
         if bad or not node.bases:
-            return (f"class {node.name} must derive from NKIObject (or Enum) and no other "
-                    f"class")
+            return (f"class {node.name} must derive from NKIObject (or Enum, NamedTuple) and no "
+                    f"other class")
     return None
 
 

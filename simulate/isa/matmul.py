@@ -144,11 +144,17 @@ def nc_matmul(dst, stationary, moving, is_stationary_onezero=False, is_moving_on
         d.write(dtypes.cast(as_2d(s.read()).T, dst.dtype).reshape(dst.shape))
     else:
         with np.errstate(all="ignore"):
-            product = (a.T @ b).astype(np.float32)
+            product = (a.T @ b).astype(np.float32, copy=False)
         _accumulate(op, d, product, accumulate, target)
     return record(op, "tensor", {"dst": d, "stationary": s, "moving": m}, name=name,
                   partitions=K, free_elems=N, flops=2 * a.shape[0] * M * N,
                   details={"M": M, "is_transpose": bool(is_transpose), "double_row": double_row})
+
+
+_F32 = np.dtype(np.float32)
+_NOT_ACCUMULATING = ("accumulate=True onto PSUM not last written by nc_matmul (uninitialised, or "
+                     "written by another instruction) is undefined on NeuronCore-v2/v3; start the "
+                     "accumulation group with accumulate=False or None")
 
 
 def _accumulate(op, d, product, accumulate, target):
@@ -163,6 +169,18 @@ def _accumulate(op, d, product, accumulate, target):
     if storage.group_started is None:
         storage.group_started = np.zeros(storage.data.size, dtype=bool)
     views = d.flag_view(storage.mm_written), d.flag_view(storage.group_started)
+    if views[0] is not None and d.dtype == _F32 and accumulate is not None:
+        # the common case, an fp32 PSUM view and an explicit mode: in place on the storage
+        if accumulate is True and target.nc_version < 4 and not views[0].all():
+            fail(_NOT_ACCUMULATING, op, "dst")
+        psum = d._strided()
+        if accumulate is True:
+            psum += product.reshape(psum.shape)
+        else:
+            psum[...] = product.reshape(psum.shape)
+        views[0][...] = True
+        views[1][...] = True
+        return
     idx = d.flat_indices().reshape(product.shape) if views[0] is None else None
     if idx is None:
         written, started = (v.reshape(product.shape) for v in views)
@@ -170,9 +188,7 @@ def _accumulate(op, d, product, accumulate, target):
         written, started = storage.mm_written[idx], storage.group_started[idx]
     if accumulate is True:
         if target.nc_version < 4 and not written.all():
-            fail("accumulate=True onto PSUM not last written by nc_matmul (uninitialised, or "
-                 "written by another instruction) is undefined on NeuronCore-v2/v3; start the "
-                 "accumulation group with accumulate=False or None", op, "dst")
+            fail(_NOT_ACCUMULATING, op, "dst")
         adds = True
     elif accumulate is False:
         adds = False

@@ -46,3 +46,12 @@ def ps(shape, dtype=nl.float32, name="p"):
 
 def randn(rng, *shape, dtype=np.float32):
     return rng.standard_normal(shape).astype(dtype)
+
+
+def copy_through_sbuf(x):
+    """Kernel helper: ``x`` copied HBM -> SBUF -> a new shared-HBM output."""
+    out = nl.ndarray(x.shape, x.dtype, buffer=nl.shared_hbm)
+    t = nl.ndarray(x.shape, x.dtype, buffer=nl.sbuf)
+    nisa.dma_copy(dst=t, src=x)
+    nisa.dma_copy(dst=out, src=t)
+    return out

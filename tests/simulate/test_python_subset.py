@@ -8,15 +8,12 @@ import pytest
 from nki_kernels.simulate import jit, nisa, nl
 from nki_kernels.simulate.subset import SubsetError
 
+from .isa_util import copy_through_sbuf
+
 X = np.zeros((4, 4), np.float32)
 
 
-def _copy(x):
-    out = nl.ndarray(x.shape, x.dtype, buffer=nl.shared_hbm)
-    t = nl.ndarray(x.shape, x.dtype, buffer=nl.sbuf)
-    nisa.dma_copy(dst=t, src=x)
-    nisa.dma_copy(dst=out, src=t)
-    return out
+_copy = copy_through_sbuf
 
 
 @jit

@@ -13,15 +13,12 @@ import pytest
 from nki_kernels.simulate import jit, nisa, nl
 from nki_kernels.simulate.subset import SubsetError, SubsetWarning
 
+from .isa_util import copy_through_sbuf
+
 X = np.arange(16, dtype=np.float32).reshape(4, 4)
 
 
-def _copy(x):
-    out = nl.ndarray(x.shape, x.dtype, buffer=nl.shared_hbm)
-    t = nl.ndarray(x.shape, x.dtype, buffer=nl.sbuf)
-    nisa.dma_copy(dst=t, src=x)
-    nisa.dma_copy(dst=out, src=t)
-    return out
+_copy = copy_through_sbuf
 
 
 @jit
