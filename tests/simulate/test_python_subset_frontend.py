@@ -3,7 +3,7 @@
 for warned of once per kernel and refused under ``NKI_SIM_SUBSET=strict``, and classes a kernel
 builds held to the NKIObject / Enum / NamedTuple rule."""
 
-import linecache
+import importlib.util
 import warnings
 from typing import NamedTuple
 
@@ -64,15 +64,19 @@ def test_what_deployed_nki_refuses_is_refused_with_the_line(kernel, what):
     assert "test_python_subset_frontend.py:" in str(err.value)
 
 
-# One kernel per flagged construct; each is checked once per mode (the check is cached).
-def _flagged_kernel(body):
-    """A kernel whose source is ``body``, registered with linecache so its source can be read."""
-    source = f"def kernel(x):\n{body}    return _copy(x)\n"
-    name = f"<flagged kernel {len(linecache.cache)}>"
-    linecache.cache[name] = (len(source), None, source.splitlines(True), name)
-    namespace = {"nl": nl, "nisa": nisa, "_copy": _copy}
-    exec(compile(source, name, "exec"), namespace)
-    return namespace["kernel"]
+# One kernel per flagged construct, each in a module file of its own (the check reads the
+# source and is cached per function and mode).
+def _flagged_kernel(body, where):
+    """A kernel whose body is ``body`` (then ``return _copy(x)``), loaded from a file in
+    ``where``."""
+    path = where / f"flagged_{len(list(where.iterdir()))}.py"
+    path.write_text("from nki_kernels.simulate import nisa, nl\n"
+                    "from tests.simulate.isa_util import copy_through_sbuf as _copy\n\n\n"
+                    f"def kernel(x):\n{body}    return _copy(x)\n")
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.kernel
 
 
 FLAGGED = {
@@ -90,10 +94,10 @@ FLAGGED = {
 }
 
 
-def test_flagged_constructs_warn_once_by_default(monkeypatch):
+def test_flagged_constructs_warn_once_by_default(monkeypatch, tmp_path):
     monkeypatch.delenv("NKI_SIM_SUBSET", raising=False)
     for what, body in FLAGGED.items():
-        kernel = jit(_flagged_kernel(body))
+        kernel = jit(_flagged_kernel(body, tmp_path))
         with pytest.warns(SubsetWarning, match=what):
             np.testing.assert_array_equal(kernel(X), X)
         with warnings.catch_warnings():
@@ -101,17 +105,18 @@ def test_flagged_constructs_warn_once_by_default(monkeypatch):
             kernel(X)                          # once per kernel: the second launch is silent
 
 
-def test_flagged_constructs_are_refused_in_strict_mode(monkeypatch):
+def test_flagged_constructs_are_refused_in_strict_mode(monkeypatch, tmp_path):
     monkeypatch.setenv("NKI_SIM_SUBSET", "strict")
     for what, body in FLAGGED.items():
-        kernel = jit(_flagged_kernel(body))
+        kernel = jit(_flagged_kernel(body, tmp_path))
         with pytest.raises(SubsetError, match=f"{what}.*NKI_SIM_SUBSET=strict"):
             kernel(X)
 
 
-def test_the_warning_counts_every_flagged_site(monkeypatch):
+def test_the_warning_counts_every_flagged_site(monkeypatch, tmp_path):
     monkeypatch.delenv("NKI_SIM_SUBSET", raising=False)
-    kernel = jit(_flagged_kernel("    f = lambda v: v\n    rows = [r for r in range(2)]\n"))
+    kernel = jit(_flagged_kernel("    f = lambda v: v\n    rows = [r for r in range(2)]\n",
+                                 tmp_path))
     with pytest.warns(SubsetWarning, match=r"\(and 1 more\)"):
         kernel(X)
 
