@@ -49,7 +49,7 @@ import numpy as np
 from .errors import ValidationError
 
 INT32 = (-2**31, 2**32 - 1)            # signed or unsigned 32-bit
-_checked = {}                          # (code object, strict) -> None | SubsetError
+_checked = {}                          # (id(code), strict) -> (code, None | SubsetError)
 
 
 class SubsetError(ValidationError):
@@ -146,7 +146,9 @@ def check_function(fn) -> None:
     code = getattr(fn, "__code__", None)
     if code is None:
         return
-    key = (code, _strict())
+    # keyed by the code object's identity (equal code objects of two functions, e.g. one source
+    # exec'd twice, compare equal but may call different helpers); the entry keeps it alive
+    key = (id(code), _strict())
     if key not in _checked:
         flagged = []
         error = _scan(fn, code, fn.__name__, set(), flagged)
@@ -160,16 +162,17 @@ def check_function(fn) -> None:
                 warnings.warn(SubsetWarning(f"{where}: {message}{more}; they may not compile on "
                                             f"Trainium (NKI_SIM_SUBSET=strict refuses them)"),
                               stacklevel=5)
-        _checked[key] = error
-    if _checked[key] is not None:
-        raise _checked[key]
+        _checked[key] = (code, error)
+    error = _checked[key][1]
+    if error is not None:
+        raise error
 
 
 def _scan(fn, code, kernel, seen, flagged):
     """The first refusal in ``fn`` or the helpers it calls (None when clean); ``kernel``
-    names the launched function in the message, ``seen`` the code objects visited; flagged
+    names the launched function in the message, ``seen`` the ids of code objects visited; flagged
     constructs are appended to ``flagged`` as (location, message)."""
-    seen.add(code)
+    seen.add(id(code))
     try:
         lines, first = inspect.getsourcelines(fn)
     except (OSError, TypeError):
@@ -195,13 +198,13 @@ def _scan(fn, code, kernel, seen, flagged):
                     f"derive from NKIObject (or Enum, NamedTuple); NKI compiles only those",
                     op="nki.jit", location=where(node))
             for method in _methods(cls):
-                if method.__code__ not in seen:
+                if id(method.__code__) not in seen:
                     error = _scan(method, method.__code__, kernel, seen, flagged)
                     if error is not None:
                         return error
             continue
         hcode = helper.__code__
-        if hcode in seen:
+        if id(hcode) in seen:
             continue
         error = _scan(helper, hcode, kernel, seen, flagged)
         if error is not None:

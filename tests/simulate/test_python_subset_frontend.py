@@ -170,3 +170,31 @@ def test_a_class_the_kernel_builds_must_be_an_nki_class():
     out, rows = _builds_nki_classes(X)
     np.testing.assert_array_equal(out, X)
     assert rows == 4
+
+
+def _kernel_calling_helper(helper, where):
+    """The same kernel source each call (equal code objects, though in two files), bound to
+    ``helper``."""
+    path = where / f"calls_helper_{len(list(where.iterdir()))}.py"
+    path.write_text("def kernel(x):\n    return helper(x)\n")
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    module.helper = helper
+    return module.kernel
+
+
+def _helper_with_a_lambda(x):
+    f = lambda v: v  # noqa: E731  (flagged on purpose)
+    return f(_copy(x))
+
+
+def test_equal_kernel_code_with_other_helpers_is_checked_again(monkeypatch, tmp_path):
+    """Two kernels of identical source compare equal as code objects; the second, whose helper
+    uses a lambda, must still be checked (the check was cached by code equality)."""
+    monkeypatch.setenv("NKI_SIM_SUBSET", "strict")
+    first, second = (_kernel_calling_helper(h, tmp_path) for h in (_copy, _helper_with_a_lambda))
+    assert first.__code__ == second.__code__
+    np.testing.assert_array_equal(jit(first)(X), X)
+    with pytest.raises(SubsetError, match="in helper _helper_with_a_lambda.*lambda"):
+        jit(second)(X)
