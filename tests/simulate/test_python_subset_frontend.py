@@ -4,6 +4,7 @@ for warned of once per kernel and refused under ``NKI_SIM_SUBSET=strict``, and c
 builds held to the NKIObject / Enum / NamedTuple rule."""
 
 import importlib.util
+import inspect
 import warnings
 from typing import NamedTuple
 
@@ -198,3 +199,77 @@ def test_equal_kernel_code_with_other_helpers_is_checked_again(monkeypatch, tmp_
     np.testing.assert_array_equal(jit(first)(X), X)
     with pytest.raises(SubsetError, match="in helper _helper_with_a_lambda.*lambda"):
         jit(second)(X)
+
+
+def _line_of(fn, text):
+    """File line of the first source line of ``fn`` holding ``text``."""
+    lines, first = inspect.getsourcelines(fn)
+    return first + next(i for i, line in enumerate(lines) if text in line)
+
+
+def test_a_refusal_names_op_kernel_and_exact_line():
+    with pytest.raises(SubsetError) as err:
+        _unpacks_in_a_for(X)
+    assert err.value.op == "nki.jit"
+    line = _line_of(_unpacks_in_a_for, "for name")
+    assert err.value.location == f"test_python_subset_frontend.py:{line}"
+    assert err.value.detail.startswith("kernel _unpacks_in_a_for: a for target")
+
+
+def test_a_strict_refusal_and_a_warning_name_the_exact_line(monkeypatch, tmp_path):
+    body = "    rows = 1\n    f = lambda v: v\n"
+    monkeypatch.setenv("NKI_SIM_SUBSET", "strict")
+    kernel = _flagged_kernel(body, tmp_path)
+    with pytest.raises(SubsetError) as err:
+        jit(kernel)(X)
+    where = f"{kernel.__code__.co_filename.rsplit('/', 1)[-1]}:7"      # def on line 5
+    assert err.value.op == "nki.jit" and err.value.location == where
+    assert err.value.detail == ("kernel kernel: lambda: the NKI front-end's public source has no "
+                                "form for this [NKI_SIM_SUBSET=strict]")
+    monkeypatch.delenv("NKI_SIM_SUBSET")
+    with pytest.warns(SubsetWarning) as seen:
+        jit(_flagged_kernel(body, tmp_path))(X)
+    text = str(seen[0].message)
+    assert text.startswith("flagged_1.py:7: kernel kernel: lambda") and "more)" not in text
+    assert seen[0].filename == __file__          # points at the launch in the caller's code
+
+
+class _WithAMethod(NamedTuple):
+    rows: int
+
+    def doubled(self):
+        return [2 * r for r in range(self.rows)]
+
+
+@jit
+def _builds_a_tuple_with_a_flagged_method(x):
+    return _copy(x), _WithAMethod(2).rows
+
+
+def _closure_kernel():
+    def helper(x):
+        try:
+            return _copy(x)
+        except ValueError:
+            return None
+
+    def kernel(x):
+        return helper(x)
+    return kernel
+
+
+def test_methods_of_built_classes_and_closure_helpers_are_checked(monkeypatch):
+    monkeypatch.setenv("NKI_SIM_SUBSET", "strict")
+    with pytest.raises(SubsetError, match="in helper doubled, which it calls.*list comprehensions"):
+        _builds_a_tuple_with_a_flagged_method(X)
+    with pytest.raises(SubsetError, match="in helper helper, which it calls.*try/except"):
+        jit(_closure_kernel())(X)
+
+
+def test_only_the_exact_strict_value_is_strict(monkeypatch, tmp_path):
+    monkeypatch.setenv("NKI_SIM_SUBSET", "STRICT")              # case-insensitive
+    with pytest.raises(SubsetError):
+        jit(_flagged_kernel("    f = lambda v: v\n", tmp_path))(X)
+    monkeypatch.setenv("NKI_SIM_SUBSET", "yes")
+    with pytest.warns(SubsetWarning):
+        jit(_flagged_kernel("    f = lambda v: v\n", tmp_path))(X)
