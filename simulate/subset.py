@@ -158,22 +158,17 @@ def check_function(fn) -> None:
             if key[1]:
                 error = SubsetError(f"{message}{more} [NKI_SIM_SUBSET=strict]", op="nki.jit",
                                     location=where)
-            else:
+            else:                    # pointed at the first frame outside the simulator
+                level, frame = 1, sys._getframe()
+                while frame is not None and frame.f_code.co_filename.startswith(_SIMULATOR):
+                    level, frame = level + 1, frame.f_back
                 warnings.warn(SubsetWarning(f"{where}: {message}{more}; they may not compile on "
                                             f"Trainium (NKI_SIM_SUBSET=strict refuses them)"),
-                              stacklevel=_caller_level())
+                              stacklevel=level)
         _checked[key] = (code, error)
     error = _checked[key][1]
     if error is not None:
         raise error
-
-
-def _caller_level() -> int:
-    """The ``stacklevel`` of the first frame outside the simulator (the launch in user code)."""
-    level, frame = 1, sys._getframe(1)
-    while frame is not None and os.path.realpath(frame.f_code.co_filename).startswith(_SIMULATOR):
-        level, frame = level + 1, frame.f_back
-    return level
 
 
 def _scan(fn, code, kernel, seen, flagged):
