@@ -46,3 +46,11 @@ def target(request):
     """Run the test once per simulated NeuronCore generation (trn1: v2, trn2: v3)."""
     with simulate.use_target(request.param):
         yield request.param
+
+
+@pytest.fixture
+def fresh_subset_checks():
+    """The kernels of the test are checked against the NKI subset afresh (the check is cached per
+    function and mode, and a result cached before mutmut forks would hide mutants)."""
+    from nki_kernels.simulate import subset
+    subset._checked.clear()

@@ -5,7 +5,7 @@ import enum
 import numpy as np
 import pytest
 
-from nki_kernels.simulate import jit, nisa, nl, subset
+from nki_kernels.simulate import jit, nisa, nl
 from nki_kernels.simulate.subset import SubsetError
 
 from .isa_util import copy_through_sbuf
@@ -15,11 +15,7 @@ X = np.zeros((4, 4), np.float32)
 
 _copy = copy_through_sbuf
 
-
-@pytest.fixture(autouse=True)
-def fresh_checks():
-    """Each test checks its kernels afresh (the check is cached per function and mode)."""
-    subset._checked.clear()
+pytestmark = pytest.mark.usefixtures("fresh_subset_checks")
 
 
 @jit

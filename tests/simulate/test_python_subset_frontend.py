@@ -11,7 +11,7 @@ from typing import NamedTuple
 import numpy as np
 import pytest
 
-from nki_kernels.simulate import jit, nisa, nl, subset
+from nki_kernels.simulate import jit, nisa, nl
 from nki_kernels.simulate.subset import SubsetError, SubsetWarning
 
 from .isa_util import copy_through_sbuf
@@ -21,11 +21,7 @@ X = np.arange(16, dtype=np.float32).reshape(4, 4)
 
 _copy = copy_through_sbuf
 
-
-@pytest.fixture(autouse=True)
-def fresh_checks():
-    """Each test checks its kernels afresh (the check is cached per function and mode)."""
-    subset._checked.clear()
+pytestmark = pytest.mark.usefixtures("fresh_subset_checks")
 
 
 @jit
