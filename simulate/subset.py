@@ -106,11 +106,10 @@ def _refusal(node):
     return None
 
 
-def _flag(node, top):
-    """What the front-end's public source has no form for in ``node`` (None if nothing);
-    ``top``: the function checked (its own definition is not an inner one)."""
+def _flag(node):
+    """What the front-end's public source has no form for in ``node`` (None if nothing)."""
     for kind, what in _FLAGGED.items():
-        if isinstance(node, kind) and node is not top:
+        if isinstance(node, kind):
             return what
     if isinstance(node, ast.FunctionDef) and node.args.vararg is not None:
         return "*args parameters"
@@ -124,15 +123,14 @@ def _flag(node, top):
     return None
 
 
-def _violation(tree, flagged=None):
-    """The first refused construct of ``tree`` as (node, message), or None; the flagged ones
-    are appended to ``flagged`` as (node, message) as they are met."""
-    top = tree.body[0] if len(tree.body) == 1 else None
+def _violation(tree, flagged):
+    """The first refused construct of ``tree`` (a function's source) as (node, message), or
+    None; the flagged ones are appended to ``flagged`` as (node, message) as they are met."""
     for node in ast.walk(tree):
         message = _refusal(node)
         if message is not None:         # (a comprehension clause has no line: its target does)
             return (node.target if isinstance(node, ast.comprehension) else node), message
-        what = _flag(node, top) if flagged is not None else None
+        what = _flag(node)
         if what is not None:
             flagged.append((node, f"{what}: the NKI front-end's public source has no form for "
                                   f"this"))
@@ -192,32 +190,26 @@ def _scan(fn, code, kernel, seen, flagged):
     if found is not None:
         node, message = found
         return SubsetError(f"kernel {kernel}{via}: {message}", op="nki.jit", location=where(node))
-    for helper in _helpers(fn, tree):
-        if isinstance(helper, tuple):                # a class the kernel builds: NKI compiles it
-            cls, node = helper
-            if not _nki_class(cls):
+    for helper, node in _callees(fn, tree):
+        if node is not None:                         # a class the kernel builds: NKI compiles it
+            if not _nki_class(helper):
                 return SubsetError(
-                    f"kernel {kernel}{via}: it builds a {cls.__name__}, a class that does not "
+                    f"kernel {kernel}{via}: it builds a {helper.__name__}, a class that does not "
                     f"derive from NKIObject (or Enum, NamedTuple); NKI compiles only those",
                     op="nki.jit", location=where(node))
-            for method in _methods(cls):
-                if id(method.__code__) not in seen:
-                    error = _scan(method, method.__code__, kernel, seen, flagged)
-                    if error is not None:
-                        return error
+            continue                                 # (its methods follow it in the list)
+        if id(helper.__code__) in seen:
             continue
-        hcode = helper.__code__
-        if id(hcode) in seen:
-            continue
-        error = _scan(helper, hcode, kernel, seen, flagged)
+        error = _scan(helper, helper.__code__, kernel, seen, flagged)
         if error is not None:
             return error
     return None
 
 
-def _helpers(fn, tree):
-    """Python functions ``fn`` calls by a name its globals or closure bind (or an attribute
-    of one), outside the simulator, NumPy and the standard library."""
+def _callees(fn, tree):
+    """The Python functions and classes ``fn`` calls by a name its globals or closure bind (or an
+    attribute of one), outside the simulator, NumPy and the standard library, in call order:
+    (function, None), or (class, its call node) followed by (method, None) per method."""
     scope = dict(fn.__globals__)
     if fn.__closure__:
         for name, cell in zip(fn.__code__.co_freevars, fn.__closure__):
@@ -241,13 +233,23 @@ def _helpers(fn, tree):
                 value = None
                 break
             value = inspect.getattr_static(value, attr, None)
-            if isinstance(value, (staticmethod, classmethod)):
-                value = value.__func__
-        if inspect.isfunction(value) and _user_code(value.__code__.co_filename):
-            out.append(value)
-        elif inspect.isclass(value) and _user_class(value):
-            out.append((value, node))
+        if inspect.isclass(value):
+            if _user_class(value):
+                out.append((value, node))
+                out += [(m, None) for m in map(_user_function, vars(value).values()) if m]
+        else:
+            function = _user_function(value)
+            if function is not None:
+                out.append((function, None))
     return out
+
+
+def _user_function(value):
+    """``value`` as a plain function of user code (a static or class method unwrapped), or
+    None."""
+    if isinstance(value, (staticmethod, classmethod)):
+        value = value.__func__
+    return value if inspect.isfunction(value) and _user_code(value.__code__.co_filename) else None
 
 
 def _user_class(cls) -> bool:
@@ -261,17 +263,6 @@ def _nki_class(cls) -> bool:
     if any(c.__name__ in _CLASS_BASES for c in cls.__mro__[1:]):
         return True
     return tuple in cls.__bases__ and hasattr(cls, "_fields")      # typing.NamedTuple
-
-
-def _methods(cls):
-    """The class's own functions (its methods, as written in user code)."""
-    out = []
-    for value in vars(cls).values():
-        if isinstance(value, (staticmethod, classmethod)):
-            value = value.__func__
-        if inspect.isfunction(value) and _user_code(value.__code__.co_filename):
-            out.append(value)
-    return out
 
 
 def _user_code(filename: str) -> bool:

@@ -191,17 +191,17 @@ def attention(q, k_rows, v_rows, meta, spans, kv_indices, tok_tab, row_tab, sink
         for t in range(len(tiles)):
             nisa.dma_copy(dst=scratch[identity, t * R:(t + 1) * R, :], src=start)
 
-    def cache_rows(cursor, count, masked):
-        """{"rows", "pids"} of the ``count`` chunks at the cursor: a mask-free block's cache rows
-        (indirect gathers) or page ids (one DMA per page), made up front; None otherwise."""
+    def cache_rows(item, count, masked):
+        """Set the item's "rows" and "pids" for the ``count`` chunks at its cursor: a mask-free
+        block's cache rows (indirect gathers) or page ids (one DMA per page), made up front;
+        None otherwise."""
         group = 1 if masked else gathered(count)
+        item["rows"], item["pids"] = None, None
         if blocked and not masked and indirect:
-            return {"rows": block_rows(kv_indices, cursor, count, geo, group,
-                                       entry_rows[f"{group}"]),
-                    "pids": None}
-        if blocked and not masked and group > 1:
-            return {"rows": None, "pids": block_page_ids(kv_indices, cursor, count, geo)}
-        return {"rows": None, "pids": None}
+            item["rows"] = block_rows(kv_indices, item["cursor"], count, geo, group,
+                                      entry_rows[f"{group}"])
+        elif blocked and not masked and group > 1:
+            item["pids"] = block_page_ids(kv_indices, item["cursor"], count, geo)
 
     def prepare(i, count, masked):
         """Work item i's setup, issued for all items of a loop iteration before any of their
@@ -226,8 +226,7 @@ def attention(q, k_rows, v_rows, meta, spans, kv_indices, tok_tab, row_tab, sink
         # per tile of query tokens: the item's bounds (the token-level ones are common)
         item["bounds"] = [request_bounds(cols, T, R)] if Qb == 1 else block_bounds(cols, T, row_q)
         item["cursor"] = start_cursor(cols, tok_sb, R)
-        made = cache_rows(item["cursor"], count, masked)
-        item["rows"], item["pids"] = made["rows"], made["pids"]
+        cache_rows(item, count, masked)
         return item
 
     def shape(count, masked):
@@ -267,8 +266,7 @@ def attention(q, k_rows, v_rows, meta, spans, kv_indices, tok_tab, row_tab, sink
             this = {}
             for key in item.keys():
                 this[key] = item[key]
-            made = cache_rows(item["cursor"], count, masked)
-            this["rows"], this["pids"] = made["rows"], made["pids"]
+            cache_rows(this, count, masked)
             fold(this, count, masked)
         return body
 

@@ -101,8 +101,8 @@ def group_size(geo, count, elem_bytes):
     """Tokens per partition of one gather of a mask-free block of ``count`` chunks: the largest
     power of two dividing ``count`` and the page size (a partition's tokens are consecutive
     entries of one page, so they are one contiguous run per head, or one run in all for NHD)
-    whose K tile fits ONE_RUN_GROUP_BYTES or PER_HEAD_GROUP_BYTES, by its layout. 1 when the token layout is neither NHD-
-    nor HND-like. A gather is folded in softmax steps of ``step_chunks`` chunks."""
+    whose K tile fits ONE_RUN_GROUP_BYTES or PER_HEAD_GROUP_BYTES, by its layout. 1 when the
+    token layout is neither NHD- nor HND-like. A gather is folded in softmax steps of ``step_chunks`` chunks."""
     if len(geo.token_pattern) > 2 or geo.page_size > 128:
         return 1
     limit = ONE_RUN_GROUP_BYTES if len(geo.token_pattern) == 1 else PER_HEAD_GROUP_BYTES

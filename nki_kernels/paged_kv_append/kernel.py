@@ -30,8 +30,9 @@ Paths (units of work: 128-token tiles on trn2, tokens on trn1):
     flash-attention notes; ``nki_kernels/profile``), far more than one unit's DMAs, so units are
     issued in blocks: a bucket of at most ``TILES_PER_ITERATION`` (v3+) or
     ``TOKENS_PER_ITERATION`` (v2) units is one static pass (no loop; padding units cost their DMA
-    issue, their rows skipped), a larger one loops over blocks of that many units with the trip count from ``counts`` (the program does not grow with T; the
-    padding past the last block holding real tokens costs nothing).
+    issue, their rows skipped), a larger one loops over blocks of that many units with the trip
+    count from ``counts`` (the program does not grow with T; the padding past the last block
+    holding real tokens costs nothing).
 HBM traffic is the appended K/V bytes read plus written (and 4 bytes of slot per token).
 LNC=2 (``kernel[2]``, trn2): program 0 writes K and program 1 writes V, an exact half each.
 Returns the tensors written, ``k_rows`` or ``(k_rows, v_rows)``: outputs aliasing the inputs, so
