@@ -10,6 +10,8 @@ from nki_kernels.paged_kv_append.checks import check_page_table, require_int32_v
 from nki_kernels.paged_kv_append.layout import CacheGeometry, geometry, split_cache
 from nki_kernels.paged_kv_append.quantize import check_scale
 
+from .plan import MAX_KV_LEN
+
 Q_DTYPES = ("float32", "float16", "bfloat16")
 KV_DTYPES = Q_DTYPES + ("float8_e4m3fn", "float8_e5m2", "float8_e4m3")
 
@@ -61,6 +63,11 @@ def check_batch_decode_inputs(q, paged_kv_cache, kv_indptr, kv_indices, kv_last_
     require_int32_vector("kv_indices", kv_indices)
     require_int32_vector("kv_last_page_len", kv_last_page_len, batch, f"batch{source}")
     kv_lens = check_page_table(kv_indices, kv_indptr, kv_last_page_len, geo)
+    if kv_lens.size and kv_lens.max() > MAX_KV_LEN:
+        b = int(np.argmax(kv_lens))
+        raise ValueError(f"request {b} has {kv_lens[b]} keys (kv_indptr / kv_last_page_len): at "
+                         f"most {MAX_KV_LEN} (2**24 - 1; the kernel's positions are exact in fp32 "
+                         f"below 2**24)")
     if sm_scale is None:
         sm_scale = 1.0 / np.sqrt(d)
     for name, value in (("sm_scale", sm_scale), ("logits_soft_cap", logits_soft_cap),
@@ -78,8 +85,8 @@ def check_batch_decode_inputs(q, paged_kv_cache, kv_indptr, kv_indices, kv_last_
     if not isinstance(window_left, (int, np.integer)) or window_left < -1:
         raise ValueError(f"window_left={window_left} must be an integer >= -1 (-1 disables the window)")
     for name, s in (("k_scale", k_scale), ("v_scale", v_scale)):
-        if not isinstance(s, np.ndarray) and (not np.isfinite(s) or s <= 0):
-            raise ValueError(f"{name}={s} must be a positive finite number")
+        if not isinstance(s, np.ndarray):
+            check_scale(name, s, 1)
     if sinks is not None:
         if not isinstance(sinks, np.ndarray) or sinks.shape != (hq,):
             raise ValueError(f"sinks must be an array of shape (num_qo_heads,) = ({hq},)")

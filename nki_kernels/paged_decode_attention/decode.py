@@ -38,7 +38,8 @@ def batch_decode(q, paged_kv_cache, kv_indptr, kv_indices, kv_last_page_len, kv_
             arrays; fp32 | fp16 | bf16 | fp8 (e4m3fn, e5m2, e4m3) with ``k_scale``/``v_scale``
         kv_indptr [B+1], kv_indices, kv_last_page_len [B]: int32 CSR page table (FlashInfer)
         sm_scale: default 1/sqrt(D); logits_soft_cap: cap * tanh(logit / cap) if > 0;
-        window_left: keep the last window_left + 1 keys (-1: all); sinks: [HQ] logits added to
+        window_left: keep the last window_left + 1 keys (-1: all; any window_left >= kv_len - 1,
+            up to any Python integer, keeps all of them); sinks: [HQ] logits added to
         the softmax denominator only; k_scale scales logits, v_scale the output (numbers, or
         float arrays [H] per kv head, folded into q and the output: ``head_scales.py``).
         lnc: 1, or 2 to share the step between the two cores of a trn2 logical core (LNC=2):
@@ -48,7 +49,7 @@ def batch_decode(q, paged_kv_cache, kv_indptr, kv_indices, kv_last_page_len, kv_
     Returns:
         out [B, HQ, D] in q's dtype; with return_lse also lse [B, HQ] float32, base 2 (log2 of the
         softmax denominator, as FlashInfer; multiply by ln 2 for natural log). Empty requests give
-        zeros and -inf.
+        zeros and -inf. A request holds at most 2**24 - 1 keys. NaN and inf: docs/numerics.md.
     Compiles once per shape bucket (``nki_kernels.buckets``): the batch and the page-table length
     are padded to buckets, lengths reach the kernel as device data.
     """

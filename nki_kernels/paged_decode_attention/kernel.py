@@ -69,9 +69,9 @@ from .kernel_load import (ROW_LIMIT, KVTile, block_page_ids, block_rows, convert
                           group_entry_rows, group_size, load_chunk_indirect, load_chunk_pages,
                           load_group_indirect, load_group_pages, step_chunks)
 from .kernel_queries import group_queries
-from .kernel_softmax import (chunk_scores, finalize, k_transposed, load_state, mask_bias,
-                             merge_states, merge_with_partner, softmax_step, state_tile,
-                             state_views, store_state)
+from .kernel_softmax import (chunk_scores, finalize, k_transposed, load_state, mask_keep,
+                             merge_states, merge_with_partner, poison_state, softmax_step,
+                             state_tile, state_views, store_state)
 from .plan import (C0, C1, CHUNK_BLOCKS, FULL_HI, FULL_LO, ITEM_CLASSES, LOAD, OUT, STORE,
                    items_per_iteration, loop_widths, span_column, state_slots, whole_units)
 
@@ -219,9 +219,12 @@ def attention(q, k_rows, v_rows, meta, spans, kv_indices, tok_tab, row_tab, sink
         if count == 0:
             return item
         queries = []
-        for tile in tiles:
-            queries.append(group_queries(q, item["b"], tile[0], tile[1], G, Qt, mm_dtype,
-                                         tile[2]))
+        for t in range(len(tiles)):
+            h0, n, q0 = tiles[t]
+            pads, poison = group_queries(q, item["b"], h0, n, G, Qt, mm_dtype, q0)
+            queries.append(pads)
+            if poison is not None:
+                poison_state(states[t], poison)
         item["q"] = queries
         # per tile of query tokens: the item's bounds (the token-level ones are common)
         item["bounds"] = [request_bounds(cols, T, R)] if Qb == 1 else block_bounds(cols, T, row_q)
@@ -238,7 +241,7 @@ def attention(q, k_rows, v_rows, meta, spans, kv_indices, tok_tab, row_tab, sink
         return group, width, count // width
 
     def loader(item, count, masked):
-        """load(g): the (K, V) views and mask bias of the item's gather g."""
+        """load(g): the (K, V) views and mask predicate of the item's gather g."""
         group, width, _ = shape(count, masked)
         rows, pids, cursor, bounds = item["rows"], item["pids"], item["cursor"], item["bounds"]
 
@@ -308,10 +311,10 @@ def attention(q, k_rows, v_rows, meta, spans, kv_indices, tok_tab, row_tab, sink
                 kts[key] = []
                 for chunk in loaded:
                     kts[key].append(k_transposed(chunk[0][0], h0, n, D, mm_dtype))
-            bias = loaded[0][1]               # masked chunks are folded one at a time
+            keep = loaded[0][1]               # masked chunks are folded one at a time
             tile_rows = item["q"][t][0][0].shape[1]
             scores = chunk_scores(item["q"][t], kts[key], T,
-                                  None if bias is None else bias[q0 // Qt][0:tile_rows, :],
+                                  None if keep is None else keep[q0 // Qt][0:tile_rows, :],
                                   scale, soft_cap, mm_dtype)
             if t + 1 == len(tiles) or tiles[t + 1][0] != h0:
                 kts.pop(key)                  # its tiles are free from here on
@@ -430,7 +433,7 @@ def attention(q, k_rows, v_rows, meta, spans, kv_indices, tok_tab, row_tab, sink
 
 
 def _v_views(chunks):
-    """The V views of loaded chunks ((K, V), bias), as a list (a temporary: the simulator frees
+    """The V views of loaded chunks ((K, V), keep), as a list (a temporary: the simulator frees
     a tile when its last reference goes, as the compiler frees it after its last use)."""
     views = []
     for chunk in chunks:
@@ -439,7 +442,7 @@ def _v_views(chunks):
 
 
 def _load_chunk(consts, kv_indices, cursor, bounds, masked, rows=None):
-    """Gather the cursor's chunk ((K, V) KVTile pair of tiles [T, H*D], the mask bias when
+    """Gather the cursor's chunk ((K, V) KVTile pair of tiles [T, H*D], the mask predicates when
     masked), then advance the cursor; ``rows``: the chunk's cache rows from ``block_rows``
     (which advanced the cursor already)."""
     geo, sources, iota_rt, indirect, v_dtype = consts
@@ -459,13 +462,13 @@ def _load_chunk(consts, kv_indices, cursor, bounds, masked, rows=None):
         else:
             load_chunk_pages(kv_tiles, sources, kv_indices, cursor, tokens, valid_t, geo)
         views = [KVTile(kv_tiles[0], 0, D), KVTile(kv_tiles[1], 0, D)]
-    bias = None
+    keep = None
     if masked:                     # per tile of query tokens, as ``bounds``
-        bias = []
+        keep = []
         for b in bounds:
-            bias.append(mask_bias(cursor, b, iota_rt))
+            keep.append(mask_keep(cursor, b, iota_rt))
     if rows is None:
         advance(cursor, geo.page_size)
     if v_dtype is not None:        # fp8 V as a matmul input before NeuronCore-v4: converted
         views[1] = converted_v(views[1:], v_dtype)[0]
-    return (views[0], views[1]), bias
+    return (views[0], views[1]), keep

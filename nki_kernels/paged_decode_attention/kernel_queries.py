@@ -5,6 +5,14 @@ of the head dim). Loading Q^T straight from HBM reads one 2-byte element per DMA
 (partition step 1); instead the R rows are loaded row-major (one contiguous run of D elements per
 partition) and transposed on TensorE through PSUM, one transpose per 128 rows of the head dim.
 
+NeuronCore-v2 transposes on TensorE as an fp32 matmul with the identity, where one NaN or inf
+(times the identity's zeros) would reach every row of the tile. There the rows are transposed
+with their non-finite elements replaced by 0, and each row's softmax state gets a per-row
+``poison`` term: 0, or NaN for a row that held a non-finite element (one ScalarE sum of q * 0),
+so its scores (and P, transposed on TensorE too) stay finite. From
+NeuronCore-v3 the PE transpose mode is bit-exact and no poison is needed. Either way a NaN or
+inf in one query head's row makes that head's output NaN and no other.
+
 Row order of a tile (kv heads h0..h0+n-1, G query heads each, Qb query tokens from row t0 + q0):
 row j*G*Qb + qi*G + g is query head (h0 + j)*G + g of token t0 + q0 + qi (decode: Qb = 1).
 """
@@ -20,7 +28,9 @@ def group_queries(q, t0, h0, n, G, Qb, mm_dtype, q0=0):
     """Per kv head j < n of the group: Q^T tiles [Dp, R] (R = n*G*Qb) in the matmul dtype, holding
     head h0+j's rows in columns j*G*Qb..(j+1)*G*Qb and zeros elsewhere, so the per-head matmuls
     of a group accumulate into one PSUM tile. ``q`` [B, HQ, D] @ HBM; the tokens are rows
-    t0 + q0 .. t0 + q0 + Qb (``t0`` a device scalar, ``q0`` the tile's first token of its block)."""
+    t0 + q0 .. t0 + q0 + Qb (``t0`` a device scalar, ``q0`` the tile's first token of its block).
+    Returns (pads, poison): poison [R, 1] fp32 (0, or NaN for a row with a non-finite element),
+    or None where the transpose is exact."""
     _, HQ, D = q.shape
     GQ = G * Qb
     R = n * GQ
@@ -28,6 +38,9 @@ def group_queries(q, t0, h0, n, G, Qb, mm_dtype, q0=0):
     nisa.dma_copy(dst=rows, src=q.ap([[G * D, n], [HQ * D, Qb], [D, G], [1, D]],
                                      offset=(q0 * HQ + h0 * G) * D, scalar_offset=t0,
                                      indirect_dim=0))
+    poison = None
+    if nisa.get_nc_version() < nisa.nc_version.gen3:
+        rows, poison = _finite_rows(rows)
     pads = []
     for _ in range(n):
         pads.append([])
@@ -44,4 +57,19 @@ def group_queries(q, t0, h0, n, G, Qb, mm_dtype, q0=0):
                          src=qT_ps.ap([[R, dp], [GQ, n], [1, GQ]]))
         for j in range(n):
             pads[j].append(pad[:, j * R:(j + 1) * R])
-    return pads
+    return pads, poison
+
+
+def _finite_rows(rows):
+    """(rows with non-finite elements replaced by 0, [R, 1] fp32 poison: sum of rows * 0 per
+    row, 0 for a finite row and NaN otherwise)."""
+    R, D = rows.shape
+    poison = nl.ndarray((R, 1), nl.float32, buffer=nl.sbuf, name="q_poison")
+    scratch = nl.ndarray((R, D), nl.float32, buffer=nl.sbuf, name="q_times_0")
+    nisa.activation(dst=scratch, op=nl.copy, data=rows, scale=0.0, reduce_op=nl.add,
+                    reduce_res=poison, reduce_cmd=nisa.reduce_cmd.reset_reduce)
+    finite = nl.ndarray((R, D), nl.uint8, buffer=nl.sbuf, name="q_finite")
+    nisa.tensor_scalar(dst=finite, data=scratch, op0=nl.equal, operand0=0.0)
+    clean = nl.ndarray((R, D), rows.dtype, buffer=nl.sbuf, name="q_clean")
+    nisa.select_reduce(dst=clean, predicate=finite, on_true=rows, on_false=0.0)
+    return clean, poison

@@ -2,9 +2,10 @@
 
 State: negm (minus the running max m; m starts at -3.4e38, finite so exp(m_old - m_new) never sees
 inf - inf),
-l (running sum of exp), acc [G, D] (running P @ V). Masked logits get -3.4e38 added, so their exp
-is 0 once any real logit has been seen; a chunk seen before any real logit is wiped by the
-rescale exp(m_old - m_new) = 0 when one arrives.
+l (running sum of exp), acc [G, D] (running P @ V). Masked logits are replaced by -3.4e38 (selected,
+never added: a NaN or inf score at a key a row does not see cannot reach it), so their exp is 0
+once any real logit has been seen; a chunk seen before any real logit is wiped by the rescale
+exp(m_old - m_new) = 0 when one arrives.
 """
 
 from __future__ import annotations
@@ -32,6 +33,14 @@ def state_tile(rows, D):
     return st
 
 
+def poison_state(st, poison):
+    """Add ``poison`` [rows, 1] (0, or NaN for a query row that held a non-finite element: see
+    ``kernel_queries``) to a state's l and acc, so the row's output and LSE end NaN whatever its
+    scores (they were computed from the cleaned row)."""
+    D = st.shape[1] - 2
+    nisa.tensor_scalar(dst=st[:, 1:D + 2], data=st[:, 1:D + 2], op0=nl.add, operand0=poison)
+
+
 def state_views(st):
     """[negm, l, acc] views of a ``state_tile``."""
     return [st[:, 0:1], st[:, 1:2], st[:, 2:st.shape[1]]]
@@ -55,21 +64,20 @@ def store_state(scratch, slot, t, R, st):
     nisa.dma_copy(dst=_slot_rows(scratch, slot, t, R, st.shape[0]), src=st)
 
 
-def mask_bias(cursor, bounds, iota_rt):
-    """[R, T] fp32: 0 where the chunk's token t is inside [W, L), else NEG_BIG. ``iota_rt`` holds t
-    in column t; with s = the chunk's first position, t is inside when W - s <= t < L - s."""
+def mask_keep(cursor, bounds, iota_rt):
+    """[R, T] uint8: 1 where the chunk's token t is inside [W, L) of the row, else 0 (the
+    predicate ``chunk_scores`` selects with). ``iota_rt`` holds t in column t; with s = the
+    chunk's first position, t is inside when W - s <= t < L - s."""
     R, T = iota_rt.shape
     hi, lo = nl.ndarray((R, 1), nl.int32, buffer=nl.sbuf, name="lim_hi"), nl.ndarray(
         (R, 1), nl.int32, buffer=nl.sbuf, name="lim_lo")
     nisa.tensor_tensor(dst=hi, data1=bounds.L_r, data2=cursor["start"], op=nl.subtract)
     nisa.tensor_tensor(dst=lo, data1=bounds.W_r, data2=cursor["start"], op=nl.subtract)
-    ok = _f32((R, T), "ok_g")
+    ok = nl.ndarray((R, T), nl.uint8, buffer=nl.sbuf, name="ok_g")
     nisa.tensor_scalar(dst=ok, data=iota_rt, op0=nl.less, operand0=hi)
-    late = _f32((R, T), "late_g")
+    late = nl.ndarray((R, T), nl.uint8, buffer=nl.sbuf, name="late_g")
     nisa.tensor_scalar(dst=late, data=iota_rt, op0=nl.greater_equal, operand0=lo)
     nisa.tensor_tensor(dst=ok, data1=ok, data2=late, op=nl.multiply)
-    nisa.tensor_scalar(dst=ok, data=ok, op0=nl.subtract, operand0=1.0, op1=nl.multiply,
-                       operand1=-NEG_BIG)
     return ok
 
 
@@ -126,9 +134,10 @@ def k_transposed(k_sb, h0, n, D, mm_dtype):
     return kT
 
 
-def chunk_scores(q_pads, kTs, T, bias, scale, soft_cap, mm_dtype):
+def chunk_scores(q_pads, kTs, T, keep, scale, soft_cap, mm_dtype):
     """SBUF [n*G, W*T] fp32 scores of W chunks (``kTs``: each chunk's ``k_transposed``) for a
-    tile of query rows: scaled, soft-capped, plus the mask bias. The first half of a softmax
+    tile of query rows: scaled, soft-capped, and NEG_BIG selected where ``keep`` (``mask_keep``)
+    is 0. The first half of a softmax
     step, issued ahead of the second (``softmax_step``) so TensorE makes the next scores while
     VectorE and ScalarE work on these."""
     s_ps = _scores(q_pads, kTs, T, mm_dtype)
@@ -138,8 +147,8 @@ def chunk_scores(q_pads, kTs, T, bias, scale, soft_cap, mm_dtype):
     if soft_cap > 0:
         nisa.activation(dst=s, op=nl.tanh, data=s, scale=1.0 / soft_cap)
         nisa.tensor_scalar(dst=s, data=s, op0=nl.multiply, operand0=float(soft_cap))
-    if bias is not None:
-        nisa.tensor_tensor(dst=s, data1=s, data2=bias, op=nl.add)
+    if keep is not None:
+        nisa.select_reduce(dst=s, predicate=keep, on_true=s, on_false=NEG_BIG)
     return s
 
 

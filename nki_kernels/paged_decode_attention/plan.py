@@ -31,6 +31,7 @@ PTR, LEN, WIN, C0, FULL_LO, FULL_HI, C1, SLOT0, ENTRY0, POS0, OUT, HI_BASE, Q_BA
     LOAD, STORE = range(16)
 META_COLS = 16
 NO_WINDOW = 1 << 24          # W_SPAN without a sliding window: every W_r clamps to 0
+MAX_KV_LEN = NO_WINDOW - 1   # keys per request: positions stay exact in the kernel's fp32 ALU
 
 
 @dataclass(frozen=True)
@@ -139,7 +140,7 @@ def query_blocks(kv_indptr, kv_lens, qo_lens, q_block, window_left, causal, page
     hi_base = q_base if causal else L_req
     L = np.where(ql[req] > 0, np.clip(hi_base + last if causal else L_req, 0, L_req), 0)
     L_lo = np.minimum(np.clip(hi_base, 0, L_req), L)  # the first row's keys end
-    span = window_left + 1 if window_left >= 0 else NO_WINDOW
+    span = window_span(window_left)
     W = np.where(L > 0, np.maximum(0, q_base - span), 0)
     W_hi = np.where(L > 0, np.maximum(0, q_base + last - span), 0)
     c0, c1 = W // T, -(-L // T)
@@ -148,6 +149,13 @@ def query_blocks(kv_indptr, kv_lens, qo_lens, q_block, window_left, causal, page
     ptr = np.asarray(kv_indptr, np.int64)[:kv.size][req]
     return _Requests(ptr, L, W, c0, c1, full_lo, full_hi, np.arange(req.size) * q_block, req, q0,
                      hi_base, q_base, span)
+
+
+def window_span(window_left: int) -> int:
+    """W_SPAN of a window: window_left + 1 keys, or NO_WINDOW for -1 and for any window at least
+    as long as a sequence can be (keys stay below MAX_KV_LEN, so such a window keeps them all;
+    the int32 table and the fp32 index arithmetic never see a larger number)."""
+    return NO_WINDOW if window_left < 0 or window_left >= MAX_KV_LEN else int(window_left) + 1
 
 
 def request_table(kv_indptr, kv_lens, window_left: int, page_size: int, rows: int) -> np.ndarray:

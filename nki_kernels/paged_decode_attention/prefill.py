@@ -13,6 +13,7 @@ import numpy as np
 from nki_kernels.buckets import bucket
 from nki_kernels.launch_options import check_lnc
 from nki_kernels.paged_kv_append.checks import csr_counts, require_int32_vector
+from nki_kernels.paged_kv_append.layout import check_writable
 
 from .checks import check_batch_decode_inputs, soft_cap
 from .decode import cache_rows, kernel_arguments, table_capacity
@@ -37,7 +38,8 @@ def batch_prefill(q, paged_kv_cache, qo_indptr, kv_indptr, kv_indices, kv_last_p
         causal: query i of a request with q_len queries and kv_len keys sees keys below
             kv_len - q_len + i + 1 (needs kv_len >= q_len); False (FlashInfer's default): all keys
         window_left: >= 0 keeps keys at or after position kv_len - q_len + i - window_left
-            (causal or not, as FlashInfer); sm_scale, logits_soft_cap, sinks, k_scale, v_scale,
+            (causal or not, as FlashInfer; any window_left >= kv_len - 1 keeps every key);
+            sm_scale, logits_soft_cap, sinks, k_scale, v_scale,
             lnc: as ``batch_decode``
         append_key, append_value: [Q, H, D] in the cache dtype, or None: the new tokens' K/V,
             written into the cache (in place, as ``append_paged_kv_cache`` at each query token's
@@ -45,7 +47,9 @@ def batch_prefill(q, paged_kv_cache, qo_indptr, kv_indptr, kv_indices, kv_last_p
             rows into an fp8 cache are quantized on write with k_scale / v_scale (the scales
             attention reads back with; numbers or float arrays [H] per kv head)
     Returns:
-        out [Q, HQ, D] in q's dtype; with return_lse also lse [Q, HQ] float32, base 2.
+        out [Q, HQ, D] in q's dtype; with return_lse also lse [Q, HQ] float32, base 2. Masked
+        scores are selected away, never added: a NaN or inf at a key a query does not see never
+        reaches that query's output (docs/numerics.md gives the whole NaN semantics).
     Work items are blocks of Qb query tokens of one request (``query_block``: the largest q_len
     rounded up to a power of two while one tile of heads x group x Qb <= 128 score rows holds
     them, else up to 4 such tiles of 128 // group tokens), so each chunk of keys is read once for
@@ -67,6 +71,10 @@ def batch_prefill(q, paged_kv_cache, qo_indptr, kv_indptr, kv_indices, kv_last_p
                                          qo_indptr, kv_indptr, kv_indices, kv_last_page_len,
                                          prob.kv_lens, q.shape[0], *write_scales, lnc=lnc)
         writes = (*arrays, write)
+        # every input is read before the write: q (read again by a mixed batch's second launch)
+        # and sinks (read at the end of each item) are copied when they view the cache
+        q, sinks = (None if a is None else check_writable(paged_kv_cache, (a,))[0]
+                    for a in (q, sinks))
     options = (paged_kv_cache, bool(causal), logits_soft_cap, window_left, sinks, k_scale,
                v_scale, cores)
     single = q_lens == 1

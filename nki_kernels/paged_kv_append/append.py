@@ -153,7 +153,7 @@ def reshape_and_cache(key, value, key_cache, value_cache, slot_mapping, kv_layou
             raise TypeError(f"{name} dtype {a.dtype} must equal the cache dtype {key_cache.dtype}")
     if key.shape != value.shape or key.dtype != value.dtype:
         raise ValueError(f"key {key.shape} {key.dtype} and value {value.shape} {value.dtype} differ")
-    quant = quant_table(k_scale, v_scale, key_cache.dtype, key.dtype, geo.num_heads, geo.head_dim)
+    quant = quant_table(k_scale, v_scale, key_cache.dtype, {"key": key.dtype}, geo.num_heads, geo.head_dim)
     if not isinstance(slot_mapping, np.ndarray) or slot_mapping.dtype not in (np.int32, np.int64):
         raise TypeError("slot_mapping must be a numpy int32 or int64 array")
     if slot_mapping.shape != (key.shape[0],):

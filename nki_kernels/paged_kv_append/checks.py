@@ -66,7 +66,8 @@ def check_append_rows(append_key, append_value, batch_indices, positions, paged_
     quantize = k_scale is not None or v_scale is not None
     geo = check_append_shapes(append_key, append_value, batch_indices, positions, paged_kv_cache,
                               kv_indices, kv_indptr, kv_last_page_len, kv_layout, quantize)
-    quant = quant_table(k_scale, v_scale, split_cache(paged_kv_cache)[0].dtype, append_key.dtype,
+    quant = quant_table(k_scale, v_scale, split_cache(paged_kv_cache)[0].dtype,
+                        {"append_key": append_key.dtype, "append_value": append_value.dtype},
                         geo.num_heads, geo.head_dim)
     return geo, quant
 
@@ -93,14 +94,51 @@ def check_page_table(kv_indices, kv_indptr, kv_last_page_len, geo: CacheGeometry
     if bad.any():
         i = int(np.flatnonzero(bad)[0])
         raise ValueError(f"kv_indices[{i}]={used[i]} is not a page of the cache (0..{geo.num_pages - 1})")
+    return kv_lengths(pages, kv_last_page_len, geo.page_size)
+
+
+def kv_lengths(pages, kv_last_page_len, page_size: int) -> np.ndarray:
+    """Each request's KV length (int64) from its page count ``pages`` and ``kv_last_page_len``,
+    which must be in [1, page_size] for a request with pages and 0 for one without."""
     last = kv_last_page_len.astype(np.int64)
     empty = pages == 0
-    bad = np.where(empty, last != 0, (last < 1) | (last > geo.page_size))
+    bad = np.where(empty, last != 0, (last < 1) | (last > page_size))
     if bad.any():
         b = int(np.flatnonzero(bad)[0])
-        rule = "0 for a request with no pages" if empty[b] else f"in [1, page_size={geo.page_size}]"
+        rule = "0 for a request with no pages" if empty[b] else f"in [1, page_size={page_size}]"
         raise ValueError(f"kv_last_page_len[{b}]={last[b]} must be {rule}")
-    return np.where(empty, 0, (pages - 1) * geo.page_size + last)
+    return np.where(empty, 0, (pages - 1) * page_size + last)
+
+
+def require_count(name: str, value, low: int = 0) -> int:
+    """An integer (Python or NumPy, not bool) >= ``low``, as int."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{name}={value!r} must be an integer, got {type(value).__name__}")
+    if value < low:
+        raise ValueError(f"{name}={value} must be >= {low}")
+    return int(value)
+
+
+def require_counts(name: str, values, length: int, why: str = "") -> np.ndarray:
+    """One integer >= 0 per entry (a sequence or an integer array of ``length``; ``why`` says
+    where that length comes from), as int64 [length]."""
+    if not isinstance(values, np.ndarray):
+        values = list(values) if isinstance(values, (list, tuple, range)) else [values]
+        bad = [v for v in values if isinstance(v, (bool, np.bool_))
+               or not isinstance(v, (int, np.integer))]
+        if bad:
+            raise TypeError(f"{name} must hold integers, got {bad[0]!r}")
+        values = np.array(values, np.int64).reshape(-1)
+    elif values.dtype.kind not in "iu":
+        raise TypeError(f"{name} must hold integers, got a {values.dtype} array")
+    arr = values
+    if arr.ndim != 1 or arr.shape[0] != length:
+        raise ValueError(f"{name} has shape {arr.shape}; it must give one count per request "
+                         f"({length}{', ' + why if why else ''})")
+    if (arr < 0).any():
+        i = int(np.flatnonzero(arr < 0)[0])
+        raise ValueError(f"{name}[{i}]={arr[i]} must be >= 0")
+    return arr.astype(np.int64)
 
 
 def destination_slots(batch_indices, positions, kv_indices, kv_indptr, kv_lens, geo: CacheGeometry):

@@ -13,6 +13,8 @@ import numpy as np
 
 from .append import append_paged_kv_cache
 from .batch_indices import get_batch_indices_positions
+from .checks import require_count, require_counts
+from .layout import CACHE_DTYPES
 
 
 class OutOfPages(RuntimeError):
@@ -27,8 +29,13 @@ class PagedKVCache:
                  kv_layout="NHD", fused=True, fill=0.0):
         if kv_layout not in ("NHD", "HND"):
             raise ValueError(f"kv_layout={kv_layout!r} must be 'NHD' or 'HND'")
-        if min(num_pages, page_size, num_kv_heads, head_dim) < 1:
-            raise ValueError("num_pages, page_size, num_kv_heads and head_dim must be >= 1")
+        num_pages, page_size, num_kv_heads, head_dim = (
+            require_count(name, value, 1) for name, value in (
+                ("num_pages", num_pages), ("page_size", page_size),
+                ("num_kv_heads", num_kv_heads), ("head_dim", head_dim)))
+        if np.dtype(dtype).name not in CACHE_DTYPES:
+            raise TypeError(f"dtype={np.dtype(dtype).name} must be one of {CACHE_DTYPES} "
+                            f"(the kernels' cache dtypes)")
         self.page_size, self.kv_layout = page_size, kv_layout
         inner = (page_size, num_kv_heads, head_dim) if kv_layout == "NHD" else (num_kv_heads, page_size, head_dim)
         if fused:
@@ -65,9 +72,9 @@ class PagedKVCache:
     def reserve(self, rids, num_new_tokens):
         """Grow each request by its count of tokens, allocating pages; all or nothing."""
         self._known(rids, unique=True)
-        counts = np.broadcast_to(np.asarray(num_new_tokens, np.int64), (len(rids),))
-        if (counts < 0).any():
-            raise ValueError(f"num_new_tokens {counts.tolist()} must be >= 0")
+        if isinstance(num_new_tokens, (int, np.integer)) and not isinstance(num_new_tokens, bool):
+            num_new_tokens = [num_new_tokens] * len(rids)        # one count for every request
+        counts = require_counts("num_new_tokens", num_new_tokens, len(rids), "one per rid")
         need = [max(0, -(-(self._lens[r] + int(n)) // self.page_size) - len(self._pages[r]))
                 for r, n in zip(rids, counts)]
         if sum(need) > len(self._free):
@@ -81,9 +88,9 @@ class PagedKVCache:
         speculative decoding), returning pages past them to the pool; the rows stay as they are
         and are overwritten by the next append."""
         self._known([rid])
-        if not isinstance(new_len, (int, np.integer)) or not 0 <= new_len <= self._lens[rid]:
-            raise ValueError(f"new_len={new_len!r} must be an integer in [0, seq_len="
-                             f"{self._lens[rid]}]")
+        new_len = require_count("new_len", new_len)
+        if new_len > self._lens[rid]:
+            raise ValueError(f"new_len={new_len} must be in [0, seq_len={self._lens[rid]}]")
         self._rollback([rid], [self._lens[rid] - int(new_len)])
 
     # -- FlashInfer page table ------------------------------------------------------------------
@@ -100,10 +107,11 @@ class PagedKVCache:
         """Reserve room and write ragged K/V ([sum(append_lens), H, D]) for requests ``rids``
         (``lnc=2``: over both cores of a trn2 logical core). On any failure the reservation is
         rolled back: lengths and pages are as before the call."""
-        append_lens = np.asarray(append_lens, np.int64)
-        if append_lens.shape != (len(rids),) or append_lens.sum() != keys.shape[0]:
-            raise ValueError(f"append_lens {append_lens.tolist()} must give one count per request "
-                             f"summing to {keys.shape[0]} tokens")
+        self._known(rids, unique=True)
+        append_lens = require_counts("append_lens", append_lens, len(rids), "one per rid")
+        rows = getattr(keys, "shape", (None,))[0]
+        if append_lens.sum() != rows:
+            raise ValueError(f"append_lens {append_lens.tolist()} must sum to keys' {rows} rows")
         self.reserve(rids, append_lens)
         kv_indptr, kv_indices, last = self.page_table(rids)
         append_indptr = np.concatenate([[0], np.cumsum(append_lens)]).astype(np.int32)

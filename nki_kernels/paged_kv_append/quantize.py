@@ -16,9 +16,14 @@ FP8_DTYPES = ("float8_e4m3fn", "float8_e5m2", "float8_e4m3")
 WIDE_DTYPES = ("float32", "float16", "bfloat16")
 
 
+FP32_TINY = float(np.finfo(np.float32).tiny)      # smallest normal float32
+FP32_MAX = float(np.finfo(np.float32).max)
+
+
 def check_scale(name: str, scale, num_heads: int):
-    """A positive finite number, or a float array [num_heads] of them (per kv head): returned as
-    float32 [num_heads]."""
+    """A positive number that is a normal float32 (in [1.18e-38, 3.4e38]: the kernels take it,
+    and its reciprocal, in float32), or a float array [num_heads] of them (per kv head):
+    returned as float32 [num_heads]."""
     if isinstance(scale, np.ndarray):
         if scale.shape != (num_heads,) or scale.dtype.kind != "f":
             raise ValueError(f"{name} array must be float with shape (num_kv_heads,) = "
@@ -29,22 +34,29 @@ def check_scale(name: str, scale, num_heads: int):
         raise TypeError(f"{name}={scale!r} must be a real number or a float array [num_kv_heads]")
     else:
         values = np.full(num_heads, float(scale))
-    if not (np.isfinite(values) & (values > 0)).all():
-        raise ValueError(f"{name} must be positive and finite, got {scale!r}")
+    ok = np.isfinite(values) & (values >= FP32_TINY) & (values <= FP32_MAX)
+    if not ok.all():
+        bad = float(values[~ok][0])
+        raise ValueError(f"{name}={bad} must be a positive finite number and a normal float32 "
+                         f"(in [{FP32_TINY:.3g}, {FP32_MAX:.3g}]: the kernel uses it and its "
+                         f"float32 reciprocal)")
     return values.astype(np.float32)
 
 
-def quant_table(k_scale, v_scale, cache_dtype, row_dtype, num_heads, head_dim):
+def quant_table(k_scale, v_scale, cache_dtype, row_dtypes, num_heads, head_dim):
     """(quant [2, H*D] float32 reciprocals of K's / V's scale per element, limit) for the kernel,
-    or (None, 0.0) when rows are written as they are (their dtype equals the cache's)."""
+    or (None, 0.0) when rows are written as they are (their dtype equals the cache's).
+    ``row_dtypes``: {argument name: dtype} of the rows to write, each checked."""
     quantize = k_scale is not None or v_scale is not None
     if not quantize:
         return None, 0.0
     if np.dtype(cache_dtype).name not in FP8_DTYPES:
         raise TypeError(f"k_scale / v_scale quantize on write into an fp8 cache {FP8_DTYPES}; "
                         f"this cache is {np.dtype(cache_dtype).name}")
-    if np.dtype(row_dtype).name not in WIDE_DTYPES:
-        raise TypeError(f"rows to quantize must be one of {WIDE_DTYPES}, got {np.dtype(row_dtype)}")
+    for name, row_dtype in row_dtypes.items():
+        if np.dtype(row_dtype).name not in WIDE_DTYPES:
+            raise TypeError(f"{name} rows to quantize must be one of {WIDE_DTYPES}, got "
+                            f"{np.dtype(row_dtype)}")
     if k_scale is None or v_scale is None:
         raise ValueError("quantize on write needs both k_scale and v_scale")
     inverse = [np.float32(1.0) / check_scale(name, s, num_heads)

@@ -47,9 +47,9 @@ def _on_host(t):
     return to_numpy(t.detach().cpu()) if isinstance(t, torch.Tensor) else t
 
 
-def _page_size(pair, kv_layout) -> int:
+def _geometry(pair, kv_layout):
     from .device import _cache_meta
-    return geometry(_cache_meta(pair), kv_layout).page_size
+    return geometry(_cache_meta(pair), kv_layout)
 
 
 def _device_cache(kv_cache):
@@ -91,10 +91,11 @@ def append_kv_device(key, value, kv_cache, block_tables, seq_lens, query_start_l
     pair = _device_cache(kv_cache)
     (indptr, indices, last), batch, positions = _np.append_tables(
         *(_on_host(t) for t in (block_tables, seq_lens, query_start_loc)),
-        _page_size(pair, kv_layout), key.shape[0])
-    append_device(key, value, *(_dev(a, pair[0]) for a in (batch, positions)), pair,
-                  *(_dev(a, pair[0]) for a in (indices, indptr, last)), kv_layout, k_scale,
-                  v_scale)
+        _geometry(pair, kv_layout), key.shape[0])
+    with _np.caller_names():
+        append_device(key, value, *(_dev(a, pair[0]) for a in (batch, positions)), pair,
+                      *(_dev(a, pair[0]) for a in (indices, indptr, last)), kv_layout, k_scale,
+                      v_scale)
 
 
 def attention_device(q, kv_cache, block_tables, seq_lens, query_start_loc=None,
@@ -106,16 +107,20 @@ def attention_device(q, kv_cache, block_tables, seq_lens, query_start_loc=None,
     from . import device
     _numbers_only(k_scale=k_scale, v_scale=v_scale)
     pair = _device_cache(kv_cache)
+    geo = _geometry(pair, kv_layout)
+    seq_lens = _on_host(seq_lens)
     indptr, indices, last = (device._dev(a, q) for a in _np.block_tables_to_csr(
-        _on_host(block_tables), _on_host(seq_lens), _page_size(pair, kv_layout)))
-    if query_start_loc is None:
-        out, lse = device.decode_device(q, pair, indptr, indices, last, kv_layout, sm_scale,
-                                        logits_soft_cap, window_left, sinks, k_scale, v_scale)
-    else:
-        out, lse = device.prefill_device(q, pair, query_start_loc, indptr, indices, last,
-                                         kv_layout, causal, sm_scale, logits_soft_cap,
-                                         window_left, sinks, append_key, append_value, k_scale,
-                                         v_scale)
+        _on_host(block_tables), seq_lens, geo.page_size, geo.num_pages))
+    with _np.caller_names():
+        if query_start_loc is None:
+            out, lse = device.decode_device(q, pair, indptr, indices, last, kv_layout, sm_scale,
+                                            logits_soft_cap, window_left, sinks, k_scale, v_scale)
+        else:
+            _np.check_query_start_loc(_on_host(query_start_loc), seq_lens)
+            out, lse = device.prefill_device(q, pair, query_start_loc, indptr, indices, last,
+                                             kv_layout, causal, sm_scale, logits_soft_cap,
+                                             window_left, sinks, append_key, append_value,
+                                             k_scale, v_scale)
     return (out, lse) if return_lse else out
 
 

@@ -122,7 +122,8 @@ def append_paged_kv_cache(append_key: Tensor, append_value: Tensor, batch_indice
         if k_scale is not None or v_scale is not None:
             from nki_kernels.paged_kv_append.quantize import quant_table, quantize_ref
             cache = args[4]
-            quant_table(k_scale, v_scale, cache.dtype, args[0].dtype,      # the same checks
+            quant_table(k_scale, v_scale, cache.dtype,                     # the same checks
+                        {"append_key": args[0].dtype, "append_value": args[1].dtype},
                         args[0].shape[1] if args[0].ndim == 3 else 1, 1)
             args[0], args[1] = (quantize_ref(a, s, cache.dtype)
                                 for a, s in ((args[0], k_scale), (args[1], v_scale)))

@@ -6,10 +6,12 @@ A case is a plain dict; ``snapshot``/``unchanged`` compare every array argument 
 
 from __future__ import annotations
 
+import os
+
 import ml_dtypes
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
 
 from nki_kernels import simulate
@@ -25,12 +27,16 @@ BUDGETS = [pytest.param(1, id="default"),
 
 def run(prop, strategy, examples: int, budget: int) -> None:
     """Check ``prop(case)`` on ``examples * budget`` cases drawn from ``strategy``. The default
-    run is derandomised (the same cases every run); the long run draws new ones each time."""
-    settings(max_examples=examples * budget, deadline=None, derandomize=budget == 1,
-             database=None, print_blob=True,
-             suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
-                                    HealthCheck.filter_too_much])(
-        given(strategy)(prop))()
+    run is derandomised (the same cases every run); the long run draws new ones each time, or
+    the ones of the seed ``NKI_FUZZ_SEED`` when it is set (CI: a fixed seed, replayable)."""
+    test = settings(max_examples=examples * budget, deadline=None, derandomize=budget == 1,
+                    database=None, print_blob=True,
+                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
+                                           HealthCheck.filter_too_much])(given(strategy)(prop))
+    fixed = os.environ.get("NKI_FUZZ_SEED")
+    if budget > 1 and fixed:
+        test = seed(int(fixed))(test)
+    test()
 
 
 def bits(a) -> np.ndarray:

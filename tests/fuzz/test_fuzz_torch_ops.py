@@ -73,7 +73,9 @@ def corrupt(t, kind):
         t[5] = t[5].to("meta")
         return "kv_indices is on meta"
     if kind == "strided cache":
-        t[4] = torch.cat([t[4], t[4]], dim=0)[::2]
+        # the first half of a cache twice as wide: strided whatever its size (a [::2] slice of
+        # pages is contiguous after all when the cache has one page)
+        t[4] = torch.cat([t[4], t[4]], dim=-1)[..., :t[4].shape[-1]]
         return "C-contiguous"
     if kind == "int64 positions":
         t[3] = t[3].to(torch.int64)
@@ -155,3 +157,21 @@ def test_torch_block_table_append_writes_what_append_writes(budget):
                 torch.from_numpy(seq_lens), torch.from_numpy(qsl), c["layout"])
         _check_written(c, c["cache"])
     run(prop, cases, 20, budget)
+
+
+def test_one_page_cache_strided_by_page_is_contiguous_and_empty_append_of_strided_is_refused():
+    """Regression (a fresh draw): a [::2] slice of a one-page cache is contiguous (it was the
+    fuzz's 'strided' corruption, so an empty append was wrongly expected to fail); a really
+    strided cache is refused whatever the number of rows, empty appends included."""
+    cache = torch.zeros((1, 2, 1, 1, 4))
+    one_page = torch.cat([cache, cache], 0)[::2]
+    strided = torch.cat([cache, cache], dim=-1)[..., :4]
+    empty = torch.zeros((0, 1, 4))
+    idx = [torch.zeros(0, dtype=torch.int32)] * 2
+    table = (torch.zeros(1, dtype=torch.int32), torch.tensor([0, 1], dtype=torch.int32),
+             torch.ones(1, dtype=torch.int32))
+    torch.ops.nki_kernels.append_paged_kv_cache(empty, empty, *idx, one_page, *table, "NHD")
+    before = strided.clone()
+    with pytest.raises(ValueError, match="C-contiguous"):
+        torch.ops.nki_kernels.append_paged_kv_cache(empty, empty, *idx, strided, *table, "NHD")
+    assert torch.equal(strided, before)

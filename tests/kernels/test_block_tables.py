@@ -202,9 +202,12 @@ def test_bad_pairs_refused(pair):
                                     np.zeros((1, 1), np.int32), np.ones(1, np.int32))
 
 
-@pytest.mark.parametrize("page_size", [0, 2.0, None])
-def test_bad_page_size(page_size):
-    with pytest.raises(ValueError, match="page_size"):
+@pytest.mark.parametrize("page_size, error, rule", [(0, ValueError, "page_size=0 must be >= 1"),
+                                                    (2.0, TypeError, "must be an integer"),
+                                                    (None, TypeError, "must be an integer"),
+                                                    (True, TypeError, "must be an integer")])
+def test_bad_page_size(page_size, error, rule):
+    with pytest.raises(error, match=rule):
         block_tables_to_csr(np.zeros((1, 1), np.int32), np.ones(1, np.int32), page_size)
 
 

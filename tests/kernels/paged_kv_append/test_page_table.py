@@ -56,8 +56,8 @@ def test_truncate_returns_pages_past_the_kept_tokens():
     assert last.tolist() == [1]
     cache.truncate("a", 0)
     assert cache.pages("a") == [] and cache.num_free_pages == 8
-    for bad in (-1, 1, 2.0):
-        with pytest.raises(ValueError, match="new_len"):
+    for bad, error in ((-1, ValueError), (1, ValueError), (2.0, TypeError), (True, TypeError)):
+        with pytest.raises(error, match="new_len"):
             cache.truncate("a", bad)
     with pytest.raises(KeyError, match="'b'"):
         cache.truncate("b", 0)

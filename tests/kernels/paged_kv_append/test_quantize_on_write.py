@@ -77,7 +77,7 @@ def test_reference_quantizes_in_float32_per_head():
     got = quantize_ref(rows.astype(ml_dtypes.bfloat16), np.array([0.5], np.float32), E4M3)
     assert got.dtype == E4M3
     assert got.astype(np.float32).tolist() == [[[2.0, -6.0]], [[448.0, 0.203125]]]
-    with pytest.raises(ValueError, match="scale must be positive"):
+    with pytest.raises(ValueError, match="scale=0.0 must be a positive finite number"):
         quantize_ref(rows, 0.0, E4M3)
 
 
@@ -136,9 +136,9 @@ def test_fused_write_quantizes_and_attention_reads_back_with_the_scales(rng, tar
     (dict(k_scale=0.5, v_scale=0.5), np.float32, TypeError, "into an fp8 cache"),
     (dict(k_scale=0.5), E4M3, ValueError, "both k_scale and v_scale"),
     (dict(k_scale=np.ones(3, np.float32), v_scale=1.0), E4M3, ValueError, r"\(num_kv_heads,\)"),
-    (dict(k_scale=-1.0, v_scale=1.0), E4M3, ValueError, "positive and finite"),
+    (dict(k_scale=-1.0, v_scale=1.0), E4M3, ValueError, "must be a positive finite number"),
     (dict(k_scale=1.0, v_scale=np.array([0.5, 0.0], np.float32)), E4M3, ValueError,
-     "positive and finite"),
+     "v_scale=0.0 must be a positive finite number"),
     (dict(k_scale=1.0, v_scale=np.array([0.5, 1], np.int32)), E4M3, ValueError, "must be float"),
     (dict(k_scale="2", v_scale=1.0), E4M3, TypeError, "real number"),
     (dict(), E4M3, TypeError, "pass k_scale and v_scale"),
