@@ -20,8 +20,10 @@ from contextlib import contextmanager
 
 import numpy as np
 
-from nki_kernels.paged_decode_attention import batch_decode, batch_prefill
-from nki_kernels.paged_kv_append import append_paged_kv_cache, get_batch_indices_positions
+from nki_kernels.paged_decode_attention import (batch_decode, batch_decode_ref, batch_prefill,
+                                                batch_prefill_ref)
+from nki_kernels.paged_kv_append import (append_paged_kv_cache, append_paged_kv_cache_ref,
+                                         get_batch_indices_positions)
 from nki_kernels.paged_kv_append.checks import (csr_counts, kv_lengths, require_count,
                                                 require_int32_vector)
 from nki_kernels.paged_kv_append.layout import geometry
@@ -192,4 +194,31 @@ def attention_with_block_tables(q, kv_cache, block_tables, seq_lens, query_start
             return batch_decode(q, pair, indptr, indices, last, kv_layout, **options)
         check_query_start_loc(query_start_loc, seq_lens)
         return batch_prefill(q, pair, query_start_loc, indptr, indices, last, kv_layout,
+                             causal=causal, **options)
+
+
+def append_kv_with_block_tables_ref(key, value, kv_cache, block_tables, seq_lens,
+                                    query_start_loc, kv_layout="HND"):
+    """The reference of ``append_kv_with_block_tables``: a copy of the cache (the same form:
+    a (2, N, ...) array or a (k, v) pair) with each request's new rows written."""
+    pair = kv_pair(kv_cache)
+    (indptr, indices, last), batch, positions = append_tables(
+        block_tables, seq_lens, query_start_loc, geometry(pair, kv_layout), np.shape(key)[0])
+    k, v = append_paged_kv_cache_ref(key, value, batch, positions, pair, indices, indptr, last,
+                                     kv_layout)
+    return (k, v) if isinstance(kv_cache, (tuple, list)) else np.stack([k, v])
+
+
+def attention_with_block_tables_ref(q, kv_cache, block_tables, seq_lens, query_start_loc=None,
+                                    kv_layout="HND", causal=True, **options):
+    """The float64 reference of ``attention_with_block_tables`` (``batch_decode_ref`` or
+    ``batch_prefill_ref`` over the CSR table of the block tables); options as there, without
+    the fused write."""
+    pair = kv_pair(kv_cache)
+    geo = geometry(pair, kv_layout)
+    indptr, indices, last = block_tables_to_csr(block_tables, seq_lens, geo.page_size,
+                                                geo.num_pages)
+    if query_start_loc is None:
+        return batch_decode_ref(q, pair, indptr, indices, last, kv_layout, **options)
+    return batch_prefill_ref(q, pair, query_start_loc, indptr, indices, last, kv_layout,
                              causal=causal, **options)

@@ -19,8 +19,8 @@ shape and dtype; tensors all on HBM or all in SBUF. Every channel uses the same 
 from __future__ import annotations
 
 from . import context
-from .collectives import _combine, _exchange, _fail, _group, _record, _reduce_op, _resolve_all
-from .collectives import _check_shape
+from .collectives_common import _combine, _exchange, _fail, _group, _record, _reduce_op, _resolve_all
+from .collectives_common import _check_shape
 from .registers import NkiScalar, VirtualRegister
 
 MAX_CHANNELS = 4

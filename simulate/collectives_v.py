@@ -24,7 +24,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import context
-from .collectives import _exchange, _fail, _group, _record, _resolve_all
+from .collectives_common import _exchange, _fail, _group, _record, _resolve_all
 
 
 def _metadata(op, metadata_tensor, n, has_rdispls):

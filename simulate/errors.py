@@ -58,3 +58,11 @@ class TargetError(ValidationError):
 
 class UnsupportedError(SimulationError, NotImplementedError):
     """A documented NKI feature this simulator does not model (yet)."""
+
+
+class SubsetError(ValidationError):
+    """Kernel code or an argument outside the Python subset the NKI compiler accepts."""
+
+
+class SubsetWarning(UserWarning):
+    """Kernel code the NKI front-end's public source has no form for (see ``subset``)."""

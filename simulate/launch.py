@@ -23,6 +23,7 @@ import numpy as np
 
 from . import compile_cache, context, dtypes, subset
 from .lnc import run_instances
+from .ranks import is_torch, launch_ranks
 from .blas_threads import one_blas_thread
 from .memory import Memory
 from .targets import get_target
@@ -79,8 +80,7 @@ class Kernel:
 
     def __call__(self, *args, **kwargs):
         if self.ranks is not None:
-            from .ranks import launch_ranks
-            return launch_ranks(self.fn, args, kwargs, self.ranks, grid=self.grid,
+            return launch_ranks(launch, self.fn, args, kwargs, self.ranks, grid=self.grid,
                                 target=self.target)
         return launch(self.fn, args, kwargs, grid=self.grid, target=self.target,
                       shuffle=self.shuffle, seed=self.seed)
@@ -212,7 +212,7 @@ class _Converter:
     def to_device(self, value, where: str):
         if isinstance(value, ndarray):
             return value
-        if _is_torch(value):
+        if is_torch(value):
             self.torch_like = value
             tensor = self.to_device(_torch_to_numpy(value), where)
             self.hosts[id(tensor._storage)] = (tensor._storage, value)
@@ -260,10 +260,6 @@ class _Converter:
         if isinstance(value, dict):
             return {k: self.to_host(v) for k, v in value.items()}
         return value
-
-
-def _is_torch(value) -> bool:
-    return type(value).__module__.startswith("torch") and hasattr(value, "detach")
 
 
 def _torch_to_numpy(t) -> np.ndarray:

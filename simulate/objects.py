@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import typing
 
+from .errors import SubsetError
+
 _NOT_FIELDS = (staticmethod, classmethod, property, type)
 
 
@@ -24,7 +26,6 @@ class NKIObject:
         super().__init_subclass__(**kwargs)
         others = [b.__name__ for b in cls.__bases__ if not issubclass(b, NKIObject)]
         if others:
-            from .subset import SubsetError
             raise SubsetError(f"class {cls.__name__} derives from {', '.join(others)}: NKI "
                               f"classes derive from NKIObject and no other class",
                               op="NKIObject", operand=cls.__name__)

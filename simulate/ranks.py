@@ -16,8 +16,12 @@ from typing import Any, List
 
 import numpy as np
 
-from .launch import _is_torch, launch
 from .lnc import run_instances
+
+
+def is_torch(value) -> bool:
+    """A torch tensor (told apart without importing torch)."""
+    return type(value).__module__.startswith("torch") and hasattr(value, "detach")
 
 
 @dataclass(frozen=True)
@@ -39,13 +43,14 @@ def _for_rank(value, rank, ranks, where):
         return value.values[rank]
     if isinstance(value, np.ndarray):
         return value.copy()
-    if _is_torch(value):
+    if is_torch(value):
         return value.clone()
     return value
 
 
-def launch_ranks(fn, args, kwargs, ranks, grid=(), target=None) -> list:
-    """Run ``fn`` on ``ranks`` ranks concurrently; the per-rank results, by rank."""
+def launch_ranks(launch, fn, args, kwargs, ranks, grid=(), target=None) -> list:
+    """Run ``fn`` on ``ranks`` ranks concurrently through ``launch`` (``launch.launch``, passed
+    in so this module does not import it); the per-rank results, by rank."""
     if not isinstance(ranks, (int, np.integer)) or ranks < 1:
         raise ValueError(f"ranks={ranks!r}: a multi-rank launch needs a positive rank count")
     if grid and grid[0] > 1:

@@ -46,14 +46,11 @@ import warnings
 
 import numpy as np
 
-from .errors import ValidationError
+from .errors import SubsetError, SubsetWarning  # noqa: F401 (SubsetWarning: re-exported)
+from .objects import NKIObject
 
 INT32 = (-2**31, 2**32 - 1)            # signed or unsigned 32-bit
 _checked = {}                          # (id(code), strict) -> (code, None | SubsetError)
-
-
-class SubsetError(ValidationError):
-    """Kernel code or an argument outside the Python subset the NKI compiler accepts."""
 
 
 _REFUSED = {
@@ -74,10 +71,6 @@ _FLAGGED = {
 if hasattr(ast, "Match"):
     _FLAGGED[ast.Match] = "match"
 _CLASS_BASES = {"NKIObject", "Enum", "IntEnum", "NamedTuple"}
-
-
-class SubsetWarning(UserWarning):
-    """Kernel code the NKI front-end's public source has no form for (see the module doc)."""
 
 
 def _base_name(node) -> str:
@@ -287,7 +280,6 @@ _INSTALLED = tuple(os.path.realpath(sysconfig.get_paths()[k]) + os.sep
 def check_argument(value, where: str) -> None:
     """Raise ``SubsetError`` unless ``value`` is a kind of value NKI kernels take."""
     from .ops import Op
-    from .objects import NKIObject
     if value is None or isinstance(value, (bool, str, float, np.floating, np.bool_, np.dtype,
                                            Op, NKIObject, enum.Enum)):
         return

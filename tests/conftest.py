@@ -26,11 +26,16 @@ def pytest_configure(config):
         os.environ["NKI_KERNELS_BACKEND"] = "nki"
 
 
+# Test folders about the simulator and the cost model themselves (no kernel on a device)
+SIM_ONLY_DIRS = ("simulate", "profile")
+
+
 def pytest_collection_modifyitems(config, items):
     if config.getoption("--device") == "trn":
         skip = pytest.mark.skip(reason="simulator-only test")
         for item in items:
-            if "sim_only" in item.keywords:
+            folder = item.path.parent.name
+            if "sim_only" in item.keywords or folder in SIM_ONLY_DIRS:
                 item.add_marker(skip)
 
 

@@ -28,3 +28,21 @@ def append_paged_kv_cache_ref(append_key, append_value, batch_indices, positions
         else:
             k[page, :, entry], v[page, :, entry] = append_key[t], append_value[t]
     return out
+
+
+def reshape_and_cache_ref(key, value, key_cache, value_cache, slot_mapping, kv_layout="NHD"):
+    """Copies of the caches with token t's K/V at slot ``slot_mapping[t]`` = page * P + entry
+    (a negative slot: not written), as ``reshape_and_cache`` writes them in place. Returns
+    (key_cache, value_cache) copies, or one fused-cache copy when ``value_cache`` is None."""
+    out = key_cache.copy() if value_cache is None else (key_cache.copy(), value_cache.copy())
+    k, v, _ = split_cache(out)
+    P = k.shape[1] if kv_layout == "NHD" else k.shape[2]
+    for t, slot in enumerate(slot_mapping):
+        if slot < 0:
+            continue
+        page, entry = divmod(int(slot), P)
+        if kv_layout == "NHD":
+            k[page, entry], v[page, entry] = key[t], value[t]
+        else:
+            k[page, :, entry], v[page, :, entry] = key[t], value[t]
+    return out

@@ -6,7 +6,8 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from nki_kernels.block_tables import (append_kv_with_block_tables, attention_with_block_tables,
+from nki_kernels.block_tables import (append_kv_with_block_tables, append_kv_with_block_tables_ref,
+                                      attention_with_block_tables, attention_with_block_tables_ref,
                                       block_tables_to_csr, csr_to_block_tables)
 from nki_kernels.paged_decode_attention import batch_decode, batch_prefill, batch_prefill_ref
 from nki_kernels.paged_kv_append import append_paged_kv_cache, get_batch_indices_positions
@@ -258,3 +259,30 @@ def test_default_layout_is_hnd_and_spare_page_reaches_the_append(rng, target):
     want = attention_with_block_tables(np.ones((1, 2, D), np.float32), written, tables,
                                        np.array([2], np.int32), kv_layout="HND")
     assert np.array_equal(out, want)
+
+
+def test_block_table_references_match_the_entries(rng, target):
+    P = 4
+    tables, seq_lens = _tables(rng, P)
+    q_lens = np.minimum(seq_lens, rng.integers(0, 4, seq_lens.size)).astype(np.int32)
+    qsl = np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int32)
+    key = rng.standard_normal((int(qsl[-1]), H, D)).astype(np.float32)
+    cache = _cache(rng, P, "HND")
+    want = append_kv_with_block_tables_ref(key, -key, cache, tables, seq_lens, qsl)
+    append_kv_with_block_tables(key, -key, cache, tables, seq_lens, qsl)
+    assert np.array_equal(cache, want)
+    q = rng.standard_normal((int(qsl[-1]), 2 * H, D)).astype(np.float32)
+    ref = attention_with_block_tables_ref(q, cache, tables, seq_lens, qsl)
+    np.testing.assert_allclose(attention_with_block_tables(q, cache, tables, seq_lens, qsl),
+                               ref, atol=2e-5, rtol=2e-5)
+
+
+def test_reshape_and_cache_reference(rng, target):
+    from nki_kernels.paged_kv_append import reshape_and_cache_ref
+    k_cache, v_cache = (rng.standard_normal((N, 4, H, D)).astype(np.float32) for _ in range(2))
+    slots = np.array([5, -1, 17, 0], np.int64)
+    key = rng.standard_normal((4, H, D)).astype(np.float32)
+    want_k, want_v = reshape_and_cache_ref(key, -key, k_cache, v_cache, slots)
+    reshape_and_cache(key, -key, k_cache, v_cache, slots)
+    assert np.array_equal(k_cache, want_k) and np.array_equal(v_cache, want_v)
+    assert np.array_equal(want_k[1, 1], key[0]) and np.array_equal(want_v[4, 1], -key[2])

@@ -1,7 +1,7 @@
 """The cost model against figures AWS publishes (nki_kernels/profile/calibration/published.py).
 
 A figure listed as reproduced must stay within its tolerance; one listed as not reproduced must
-still miss (the README says so: a model change that fixes it should update the README too)."""
+still miss (docs/performance.md says so: a model change that fixes it should update it too)."""
 
 import pytest
 

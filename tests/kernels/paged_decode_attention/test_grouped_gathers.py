@@ -35,6 +35,7 @@ def _gathers(trace, H, D):
 LENS = [34 * 128 + 5, 15 * 128, 3 * 128 + 77]
 
 
+@pytest.mark.sim_only
 @pytest.mark.parametrize("layout", ["NHD", "HND"])
 @pytest.mark.parametrize("page_size, H, D", [(16, 8, 128), (2, 2, 64), (48, 3, 256), (128, 1, 32),
                                              (1, 2, 64)])
@@ -60,6 +61,7 @@ def test_grouped_gathers_match_reference(rng, target, layout, page_size, H, D, f
         assert (page_size // expected, widest) in loads
 
 
+@pytest.mark.sim_only
 @pytest.mark.parametrize("kv_dtype", [ml_dtypes.bfloat16, ml_dtypes.float8_e4m3fn])
 @pytest.mark.parametrize("fused", [True, False])
 def test_grouped_gathers_low_precision(rng, target, kv_dtype, fused):

@@ -94,6 +94,7 @@ def test_two_cores_split_a_block(rng):
     np.testing.assert_allclose(one[0], two[0], atol=2e-6)
 
 
+@pytest.mark.sim_only
 def test_one_query_per_request_is_decode_exactly(rng, target):
     """q_len 1 everywhere: the same launch as batch_decode (same program, bit-identical out)."""
     args = make_prefill_case(rng, [1, 1, 1], [33, 0, 129], 16, 2, 4, 32)

@@ -25,6 +25,7 @@ def _q_loads(trace, D, itemsize):
     return loads
 
 
+@pytest.mark.sim_only
 @pytest.mark.parametrize("H, G, D", [(3, 4, 64), (2, 2, 256), (1, 8, 128)])
 @pytest.mark.parametrize("q_dtype", [np.float32, ml_dtypes.bfloat16])
 def test_decode_queries_load_row_major(rng, target, H, G, D, q_dtype):
@@ -35,6 +36,7 @@ def test_decode_queries_load_row_major(rng, target, H, G, D, q_dtype):
     assert_close(out, batch_decode_ref(*args), dtype=dtype)
 
 
+@pytest.mark.sim_only
 @pytest.mark.parametrize("H, G, D", [(2, 4, 64), (1, 2, 160)])
 def test_prefill_queries_load_row_major(rng, target, H, G, D):
     args = make_prefill_case(rng, [40, 33, 17], [40, 200, 300], 16, H, G, D)
