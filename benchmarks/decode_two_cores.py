@@ -16,7 +16,7 @@ import ml_dtypes
 import numpy as np
 
 from nki_kernels import simulate
-from nki_kernels.paged_decode_attention import batch_decode
+from nki_kernels.paged_attention import batch_decode
 from nki_kernels.profile import estimate
 
 P, H, G, D = 16, 8, 4, 128
@@ -53,7 +53,7 @@ def compare(name, lens, rng):
 def _counts(lens):
     """(work items, loop iterations, chunks) of a one-core decode step over requests ``lens``."""
     from nki_kernels.buckets import bucket
-    from nki_kernels.paged_decode_attention.plan import (ITEM_CLASSES, decode_work,
+    from nki_kernels.paged_attention.work import (ITEM_CLASSES, decode_work,
                                                          items_per_iteration, loop_widths,
                                                          span_column)
     lens = np.array(lens)

@@ -17,8 +17,8 @@ import sys
 import numpy as np
 
 from nki_kernels import simulate
-from nki_kernels.paged_decode_attention import kernel as decode_kernel
-from nki_kernels.paged_decode_attention import plan
+from nki_kernels.paged_attention import kernel as decode_kernel
+from nki_kernels.paged_attention import plan
 from nki_kernels.paged_kv_append import kernel as append_kernel
 from nki_kernels.profile import estimate
 
@@ -42,7 +42,7 @@ def decode_row(blocks, lens, rng):
 
 
 def append_row(per_tile, tokens, rng):
-    from nki_kernels.paged_kv_append.append import reshape_and_cache
+    from nki_kernels.paged_kv_append.api import reshape_and_cache
     append_kernel.TILES_PER_ITERATION = per_tile
     simulate.reset_compile_stats()
     H, D, N, P = 8, 128, 512, 16

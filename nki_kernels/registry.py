@@ -108,12 +108,12 @@ def _dec_make(s, rng):
 
 
 def _dec_run(i):
-    from nki_kernels.paged_decode_attention import batch_decode
+    from nki_kernels.paged_attention import batch_decode
     return batch_decode(**i)
 
 
 def _dec_ref(i):
-    from nki_kernels.paged_decode_attention import batch_decode_ref
+    from nki_kernels.paged_attention import batch_decode_ref
     return batch_decode_ref(**i)
 
 
@@ -152,17 +152,17 @@ def _pf_make(s, rng):
 
 
 def _pf_run(i):
-    from nki_kernels.paged_decode_attention import batch_prefill
+    from nki_kernels.paged_attention import batch_prefill
     return batch_prefill(**i)
 
 
 def _pf_ref(i):
-    from nki_kernels.paged_decode_attention import batch_prefill_ref
+    from nki_kernels.paged_attention import batch_prefill_ref
     return batch_prefill_ref(**i)
 
 
 def _pf_flops(i):
-    from nki_kernels.paged_decode_attention.plan import causal_pairs
+    from nki_kernels.paged_attention.work import causal_pairs
     HQ, D = i["q"].shape[1:]
     return 4 * causal_pairs(np.diff(i["qo_indptr"]), _kv_lens(i)[0]) * HQ * D
 

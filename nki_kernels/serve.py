@@ -97,7 +97,7 @@ def _kv_bytes(tokens, cfg):
 
 def replay(cfg: ServeConfig = ServeConfig(), target: str = "trn2", check=True) -> ServeTrace:
     from nki_kernels import simulate
-    from nki_kernels.paged_decode_attention import batch_decode, batch_decode_kernel, batch_decode_ref
+    from nki_kernels.paged_attention import batch_decode, batch_decode_kernel, batch_decode_ref
     from nki_kernels.paged_kv_append import paged_kv_scatter_kernel
     from nki_kernels.paged_kv_append.page_table import PagedKVCache
     from nki_kernels.profile.cost_model import estimate
@@ -173,7 +173,7 @@ def replay(cfg: ServeConfig = ServeConfig(), target: str = "trn2", check=True) -
 def _mixed_kernels():
     """A chunked-prefill step's launches: the longer requests with the fused write, then the
     single-token ones as decode (``batch_prefill`` splits a mixed batch)."""
-    from nki_kernels.paged_decode_attention.kernel import (append_attention_kernel,
+    from nki_kernels.paged_attention.kernel import (append_attention_kernel,
                                                            batch_decode_kernel)
     return append_attention_kernel, batch_decode_kernel
 
@@ -183,8 +183,8 @@ def _mixed_step(step, cfg, target, cache, rids, prompt_left, rng, out, check):
     decode token; one ``batch_prefill`` launch writes every new token's K/V and attends causally.
     Checked against the reference append and attention over the cache as it was before."""
     from nki_kernels import simulate
-    from nki_kernels.paged_decode_attention import batch_prefill, batch_prefill_ref
-    from nki_kernels.paged_decode_attention.plan import causal_pairs
+    from nki_kernels.paged_attention import batch_prefill, batch_prefill_ref
+    from nki_kernels.paged_attention.work import causal_pairs
     from nki_kernels.paged_kv_append import append_paged_kv_cache_ref, get_batch_indices_positions
     from nki_kernels.profile.cost_model import estimate
     H, HQ, D = cfg.kv_heads, cfg.kv_heads * cfg.group, cfg.head_dim

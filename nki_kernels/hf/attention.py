@@ -26,7 +26,7 @@ from collections import Counter
 import numpy as np
 import torch
 
-from nki_kernels.paged_decode_attention import batch_decode, batch_prefill, merge_states
+from nki_kernels.paged_attention import batch_decode, batch_prefill, merge_states
 from nki_kernels.paged_kv_append import reshape_and_cache
 from nki_kernels.torch.convert import to_numpy, to_torch
 

@@ -45,7 +45,7 @@ from __future__ import annotations
 from nki_kernels.backend import nki, nisa, nl
 from nki_kernels.launch_options import program_cores
 
-from .layout import split_token_pattern
+from nki_kernels.paged_cache.layout import split_token_pattern
 
 P_MAX = 128
 SKIP_SLOT = 2 ** 31 - 1

@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from .append import append_paged_kv_cache
-from .batch_indices import get_batch_indices_positions
-from .checks import require_count, require_counts
-from .layout import CACHE_DTYPES
+from nki_kernels.paged_cache.batch_indices import get_batch_indices_positions
+from nki_kernels.paged_cache.checks import require_count, require_counts
+from nki_kernels.paged_cache.layout import CACHE_DTYPES
+
+from .api import append_paged_kv_cache
 
 
 class OutOfPages(RuntimeError):

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 
-from .checks import check_append_shapes, check_page_table, destination_slots
-from .layout import split_cache
+from nki_kernels.paged_cache.checks import check_page_table, destination_slots
+from nki_kernels.paged_cache.layout import split_cache
+
+from .checks import check_append_shapes
 
 
 def append_paged_kv_cache_ref(append_key, append_value, batch_indices, positions, paged_kv_cache,

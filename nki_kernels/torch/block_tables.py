@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from nki_kernels import block_tables as _np
-from nki_kernels.paged_kv_append.layout import geometry
+from nki_kernels.paged_cache.layout import geometry
 from .convert import to_numpy, to_torch
 
 

@@ -57,10 +57,10 @@ def _dev(a, like):
 
 def append_device(append_key, append_value, batch_indices, positions, kv_cache, kv_indices,
                   kv_indptr, kv_last_page_len, kv_layout, k_scale=None, v_scale=None):
-    from nki_kernels.paged_kv_append.checks import (check_append_rows, check_page_table,
-                                                    destination_slots)
+    from nki_kernels.paged_cache.checks import check_page_table, destination_slots
+    from nki_kernels.paged_kv_append.checks import check_append_rows
     from nki_kernels.buckets import pad_rows
-    from nki_kernels.paged_kv_append.append import bucket_tokens, padded_slots
+    from nki_kernels.paged_kv_append.plan import bucket_tokens, padded_slots
     from nki_kernels.paged_kv_append.kernel import paged_kv_scatter_kernel
     idx = [_host(t) for t in (batch_indices, positions, kv_indices, kv_indptr, kv_last_page_len)]
     geo, (quant, limit) = check_append_rows(_meta(append_key), _meta(append_value), idx[0], idx[1],
@@ -82,8 +82,8 @@ def append_device(append_key, append_value, batch_indices, positions, kv_cache, 
 
 def decode_device(q, kv_cache, kv_indptr, kv_indices, kv_last_page_len, kv_layout, sm_scale,
                   logits_soft_cap, window_left, sinks, k_scale=1.0, v_scale=1.0):
-    from nki_kernels.paged_decode_attention.decode import prepare_decode
-    from nki_kernels.paged_decode_attention.kernel import batch_decode_kernel
+    from nki_kernels.paged_attention.plan import prepare_decode
+    from nki_kernels.paged_attention.kernel import batch_decode_kernel
     launch = prepare_decode(_meta(q), _cache_meta(kv_cache), _host(kv_indptr), _host(kv_indices),
                             _host(kv_last_page_len), kv_layout, sm_scale, logits_soft_cap,
                             window_left, _host(sinks), k_scale, v_scale)
@@ -99,12 +99,12 @@ def prefill_device(q, kv_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_l
     """batch_prefill on device tensors: the host plans (checks, work items, row maps), q is
     gathered into its padded blocks and the output scattered back with torch indexing on the
     device, and the kernel (with the fused write when append rows are given) runs there."""
-    from nki_kernels.paged_decode_attention.kernel import (append_attention_kernel,
+    from nki_kernels.paged_attention.kernel import (append_attention_kernel,
                                                            batch_decode_kernel)
-    from nki_kernels.paged_decode_attention.prefill import prepare_prefill
+    from nki_kernels.paged_attention.plan import prepare_prefill
     from nki_kernels.buckets import pad_rows
-    from nki_kernels.paged_decode_attention.prefill_append import append_plan
-    from nki_kernels.paged_kv_append.append import bucket_tokens
+    from nki_kernels.paged_attention.fused_write import append_plan
+    from nki_kernels.paged_kv_append.plan import bucket_tokens
     qo = _host(qo_indptr)
     launch = prepare_prefill(_meta(q), _cache_meta(kv_cache), qo, _host(kv_indptr), _host(kv_indices),
                              _host(kv_last_page_len), kv_layout, causal, sm_scale,

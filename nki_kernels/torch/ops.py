@@ -77,8 +77,8 @@ def _head_scales(name: str, scale, per_head: Optional[Tensor], default):
 def _fold_on_device(q, kv_cache, kv_layout, k_scale, v_scale):
     """Per-kv-head scales around a device launch, in torch (as head_scales.fold_head_scales):
     (q times k_scale per query head, v_scale per query head or None, the scales left: 1.0)."""
-    from nki_kernels.paged_decode_attention.head_scales import query_head_factors
-    from nki_kernels.paged_kv_append.layout import geometry
+    from nki_kernels.paged_attention.head_scales import query_head_factors
+    from nki_kernels.paged_cache.layout import geometry
     from .device import _meta
     H = geometry(_meta(kv_cache), kv_layout).num_heads
     factors = lambda name, scale: torch.from_numpy(           # noqa: E731
@@ -120,7 +120,7 @@ def append_paged_kv_cache(append_key: Tensor, append_value: Tensor, batch_indice
                                   kv_indices, kv_indptr, kv_last_page_len)]
     if get_backend() == "ref":
         if k_scale is not None or v_scale is not None:
-            from nki_kernels.paged_kv_append.quantize import quant_table, quantize_ref
+            from nki_kernels.paged_cache.quantize import quant_table, quantize_ref
             cache = args[4]
             quant_table(k_scale, v_scale, cache.dtype,                     # the same checks
                         {"append_key": args[0].dtype, "append_value": args[1].dtype},
@@ -179,7 +179,7 @@ def batch_decode(q: Tensor, kv_cache: Tensor, kv_indptr: Tensor, kv_indices: Ten
                                     kv_layout, sm_scale, logits_soft_cap, window_left, sinks,
                                     k_scale, v_scale)
         return _unfold(out, post), lse
-    from nki_kernels.paged_decode_attention import batch_decode as run, batch_decode_ref
+    from nki_kernels.paged_attention import batch_decode as run, batch_decode_ref
     fn = batch_decode_ref if get_backend() == "ref" else run
     out, lse = fn(to_numpy(q), to_numpy(kv_cache), to_numpy(kv_indptr), to_numpy(kv_indices),
                   to_numpy(kv_last_page_len), kv_layout, sm_scale=sm_scale,
@@ -227,7 +227,7 @@ def batch_prefill(q: Tensor, kv_cache: Tensor, qo_indptr: Tensor, kv_indptr: Ten
                                      logits_soft_cap, window_left, sinks, append_key,
                                      append_value, k_scale, v_scale)
         return _unfold(out, post), lse
-    from nki_kernels.paged_decode_attention import batch_prefill as run, batch_prefill_ref
+    from nki_kernels.paged_attention import batch_prefill as run, batch_prefill_ref
     np_ = lambda t: None if t is None else to_numpy(t)      # noqa: E731
     args = [np_(t) for t in (q, kv_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len)]
     options = dict(causal=causal, sm_scale=sm_scale, logits_soft_cap=logits_soft_cap,
@@ -247,8 +247,8 @@ def batch_prefill(q: Tensor, kv_cache: Tensor, qo_indptr: Tensor, kv_indptr: Ten
 def _append_rows(append_key, append_value, kv_cache, qo_indptr, kv_indptr, kv_indices,
                  kv_last_page_len, kv_layout, k_scale, v_scale):
     from nki_kernels.paged_kv_append import append_paged_kv_cache_ref, get_batch_indices_positions
-    from nki_kernels.paged_kv_append.checks import check_page_table
-    from nki_kernels.paged_kv_append.layout import geometry
+    from nki_kernels.paged_cache.checks import check_page_table
+    from nki_kernels.paged_cache.layout import geometry
     cache, indices, indptr, last = (to_numpy(t) for t in (kv_cache, kv_indices, kv_indptr,
                                                           kv_last_page_len))
     kv_lens = check_page_table(indices, indptr, last, geometry(cache, kv_layout))
@@ -256,7 +256,7 @@ def _append_rows(append_key, append_value, kv_cache, qo_indptr, kv_indptr, kv_in
                                              append_key.shape[0])
     key, value = to_numpy(append_key), to_numpy(append_value)
     if key.dtype != cache.dtype:                    # quantize on write (fp8 cache)
-        from nki_kernels.paged_kv_append.quantize import quantize_ref
+        from nki_kernels.paged_cache.quantize import quantize_ref
         key, value = quantize_ref(key, k_scale, cache.dtype), quantize_ref(value, v_scale, cache.dtype)
     cache[...] = append_paged_kv_cache_ref(key, value, batch, pos, cache, indices, indptr, last,
                                            kv_layout)

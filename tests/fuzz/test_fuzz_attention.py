@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from hypothesis import strategies as st
 
-from nki_kernels.paged_decode_attention import (batch_decode, batch_decode_ref, batch_prefill,
+from nki_kernels.paged_attention import (batch_decode, batch_decode_ref, batch_prefill,
                                                 batch_prefill_ref, merge_states)
 from nki_kernels.paged_kv_append import append_paged_kv_cache_ref, get_batch_indices_positions
 

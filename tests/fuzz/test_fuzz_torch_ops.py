@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 torch = pytest.importorskip("torch")
 
-from nki_kernels.paged_decode_attention import batch_decode_ref  # noqa: E402
+from nki_kernels.paged_attention import batch_decode_ref  # noqa: E402
 from nki_kernels.paged_kv_append import append_paged_kv_cache_ref  # noqa: E402
 from nki_kernels.torch import block_tables as torch_block_tables  # noqa: E402
 from nki_kernels.torch import ops  # noqa: E402  (registers torch.ops.nki_kernels)

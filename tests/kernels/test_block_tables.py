@@ -9,7 +9,7 @@ import pytest
 from nki_kernels.block_tables import (append_kv_with_block_tables, append_kv_with_block_tables_ref,
                                       attention_with_block_tables, attention_with_block_tables_ref,
                                       block_tables_to_csr, csr_to_block_tables)
-from nki_kernels.paged_decode_attention import batch_decode, batch_prefill, batch_prefill_ref
+from nki_kernels.paged_attention import batch_decode, batch_prefill, batch_prefill_ref
 from nki_kernels.paged_kv_append import append_paged_kv_cache, get_batch_indices_positions
 from nki_kernels.paged_kv_append import reshape_and_cache
 

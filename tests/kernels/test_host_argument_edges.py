@@ -8,7 +8,7 @@ import pytest
 
 from nki_kernels.block_tables import (append_kv_with_block_tables, attention_with_block_tables,
                                       csr_to_block_tables)
-from nki_kernels.paged_decode_attention import batch_decode, batch_prefill
+from nki_kernels.paged_attention import batch_decode, batch_prefill
 from nki_kernels.paged_kv_append import PagedKVCache, append_paged_kv_cache, reshape_and_cache
 
 E4M3 = ml_dtypes.float8_e4m3fn

@@ -6,7 +6,7 @@ patterns the TensorScatter kernel writes out as lists are ``access_patterns``' o
 import pytest
 
 from nki_kernels.access_patterns import permute, sequence_rows, tile
-from nki_kernels.paged_decode_attention.kernel import append_attention_kernel, batch_decode_kernel
+from nki_kernels.paged_attention.kernel import append_attention_kernel, batch_decode_kernel
 from nki_kernels.paged_kv_append.kernel import paged_kv_scatter_kernel
 from nki_kernels.profile.calibration.mamba import mamba_kernel
 from nki_kernels.simulate import subset

@@ -7,7 +7,7 @@ import pytest
 
 from nki_kernels.buckets import bucket
 from nki_kernels.cli import main
-from nki_kernels.paged_decode_attention.plan import (WHOLE_UNIT_SPAN_COLS, items_per_iteration,
+from nki_kernels.paged_attention.work import (WHOLE_UNIT_SPAN_COLS, items_per_iteration,
                                                     span_cols)
 from nki_kernels.serve import ServeConfig, replay, summary_markdown
 
@@ -84,7 +84,7 @@ def test_chunked_prefill_replay_mixes_prefill_and_decode(target):
     for key in simulate.compile_keys(_mixed_kernels()[1]):     # decode launches: Qb = 1
         q_rows = key[0][0][1][0]
         assert q_rows == bucket(q_rows)
-    from nki_kernels.paged_decode_attention.prefill import query_block
+    from nki_kernels.paged_attention.plan import query_block
     config = ServeConfig()
     blocks = {query_block(n, config.group, config.kv_heads, config.head_dim) for n in range(1, 49)}
     for key in keys:

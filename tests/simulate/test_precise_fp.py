@@ -54,7 +54,7 @@ def test_imprecise_mode_keeps_float32(monkeypatch, setting):
 
 
 def test_imprecise_mode_separates_the_decode_kernels_rounding(monkeypatch):
-    from nki_kernels.paged_decode_attention import batch_decode, batch_decode_ref
+    from nki_kernels.paged_attention import batch_decode, batch_decode_ref
     rng = np.random.default_rng(0)
     P, lens = 16, [37, 100, 5]
     pages = [-(-n // P) for n in lens]

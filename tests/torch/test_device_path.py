@@ -7,7 +7,7 @@ import pytest
 torch = pytest.importorskip("torch")
 from nki_kernels.torch import device  # noqa: E402
 
-from ..kernels.paged_decode_attention.conftest import make_decode_case  # noqa: E402
+from ..kernels.paged_attention.conftest import make_decode_case  # noqa: E402
 from ..kernels.paged_kv_append.conftest import make_append_case  # noqa: E402
 
 
@@ -26,7 +26,7 @@ def test_append_device_path(rng, target):
 
 
 def test_decode_device_path(rng, target):
-    from nki_kernels.paged_decode_attention import batch_decode_ref
+    from nki_kernels.paged_attention import batch_decode_ref
     args = make_decode_case(rng, [33, 0, 5], 8, 2, 2, 16, layout="HND")
     out, lse = device.decode_device(*(t(a) for a in args), None, 0.0, -1, None)
     ref, ref_lse = batch_decode_ref(*args, return_lse=True)
@@ -39,10 +39,10 @@ def test_decode_device_path(rng, target):
 def test_prefill_device_path(rng, target, fused_write):
     """Ragged queries with the padded-block gather and the scatter back done by torch indexing;
     with the fused write, the cache ends as the separate append leaves it."""
-    from nki_kernels.paged_decode_attention import batch_prefill_ref
+    from nki_kernels.paged_attention import batch_prefill_ref
     from nki_kernels.paged_kv_append import append_paged_kv_cache_ref, get_batch_indices_positions
 
-    from ..kernels.paged_decode_attention.test_prefill import make_prefill_case
+    from ..kernels.paged_attention.test_prefill import make_prefill_case
     q, cache, qo, ptr, idx, last, layout = make_prefill_case(rng, [3, 1, 9], [3, 20, 40], 8, 2,
                                                              2, 16)
     key = rng.standard_normal((13, 2, 16)).astype(np.float32)

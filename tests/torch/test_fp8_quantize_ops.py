@@ -120,7 +120,7 @@ def test_ops_take_scales_per_kv_head(rng, target, backend):
 def test_device_path_folds_scales_per_kv_head(rng, target):
     """On a Neuron device the ops fold per-head scales in torch around the launch (q before,
     the output after): the device functions with the fold equal the NumPy entry point."""
-    from nki_kernels.paged_decode_attention import batch_decode
+    from nki_kernels.paged_attention import batch_decode
     from nki_kernels.torch.ops import _fold_on_device, _unfold
     k, v, batch, pos, cache, indices, indptr, last = _case(rng)
     device.append_device(k, v, batch, pos, cache, indices, indptr, last, "NHD", KS_HEADS, VS_HEADS)

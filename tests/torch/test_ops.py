@@ -7,7 +7,7 @@ torch = pytest.importorskip("torch")
 import nki_kernels.torch as nt  # noqa: E402
 from nki_kernels.torch.convert import to_numpy  # noqa: E402
 
-from ..kernels.paged_decode_attention.conftest import make_decode_case  # noqa: E402
+from ..kernels.paged_attention.conftest import make_decode_case  # noqa: E402
 from ..kernels.paged_kv_append.conftest import make_append_case  # noqa: E402
 
 
@@ -32,7 +32,7 @@ def test_append_mutates_the_torch_cache(rng, backend):
 
 
 def test_decode_and_scatter_match_references(rng, backend):
-    from nki_kernels.paged_decode_attention import batch_decode_ref
+    from nki_kernels.paged_attention import batch_decode_ref
     from nki_kernels.tensor_scatter import tensor_scatter_ref
     args = make_decode_case(rng, [20, 1], 8, 2, 2, 16)
     out, lse = torch.ops.nki_kernels.batch_decode(*as_torch(args), None, 0.0, -1, None)
@@ -51,10 +51,10 @@ def test_decode_and_scatter_match_references(rng, backend):
 def test_prefill_with_fused_write_matches_references(rng, backend):
     """batch_prefill with append rows: the cache ends as the reference append leaves it and the
     output is the reference attention over it, on both backends (a mixed batch)."""
-    from nki_kernels.paged_decode_attention import batch_prefill_ref
+    from nki_kernels.paged_attention import batch_prefill_ref
     from nki_kernels.paged_kv_append import append_paged_kv_cache_ref, get_batch_indices_positions
 
-    from ..kernels.paged_decode_attention.test_prefill import make_prefill_case
+    from ..kernels.paged_attention.test_prefill import make_prefill_case
     q, cache, qo, ptr, idx, last, layout = make_prefill_case(rng, [3, 1], [9, 20], 4, 2, 2, 8)
     key, value = (rng.standard_normal((4, 2, 8)).astype(np.float32) for _ in range(2))
     batch, pos = get_batch_indices_positions(qo, np.array([9, 20], np.int32), 4)
@@ -76,7 +76,7 @@ def test_bf16_tensors_round_trip(rng):
     cache = torch.from_numpy(args[1].astype(np.float32)).to(torch.bfloat16)
     out, _ = torch.ops.nki_kernels.batch_decode(q, cache, *as_torch(args[2:5]), "NHD", None, 0.0, -1, None)
     assert out.dtype == torch.bfloat16 and out.shape == q.shape
-    from nki_kernels.paged_decode_attention import batch_decode_ref
+    from nki_kernels.paged_attention import batch_decode_ref
     ref = batch_decode_ref(to_numpy(q), to_numpy(cache), *args[2:5])
     np.testing.assert_allclose(out.float().numpy(), ref.astype(np.float32), atol=3e-2)
 

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from nki_kernels.paged_kv_append import OutOfPages, PagedKVCache
-from nki_kernels.paged_kv_append.layout import split_cache
+from nki_kernels.paged_cache.layout import split_cache
 
 
 def test_allocate_append_free_cycle(rng, target):

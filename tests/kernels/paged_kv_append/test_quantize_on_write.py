@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from nki_kernels.block_tables import append_kv_with_block_tables
-from nki_kernels.paged_decode_attention import batch_decode, batch_prefill, batch_prefill_ref
+from nki_kernels.paged_attention import batch_decode, batch_prefill, batch_prefill_ref
 from nki_kernels.paged_kv_append import append_paged_kv_cache, reshape_and_cache
-from nki_kernels.paged_kv_append.quantize import quantize_ref
+from nki_kernels.paged_cache.quantize import quantize_ref
 
 N, P, H, D = 12, 4, 2, 16
 E4M3, E5M2 = ml_dtypes.float8_e4m3fn, ml_dtypes.float8_e5m2

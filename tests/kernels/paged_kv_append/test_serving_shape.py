@@ -6,7 +6,7 @@ import pytest
 
 from nki_kernels import simulate
 from nki_kernels.paged_kv_append import append_paged_kv_cache, paged_kv_scatter_kernel
-from nki_kernels.paged_kv_append.append import reshape_and_cache
+from nki_kernels.paged_kv_append.api import reshape_and_cache
 
 from nki_kernels.paged_kv_append import append_paged_kv_cache_ref
 

@@ -5,8 +5,8 @@ one request at a time (ONNX's causal mask with a past is bottom-right aligned, a
 import numpy as np
 import pytest
 
-from nki_kernels.paged_decode_attention import batch_prefill
-from nki_kernels.paged_decode_attention.reference import gather_kv
+from nki_kernels.paged_attention import batch_prefill
+from nki_kernels.paged_attention.reference import gather_kv
 
 from .test_prefill import make_prefill_case
 

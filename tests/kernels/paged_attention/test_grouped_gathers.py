@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from nki_kernels import simulate
-from nki_kernels.paged_decode_attention import batch_decode, batch_decode_ref
-from nki_kernels.paged_decode_attention.kernel_cursor import Geometry
-from nki_kernels.paged_decode_attention.kernel_load import gather_layout, group_size, step_chunks
+from nki_kernels.paged_attention import batch_decode, batch_decode_ref
+from nki_kernels.paged_attention.kernel_cursor import Geometry
+from nki_kernels.paged_attention.kernel_load import gather_layout, group_size, step_chunks
 
 from .conftest import assert_close, make_decode_case
 

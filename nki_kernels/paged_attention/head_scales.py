@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from nki_kernels.paged_kv_append.layout import geometry
-from nki_kernels.paged_kv_append.quantize import check_scale
+from nki_kernels.paged_cache.layout import geometry
+from nki_kernels.paged_cache.quantize import check_scale
 
 
 def fold_head_scales(q, paged_kv_cache, kv_layout, k_scale, v_scale):

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from nki_kernels import simulate
-from nki_kernels.paged_decode_attention import batch_decode, batch_decode_ref
+from nki_kernels.paged_attention import batch_decode, batch_decode_ref
 
 from .conftest import assert_close, make_decode_case
 
@@ -126,6 +126,6 @@ def test_window_start_on_and_beside_a_chunk_boundary(rng, target, window_left):
 def test_window_chunks_on_a_boundary_are_full_not_masked(window_left, c0, full_lo):
     """Key 300 - w - 1 as the window start W: the chunk starting at W is a full chunk (no mask);
     chunks before it are not visited."""
-    from nki_kernels.paged_decode_attention.plan import C0, C1, FULL_HI, FULL_LO, request_table
+    from nki_kernels.paged_attention.work import C0, C1, FULL_HI, FULL_LO, request_table
     row = request_table(np.array([0, 19]), np.array([300]), window_left, 16, 1)[0]
     assert (row[C0], row[FULL_LO], row[FULL_HI], row[C1]) == (c0, full_lo, max(full_lo, 2), 3)

@@ -5,7 +5,7 @@ problem returned carries the values the kernel is planned from."""
 import numpy as np
 import pytest
 
-from nki_kernels.paged_decode_attention.checks import (MAX_GROUP, MAX_HEAD_DIM,
+from nki_kernels.paged_attention.checks import (MAX_GROUP, MAX_HEAD_DIM,
                                                        check_batch_decode_inputs)
 
 

@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from nki_kernels.paged_decode_attention import batch_decode, merge_state, merge_states
+from nki_kernels.paged_attention import batch_decode, merge_state, merge_states
 
 from .conftest import make_decode_case
 

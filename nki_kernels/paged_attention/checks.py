@@ -1,4 +1,5 @@
-"""Input rules of batch_decode, checked on the host; returns what the kernel and reference need."""
+"""Input rules of batch_decode and batch_prefill, checked on the host; return what the plans
+and the references need."""
 
 from __future__ import annotations
 
@@ -6,11 +7,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from nki_kernels.paged_kv_append.checks import check_page_table, require_int32_vector
-from nki_kernels.paged_kv_append.layout import CacheGeometry, geometry, split_cache
-from nki_kernels.paged_kv_append.quantize import check_scale
+from nki_kernels.paged_cache.checks import check_page_table, csr_counts, require_int32_vector
+from nki_kernels.paged_cache.layout import CacheGeometry, geometry, split_cache
+from nki_kernels.paged_cache.quantize import check_scale
 
-from .plan import MAX_KV_LEN
+from .work import MAX_KV_LEN
 
 Q_DTYPES = ("float32", "float16", "bfloat16")
 KV_DTYPES = Q_DTYPES + ("float8_e4m3fn", "float8_e5m2", "float8_e4m3")
@@ -93,3 +94,33 @@ def check_batch_decode_inputs(q, paged_kv_cache, kv_indptr, kv_indices, kv_last_
         if not np.isfinite(sinks.astype(np.float64)).all():
             raise ValueError("sinks must be finite")
     return DecodeProblem(geo, batch, hq, hq // geo.num_heads, kv_lens, float(sm_scale))
+
+
+def check_qo_indptr(qo_indptr, batch, total_q) -> np.ndarray:
+    """Each request's query count (int64 [B]) from the CSR offsets, refusing bad ones by name."""
+    require_int32_vector("qo_indptr", qo_indptr, batch + 1)
+    q_lens = csr_counts("qo_indptr", qo_indptr)
+    if qo_indptr[-1] != total_q:
+        raise ValueError(f"qo_indptr[-1]={qo_indptr[-1]} must equal q's rows ({total_q})")
+    return q_lens
+
+
+def check_batch_prefill_inputs(q, paged_kv_cache, qo_indptr, kv_indptr, kv_indices,
+                               kv_last_page_len, kv_layout, causal, sm_scale, logits_soft_cap,
+                               window_left, sinks, k_scale, v_scale):
+    """(DecodeProblem, q_lens [B] int64); refuses a causal request with fewer keys than queries."""
+    if not isinstance(causal, (bool, np.bool_)):
+        raise TypeError(f"causal={causal!r} must be a bool")
+    batch = np.shape(kv_indptr)[0] - 1 if np.ndim(kv_indptr) == 1 else -1
+    prob = check_batch_decode_inputs(q, paged_kv_cache, kv_indptr, kv_indices, kv_last_page_len,
+                                     kv_layout, sm_scale, soft_cap(logits_soft_cap), window_left,
+                                     sinks, k_scale, v_scale, batch=max(batch, 0))
+    q_lens = check_qo_indptr(qo_indptr, prob.batch, q.shape[0])
+    if causal:
+        short = q_lens > prob.kv_lens
+        if short.any():
+            b = int(np.flatnonzero(short)[0])
+            raise ValueError(f"causal: request {b} has {q_lens[b]} queries (qo_indptr) but "
+                             f"{prob.kv_lens[b]} keys (kv_indptr / kv_last_page_len); its new "
+                             f"tokens' K/V must be in the cache (kv_len >= q_len)")
+    return prob, q_lens

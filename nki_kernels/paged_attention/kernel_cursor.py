@@ -17,7 +17,7 @@ from typing import NamedTuple
 
 from nki_kernels.backend import nisa, nl
 
-from .plan import ENTRY0, HI_BASE, LEN, META_COLS, POS0, Q_BASE, SLOT0, W_SPAN, WIN
+from .work import ENTRY0, HI_BASE, LEN, META_COLS, POS0, Q_BASE, SLOT0, W_SPAN, WIN
 
 
 class Geometry(NamedTuple):

@@ -6,8 +6,8 @@ import pytest
 
 from nki_kernels import simulate
 from nki_kernels.buckets import BucketPolicy, set_bucket_policy
-from nki_kernels.paged_decode_attention import batch_decode, batch_decode_kernel, batch_decode_ref
-from nki_kernels.paged_decode_attention.plan import ITEM_CLASSES, items_per_iteration, loop_widths
+from nki_kernels.paged_attention import batch_decode, batch_decode_kernel, batch_decode_ref
+from nki_kernels.paged_attention.work import ITEM_CLASSES, items_per_iteration, loop_widths
 
 from .conftest import assert_close, make_decode_case
 
@@ -107,7 +107,7 @@ def test_long_requests_take_mask_free_chunks_in_blocks(rng, target):
     """A request of 42 chunks (the last partial, so masked): 41 mask-free chunks run as 1 block
     of 32, 1 of 8 and 1 single chunk, each a work item chained to the last through the
     softmax-state scratch; the output matches the reference."""
-    from nki_kernels.paged_decode_attention.kernel import CHUNK_BLOCKS
+    from nki_kernels.paged_attention.kernel import CHUNK_BLOCKS
     assert CHUNK_BLOCKS == (32, 16, 8, 4, 2, 1)
     args = FixedCache(rng, pages=400).step([41 * 128 + 5])
     out, lse = batch_decode(*args, return_lse=True)

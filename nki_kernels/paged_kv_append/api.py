@@ -4,77 +4,15 @@ from __future__ import annotations
 
 import numpy as np
 
-from .checks import check_append_rows, check_page_table, destination_slots
-from nki_kernels.buckets import bucket, pad_rows
+from nki_kernels.buckets import pad_rows
 from nki_kernels.launch_options import check_lnc
+from nki_kernels.paged_cache.checks import check_page_table, destination_slots
+from nki_kernels.paged_cache.layout import CacheGeometry, check_writable, geometry, row_views
+from nki_kernels.paged_cache.quantize import quant_table
 
-from nki_kernels.backend import nisa
-
-from .kernel import P_MAX, SKIP_SLOT, packed_parts, paged_kv_scatter_kernel
-from .layout import CacheGeometry, check_writable, geometry, row_views
-from .quantize import quant_table
-
-
-def packing(geo: CacheGeometry, tokens: int, quantized: bool = False, lnc: int = 1) -> int:
-    """``parts`` for the kernel: > 0 when a bucket of ``tokens`` K/V rows of a fused cache goes
-    out in one DMA (NeuronCore-v3+, one core, no quantization, K and V on <= 128 partitions;
-    ``kernel.packed_parts``), else 0 (one DMA per K and per V)."""
-    if not geo.fused or quantized or lnc != 1 or _host_nc_version() < 3:
-        return 0
-    return packed_parts(tokens, geo.num_heads)
-
-
-def _host_nc_version() -> int:
-    """The target's NeuronCore version as host code sees it (the simulator's selected target);
-    0 where the backend cannot tell outside a kernel, which keeps the write unpacked (correct on
-    every target)."""
-    try:
-        return int(nisa.get_nc_version())
-    except Exception:                   # the Neuron SDK outside a kernel: unknown
-        return 0
-
-
-def padded_slots(rows, keep, geo: CacheGeometry, spare_page=None, quantized=False, lnc=1):
-    """(slots, counts, parts) for a token bucket Tb = ``bucket_tokens(T)``: [Tb, 1] int32
-    slots, or with ``parts`` > 0 (``packing``: the one place the write is packed or not) the
-    packed write's [2 * Tb * parts, 1] destinations; the [1, 2] counts table (real tokens,
-    128-token tiles). Skipped and padded tokens get SKIP_SLOT, or with ``spare_page`` a row of
-    that page (entry t mod P), so nothing relies on ``oob_mode.skip`` (NxD Inference's way: the
-    allocator reserves the page)."""
-    T = int(rows.shape[0])
-    Tb = bucket_tokens(T)
-    real = np.asarray(rows, np.int64)
-    if keep is not None:
-        real = np.where(keep, real, -1)
-    slots = np.full(Tb, -1, np.int64)
-    slots[:T] = real
-    dropped = slots < 0
-    if spare_page is None:
-        slots[dropped] = SKIP_SLOT
-    else:
-        entries = np.arange(Tb) % geo.page_size
-        slots[dropped] = geo.rows(np.full(Tb, spare_page), entries)[dropped]
-    counts = np.array([[T, -(-T // min(P_MAX, Tb))]], np.int32)
-    parts = packing(geo, Tb, quantized, lnc)
-    if parts:
-        return geo.packed_slots(slots, parts, SKIP_SLOT), counts, parts
-    return slots.astype(np.int32).reshape(-1, 1), counts, 0
-
-
-def bucket_tokens(T: int) -> int:
-    """The token bucket ``padded_slots`` pads T rows to."""
-    Tb = bucket(T)
-    return -(-Tb // P_MAX) * P_MAX if Tb > P_MAX else Tb
-
-
-def check_spare_page(spare_page, geo: CacheGeometry, used_pages=None):
-    if spare_page is None:
-        return
-    if not isinstance(spare_page, (int, np.integer)) or not 0 <= spare_page < geo.num_pages:
-        raise ValueError(f"spare_page={spare_page!r} must be a page id in [0, {geo.num_pages})")
-    if used_pages is not None and np.isin(spare_page, used_pages):
-        raise ValueError(f"spare_page={spare_page} is one of the pages being written; the spare "
-                         f"page must be reserved (owned by no request)")
+from .checks import check_append_rows, check_spare_page
+from .kernel import paged_kv_scatter_kernel
+from .plan import bucket_tokens, padded_slots
 
 
 def scatter_tokens(append_key, append_value, paged_kv_cache, geo: CacheGeometry, rows, keep=None,

@@ -72,7 +72,7 @@ from .kernel_queries import group_queries
 from .kernel_softmax import (chunk_scores, finalize, k_transposed, load_state, mask_keep,
                              merge_states, merge_with_partner, poison_state, softmax_step,
                              state_tile, state_views, store_state)
-from .plan import (C0, C1, CHUNK_BLOCKS, FULL_HI, FULL_LO, ITEM_CLASSES, LOAD, OUT, STORE,
+from .work import (C0, C1, CHUNK_BLOCKS, FULL_HI, FULL_LO, ITEM_CLASSES, LOAD, OUT, STORE,
                    items_per_iteration, loop_widths, span_column, state_slots, whole_units)
 
 

@@ -5,7 +5,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from nki_kernels.paged_decode_attention import batch_decode
+from nki_kernels.paged_attention import batch_decode
 
 from .conftest import make_decode_case
 from .test_against_onnx import per_request_inputs
@@ -34,8 +34,8 @@ def test_matches_hf_eager_attention(rng, group, layout):
 def test_prefill_matches_hf_eager_attention_with_causal_mask(rng, target, group, layout):
     """batch_prefill (causal) vs eager attention with the additive causal mask a model builds for
     a chunk of n new tokens after L - n cached ones: query i sees keys <= L - n + i."""
-    from nki_kernels.paged_decode_attention import batch_prefill
-    from nki_kernels.paged_decode_attention.reference import gather_kv
+    from nki_kernels.paged_attention import batch_prefill
+    from nki_kernels.paged_attention.reference import gather_kv
 
     from .test_prefill import make_prefill_case
     page_size, D, H = 16, 32, 2

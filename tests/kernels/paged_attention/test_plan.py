@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from nki_kernels.access_patterns import PagedKVLayout
-from nki_kernels.paged_decode_attention.plan import (
+from nki_kernels.paged_attention.work import (
     C0, C1, CHUNK_BLOCKS, DECODE_ITEMS_PER_ITERATION, ENTRY0, FULL_HI, FULL_LO, HI_BASE,
     ITEM_CLASSES, ITEM_COST_CHUNKS, ITERATION_COST_CHUNKS, LEN, LOAD, META_COLS, NO_WINDOW, OUT,
     POS0, PTR, Q_BASE, SLOT0, STORE, W_SPAN, WHOLE_UNIT_SPAN_COLS,

@@ -4,8 +4,8 @@ request at a time over the request's gathered K/V."""
 import numpy as np
 import pytest
 
-from nki_kernels.paged_decode_attention import batch_decode
-from nki_kernels.paged_decode_attention.reference import gather_kv
+from nki_kernels.paged_attention import batch_decode
+from nki_kernels.paged_attention.reference import gather_kv
 
 from .conftest import make_decode_case
 

@@ -5,10 +5,10 @@ import numpy as np
 import pytest
 
 from nki_kernels.block_tables import attention_with_block_tables, csr_to_block_tables
-from nki_kernels.paged_decode_attention import batch_decode, batch_prefill, batch_prefill_ref
-from nki_kernels.paged_decode_attention.plan import MAX_KV_LEN
-from nki_kernels.paged_decode_attention.reference import batch_decode_ref
-from nki_kernels.paged_kv_append.layout import split_cache
+from nki_kernels.paged_attention import batch_decode, batch_prefill, batch_prefill_ref
+from nki_kernels.paged_attention.work import MAX_KV_LEN
+from nki_kernels.paged_attention.reference import batch_decode_ref
+from nki_kernels.paged_cache.layout import split_cache
 
 from .conftest import assert_close, make_decode_case
 from .test_prefill import make_prefill_case

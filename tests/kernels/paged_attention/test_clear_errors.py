@@ -4,7 +4,7 @@ valid, a result): the cases an adversarial fuzzer found reaching NumPy or simula
 import numpy as np
 import pytest
 
-from nki_kernels.paged_decode_attention import (batch_decode, batch_decode_ref, merge_state,
+from nki_kernels.paged_attention import (batch_decode, batch_decode_ref, merge_state,
                                                 merge_states)
 
 IP, IDX, LAST = np.array([0, 1], np.int32), np.array([0], np.int32), np.array([5], np.int32)

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from nki_kernels.paged_decode_attention import batch_decode
+from nki_kernels.paged_attention import batch_decode
 
 from .conftest import make_decode_case
 

@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 
 from nki_kernels import simulate
-from nki_kernels.paged_decode_attention import batch_decode, batch_decode_ref
+from nki_kernels.paged_attention import batch_decode, batch_decode_ref
 from nki_kernels.profile import estimate
-from nki_kernels.paged_decode_attention.plan import (C0, C1, ITEM_COST_CHUNKS,
+from nki_kernels.paged_attention.work import (C0, C1, ITEM_COST_CHUNKS,
                                                      ITERATION_COST_CHUNKS, OUT, chunk_tokens,
                                                      core_rows, decode_work, state_slots)
 

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from nki_kernels import simulate
-from nki_kernels.paged_decode_attention import batch_decode, batch_decode_ref
-from nki_kernels.paged_decode_attention.prefill import batch_prefill
-from nki_kernels.paged_decode_attention.prefill_reference import batch_prefill_ref
+from nki_kernels.paged_attention import batch_decode, batch_decode_ref
+from nki_kernels.paged_attention import batch_prefill
+from nki_kernels.paged_attention.reference import batch_prefill_ref
 
 from .conftest import assert_close, make_decode_case
 from .test_prefill import make_prefill_case

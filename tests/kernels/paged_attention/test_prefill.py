@@ -6,10 +6,11 @@ import numpy as np
 import pytest
 
 from nki_kernels import simulate
-from nki_kernels.paged_decode_attention import batch_decode, batch_decode_kernel
-from nki_kernels.paged_decode_attention.plan import query_blocks
-from nki_kernels.paged_decode_attention.prefill import batch_prefill, query_block
-from nki_kernels.paged_decode_attention.prefill_reference import batch_prefill_ref
+from nki_kernels.paged_attention import batch_decode, batch_decode_kernel
+from nki_kernels.paged_attention.work import query_blocks
+from nki_kernels.paged_attention import batch_prefill
+from nki_kernels.paged_attention.plan import query_block
+from nki_kernels.paged_attention.reference import batch_prefill_ref
 
 from .conftest import assert_close, make_decode_case
 

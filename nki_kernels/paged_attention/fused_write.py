@@ -6,23 +6,24 @@ from __future__ import annotations
 import numpy as np
 
 from nki_kernels.buckets import pad_rows
-from nki_kernels.paged_kv_append.append import bucket_tokens, padded_slots
-from nki_kernels.paged_kv_append.batch_indices import get_batch_indices_positions
-from nki_kernels.paged_kv_append.checks import check_append_rows, destination_slots
-from nki_kernels.paged_kv_append.layout import check_writable, split_cache
-from nki_kernels.paged_kv_append.quantize import FP8_DTYPES
+from nki_kernels.paged_kv_append.plan import bucket_tokens, padded_slots
+from nki_kernels.paged_cache.batch_indices import get_batch_indices_positions
+from nki_kernels.paged_cache.checks import destination_slots
+from nki_kernels.paged_kv_append.checks import check_append_rows
+from nki_kernels.paged_cache.layout import check_writable, split_cache
+from nki_kernels.paged_cache.quantize import FP8_DTYPES
 
 
 def append_plan(append_key, append_value, paged_kv_cache, kv_layout, qo_indptr, kv_indptr,
                 kv_indices, kv_last_page_len, kv_lens, total_q, k_scale=1.0, v_scale=1.0, lnc=1):
     """Check the new rows; return the scatter's device tables (slots [Tb, 1], or the packed
-    K+V write's destinations, ``paged_kv_append.append.packing``; counts [1, 2]; quant [2, H*D]
+    K+V write's destinations, ``paged_kv_append.plan.packing``; counts [1, 2]; quant [2, H*D]
     float32 or None) and its static ``write`` = (token pattern, V offset, cache row elements,
     quantization limit, packed parts); the rows are padded to ``bucket_tokens(total_q)``.
 
     append_key, append_value: [Q, H, D] (arrays or shape-and-dtype stand-ins) in the cache dtype,
     or wider rows for an fp8 cache, quantized on write with k_scale / v_scale (per tensor or
-    per kv head, ``paged_kv_append.quantize``); row t is the K/V of query token t, which sits at
+    per kv head, ``paged_cache.quantize``); row t is the K/V of query token t, which sits at
     position kv_len - q_len + i of its request (the page table already counts it).
     Writability is the caller's to check."""
     if (append_key is None) != (append_value is None):

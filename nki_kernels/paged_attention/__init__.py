@@ -1,0 +1,17 @@
+"""Attention over a paged KV cache: batch decode (FlashInfer BatchDecodeWithPagedKVCache) and
+ragged queries (BatchPrefillWithPagedKVCache: speculative verification, chunked prefill, mixed
+batches, fused K/V write), one kernel.
+
+Files: ``api`` (entries), ``kernel`` (+ ``kernel_*`` parts: the NKI kernel), ``reference``
+(``*_ref``), ``checks`` (host rules), ``plan`` (launch plans), ``work`` (work items and tables),
+``fused_write`` (the host half of the fused K/V write), ``head_scales``, ``merge``."""
+
+from .api import batch_decode, batch_prefill
+from .kernel import batch_decode_kernel
+from .merge import merge_state, merge_states
+from .reference import batch_decode_ref, batch_prefill_ref
+from .work import DecodeLayout, make_layout, request_table
+
+__all__ = ["batch_decode", "batch_decode_ref", "batch_prefill", "batch_prefill_ref",
+           "batch_decode_kernel", "merge_state", "merge_states",
+           "DecodeLayout", "make_layout", "request_table"]

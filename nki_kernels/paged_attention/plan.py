@@ -1,0 +1,193 @@
+"""Launch plans of the attention kernel: from checked arguments to the kernel's arrays and
+static arguments (work items from ``work.py``, padded to shape buckets so one compile serves a
+bucket), and where each query row sits in the padded launch.
+
+``prepare_decode`` / ``prepare_prefill`` take shape-and-dtype stand-ins for q and the cache (only
+their metadata is read) and host NumPy index arrays, so the NumPy entries and the torch device
+path build the same plan.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from nki_kernels.buckets import bucket, pad_rows
+from nki_kernels.paged_cache.layout import split_cache
+
+from .checks import check_batch_decode_inputs, check_batch_prefill_inputs, soft_cap
+from .work import (capacity_chunks, chunk_tokens, decode_work, items_per_iteration, make_layout,
+                   query_blocks, split_work, whole_units)
+
+
+def cache_rows(paged_kv_cache, D):
+    """The kernel's (k_rows, v_rows): the cache as rows of D elements [R, D] (v_rows None for a
+    fused cache, whose V rows follow K's)."""
+    k, v, fused = split_cache(paged_kv_cache)
+    if fused:
+        return np.ascontiguousarray(paged_kv_cache).reshape(-1, D), None
+    return np.ascontiguousarray(k).reshape(-1, D), np.ascontiguousarray(v).reshape(-1, D)
+
+
+@dataclass(frozen=True)
+class DecodeLaunch:
+    """What the host prepared: the kernel's array arguments after the cache rows, its static
+    arguments, and the batch bucket."""
+
+    arrays: tuple
+    statics: tuple
+    batch: int
+    bucket: int
+
+    def pad_queries(self, q):
+        """q padded with zero rows to the batch bucket (a NumPy array, or a torch tensor)."""
+        return pad_rows(q, self.bucket)
+
+
+def prepare_decode(q, paged_kv_cache, kv_indptr, kv_indices, kv_last_page_len, kv_layout, sm_scale,
+                   logits_soft_cap, window_left, sinks, k_scale, v_scale, cores=1) -> DecodeLaunch:
+    """Host half: validate, and build the small index arrays the kernel reads, padded to buckets.
+
+    ``q``/``paged_kv_cache`` may be shape-and-dtype stand-ins (only their metadata is read); the
+    index arrays must be host NumPy arrays. Only shapes and model constants become static
+    arguments; lengths and pages are device data.
+    """
+    logits_soft_cap = soft_cap(logits_soft_cap)
+    prob = check_batch_decode_inputs(q, paged_kv_cache, kv_indptr, kv_indices, kv_last_page_len,
+                                     kv_layout, sm_scale, logits_soft_cap, window_left, sinks,
+                                     k_scale, v_scale)
+    rows = bucket(prob.batch)
+    work = decode_work(kv_indptr, prob.kv_lens, window_left, prob.geo.page_size, rows, cores,
+                       capacity=table_capacity(prob.geo, kv_indptr))
+    arrays, statics = kernel_arguments(prob, paged_kv_cache, kv_indptr, kv_indices, work, None,
+                                       sinks, logits_soft_cap, k_scale, v_scale)
+    return DecodeLaunch(arrays, statics, prob.batch, rows)
+
+
+def page_table_rows(geo, kv_indptr) -> int:
+    """Rows of the padded page list the kernel reads: the cache's pages or the bucket of the
+    table's, whichever is more, plus a chunk of slack (a shape of the cache and the bucket)."""
+    return max(geo.num_pages, bucket(int(kv_indptr[-1]))) + chunk_tokens(geo.page_size)
+
+
+def table_capacity(geo, kv_indptr) -> int:
+    """Chunks the padded page list can hold: sets the work-item table's static row count."""
+    return capacity_chunks(page_table_rows(geo, kv_indptr), geo.page_size)
+
+
+def kernel_arguments(prob, paged_kv_cache, kv_indptr, kv_indices, work, row_tab, sinks,
+                     logits_soft_cap, k_scale, v_scale):
+    """The kernel's array arguments after the cache rows (work tables, padded page list, token
+    table, row table, sinks) and its static arguments, for checked inputs ``prob``."""
+    geo = prob.geo
+    layout = make_layout(geo)
+    k_dtype = split_cache(paged_kv_cache)[0].dtype
+    pages = int(kv_indptr[-1])
+    padded = np.zeros((page_table_rows(geo, kv_indptr), 1), np.int32)
+    padded[:pages, 0] = kv_indices[:pages]
+    mm_dtype = k_dtype.name if k_dtype.itemsize >= 2 else "bfloat16"
+    sinks32 = None if sinks is None else np.asarray(sinks, np.float32).reshape(-1, 1)
+    arrays = (work.items, work.spans, padded, layout.token_table(geo.page_size), row_tab, sinks32)
+    statics = (geo.num_heads, geo.page_size, layout.strides, tuple(geo.token().pattern),
+               prob.sm_scale * float(k_scale),
+               float(logits_soft_cap), float(v_scale), mm_dtype)
+    return arrays, statics
+
+
+# SBUF per partition for the per-tile state of a work item (acc [R, D] fp32 and Q^T pieces [Dp, R]
+# in 16 bits: about 6 D bytes per tile), which bounds how many tiles of query tokens an item takes
+ITEM_TILE_BYTES = 64 * 1024
+QUERY_TILES_MAX = 4
+
+
+def query_block(max_q_len: int, group: int, kv_heads: int = 1, head_dim: int = 128) -> int:
+    """Query tokens per work item. While it fits one tile (128 // group tokens: group x Qb score
+    rows per kv head), max_q_len rounded up to a power of two; beyond, a power-of-two number of
+    whole tiles (at most QUERY_TILES_MAX, and as many as the item's state fits ITEM_TILE_BYTES
+    for its kv heads), so an item reads each chunk of keys (and pays each loop barrier) once for
+    up to 4 x 128 // group queries."""
+    per_tile = max(1, 128 // group)
+    qb = 1
+    while qb < max_q_len:
+        qb *= 2
+    if qb <= per_tile:
+        return qb
+    head_tiles = -(-kv_heads // max(1, 128 // (group * per_tile)))
+    fits = ITEM_TILE_BYTES // (6 * head_dim * head_tiles)
+    tiles = 1
+    while 2 * tiles <= min(QUERY_TILES_MAX, fits) and tiles * per_tile < max_q_len:
+        tiles *= 2
+    return tiles * per_tile
+
+
+@dataclass(frozen=True)
+class PrefillLaunch:
+    """The kernel's arguments after the cache rows, and where each query token sits in the
+    padded q (blocks of Qb rows per work item, zero rows past a request's last token)."""
+
+    arrays: tuple
+    statics: tuple
+    gather: np.ndarray       # [padded rows] int64: the q row copied there, -1 for a zero row
+    scatter: np.ndarray      # [Q] int64: the padded row of query token t
+    kv_lens: np.ndarray      # [B] int64: each request's keys (from the page table)
+
+    def pad_queries(self, q):
+        """q's rows in their padded places, zeros elsewhere (a NumPy array or a torch tensor,
+        gathered where it lives)."""
+        keep = np.flatnonzero(self.gather >= 0)
+        shape = (self.gather.size,) + tuple(q.shape[1:])
+        if isinstance(q, np.ndarray):
+            out = np.zeros(shape, q.dtype)
+            out[keep] = q[self.gather[keep]]
+            return out
+        import torch
+        on = lambda a: torch.from_numpy(a).to(q.device)    # noqa: E731
+        out = q.new_zeros(shape)
+        out[on(keep)] = q[on(self.gather[keep])]
+        return out
+
+    def unpad(self, rows):
+        """Query token t's row of a padded kernel output (NumPy or torch)."""
+        if isinstance(rows, np.ndarray):
+            return rows[self.scatter]
+        import torch
+        return rows[torch.from_numpy(self.scatter).to(rows.device)]
+
+
+def prepare_prefill(q, paged_kv_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len,
+                    kv_layout, causal, sm_scale, logits_soft_cap, window_left, sinks, k_scale,
+                    v_scale, cores=1) -> PrefillLaunch:
+    """Host half of ``batch_prefill`` as one launch: checks, then ``plan_prefill``. ``q`` and
+    the cache may be shape-and-dtype stand-ins; index arrays are host NumPy arrays."""
+    prob, q_lens = check_batch_prefill_inputs(
+        q, paged_kv_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, kv_layout, causal,
+        sm_scale, logits_soft_cap, window_left, sinks, k_scale, v_scale)
+    return plan_prefill(prob, q_lens, qo_indptr, kv_indptr, kv_indices, paged_kv_cache,
+                        bool(causal), logits_soft_cap, window_left, sinks, k_scale, v_scale, cores)
+
+
+def plan_prefill(prob, q_lens, qo_indptr, kv_indptr, kv_indices, paged_kv_cache, causal,
+                 logits_soft_cap, window_left, sinks, k_scale, v_scale, cores) -> PrefillLaunch:
+    """Checked inputs (``prob``, ``q_lens``) -> work items, padded row maps, kernel arguments."""
+    qb = query_block(int(q_lens.max(initial=0)), prob.group, prob.geo.num_heads, prob.geo.head_dim)
+    items = query_blocks(kv_indptr, prob.kv_lens, q_lens, qb, window_left, causal,
+                         prob.geo.page_size)
+    n_items = items.L.size
+    work = split_work(items, prob.geo.page_size, bucket(n_items), cores,
+                      items_per_iteration(qb),
+                      table_capacity(prob.geo, kv_indptr), 1 if qb == 1 else bucket(n_items),
+                      whole_units(qb))
+    # item k covers tokens q0 .. q0 + qb of its request, at padded rows k*qb ..
+    tok = items.q0[:, None] + np.arange(qb)[None, :]
+    real = tok < q_lens[items.request][:, None]
+    gather = np.full((bucket(n_items), qb), -1, np.int64)
+    gather[:n_items] = np.where(real, qo_indptr[items.request].astype(np.int64)[:, None] + tok, -1)
+    gather = gather.reshape(-1)
+    scatter = np.empty(int(q_lens.sum()), np.int64)
+    scatter[gather[gather >= 0]] = np.flatnonzero(gather >= 0)
+    row_tab = None if qb == 1 else (np.arange(prob.group * qb) // prob.group).astype(
+        np.int32).reshape(-1, 1)
+    arrays, statics = kernel_arguments(prob, paged_kv_cache, kv_indptr, kv_indices, work, row_tab,
+                                       sinks, soft_cap(logits_soft_cap), k_scale, v_scale)
+    return PrefillLaunch(arrays, statics, gather, scatter, prob.kv_lens)
