@@ -10,8 +10,6 @@ references.
 
 from __future__ import annotations
 
-import dataclasses
-
 import numpy as np
 
 from nki_kernels.launch_options import check_lnc
@@ -21,7 +19,7 @@ from .checks import check_batch_prefill_inputs
 from .fused_write import append_arguments
 from .head_scales import fold_head_scales, scale_heads
 from .kernel import append_attention_kernel, batch_decode_kernel
-from .plan import cache_rows, plan_prefill, prepare_decode
+from .plan import cache_rows, prefill_parts, prepare_decode
 
 
 def batch_decode(q, paged_kv_cache, kv_indptr, kv_indices, kv_last_page_len, kv_layout="NHD",
@@ -55,12 +53,20 @@ def batch_decode(q, paged_kv_cache, kv_indptr, kv_indices, kv_last_page_len, kv_
     launch = prepare_decode(q, paged_kv_cache, kv_indptr, kv_indices, kv_last_page_len, kv_layout,
                             sm_scale, logits_soft_cap, window_left, sinks, k_scale, v_scale,
                             check_lnc(lnc))
-    B, HQ, D = q.shape
-    kernel = batch_decode_kernel if lnc == 1 else batch_decode_kernel[lnc]
-    out, lse = kernel(launch.pad_queries(q), *cache_rows(paged_kv_cache, D), *launch.arrays,
-                      *launch.statics)
-    out, lse = scale_heads(out[:B], post), lse[:B].reshape(B, HQ)
+    out, lse = run_decode(launch, q, cache_rows(paged_kv_cache, q.shape[2]), lnc)
+    out = scale_heads(out, post)
     return (out, lse) if return_lse else out
+
+
+def run_decode(launch, q, kernel_rows, lnc=1, on_device=lambda a: a):
+    """Run a planned decode step (``plan.prepare_decode``) on q [B, HQ, D], a NumPy array or a
+    torch tensor (``on_device`` moves the plan's small arrays next to it): out [B, HQ, D], lse
+    [B, HQ]. ``kernel_rows``: the cache as the kernel's (k_rows, v_rows)."""
+    B, HQ, _ = q.shape
+    kernel = batch_decode_kernel if lnc == 1 else batch_decode_kernel[lnc]
+    out, lse = kernel(launch.pad_queries(q), *kernel_rows, *(on_device(a) for a in launch.arrays),
+                      *launch.statics)
+    return out[:B], lse[:B].reshape(B, HQ)
 
 
 def batch_prefill(q, paged_kv_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len,
@@ -97,7 +103,7 @@ def batch_prefill(q, paged_kv_cache, qo_indptr, kv_indptr, kv_indices, kv_last_p
     Compiles once per (Qb, bucket of work items); q_len == 1 everywhere is ``batch_decode``'s
     launch exactly. A mixed batch (some requests with one query, others with more) runs as two
     launches, the longer requests first (with the whole fused write), then the single queries as
-    decode, each bucketed.
+    decode, each bucketed (``plan.prefill_parts``).
     """
     cores = check_lnc(lnc)
     write_scales = (k_scale, v_scale)
@@ -115,47 +121,39 @@ def batch_prefill(q, paged_kv_cache, qo_indptr, kv_indptr, kv_indices, kv_last_p
         # and sinks (read at the end of each item) are copied when they view the cache
         q, sinks = (None if a is None else check_writable(paged_kv_cache, (a,))[0]
                     for a in (q, sinks))
-    options = (paged_kv_cache, bool(causal), logits_soft_cap, window_left, sinks, k_scale,
-               v_scale, cores)
-    single = q_lens == 1
-    if not (single.any() and (q_lens > 1).any()):
-        launch = plan_prefill(prob, q_lens, qo_indptr, kv_indptr, kv_indices, *options)
-        out, lse = _run(launch, q, paged_kv_cache, writes, lnc)
-        out = scale_heads(out, post)
-        return (out, lse) if return_lse else out
-    # A mixed batch: the requests with one query run as decode (Qb = 1) after the others, whose
-    # launch also writes every new row: blocks of Qb rows would cost them Qb x the tiles. Both
-    # launches are planned (everything checked) before the first runs.
-    launches = []
-    for group, group_writes in ((~single, writes), (single, ())):
-        idx = np.flatnonzero(group)
-        rows, (qo, ptr, pages) = _sub_batch(idx, qo_indptr, kv_indptr, kv_indices)
-        sub = dataclasses.replace(prob, batch=idx.size, kv_lens=prob.kv_lens[idx])
-        launches.append((rows, plan_prefill(sub, q_lens[idx], qo, ptr, pages, *options),
-                         group_writes))
-    out = np.empty(q.shape, q.dtype)
-    lse = np.empty(q.shape[:2], np.float32)
-    for rows, launch, group_writes in launches:
-        out[rows], lse[rows] = _run(launch, q[rows], paged_kv_cache, group_writes, lnc)
+    parts = prefill_parts(prob, q_lens, qo_indptr, kv_indptr, kv_indices, paged_kv_cache, causal,
+                          logits_soft_cap, window_left, sinks, k_scale, v_scale, cores)
+    kernel_rows = cache_rows(paged_kv_cache, q.shape[2])
+    out, lse = run_prefill(parts, q, kernel_rows, writes, lnc)
     out = scale_heads(out, post)
     return (out, lse) if return_lse else out
 
 
-def _run(launch, q, paged_kv_cache, writes, lnc):
+def run_prefill(parts, q, kernel_rows, writes, lnc=1, on_device=lambda a: a):
+    """Run a prefill step's launches (``plan.prefill_parts``) on q, a NumPy array or a torch
+    tensor (the device path: ``on_device`` moves the plan's small arrays next to q): out
+    [Q, HQ, D] and lse [Q, HQ]. ``kernel_rows``: the cache as the kernel's (k_rows, v_rows);
+    ``writes``: the fused write's kernel arguments, or ()."""
+    if len(parts) == 1:
+        return _run(parts[0].launch, q, kernel_rows, writes, lnc, on_device)
+    if isinstance(q, np.ndarray):
+        out, lse, index = np.empty(q.shape, q.dtype), np.empty(q.shape[:2], np.float32), None
+    else:
+        import torch
+        out = q.new_empty(q.shape)
+        lse = torch.empty(q.shape[:2], dtype=torch.float32, device=q.device)
+        index = lambda rows: torch.from_numpy(rows).to(q.device)  # noqa: E731
+    for part in parts:
+        rows = part.rows if index is None else index(part.rows)
+        out[rows], lse[rows] = _run(part.launch, q[rows], kernel_rows,
+                                    writes if part.writes else (), lnc, on_device)
+    return out, lse
+
+
+def _run(launch, q, kernel_rows, writes, lnc, on_device):
     """One kernel launch of a prepared batch: out [Q, HQ, D], lse [Q, HQ]."""
     kernel = append_attention_kernel if writes else batch_decode_kernel
     kernel = kernel if lnc == 1 else kernel[lnc]
-    out, lse = kernel(launch.pad_queries(q), *cache_rows(paged_kv_cache, q.shape[2]), *writes,
-                      *launch.arrays, *launch.statics)
+    out, lse = kernel(launch.pad_queries(q), *kernel_rows, *writes,
+                      *(on_device(a) for a in launch.arrays), *launch.statics)
     return launch.unpad(out), launch.unpad(lse)[:, :, 0]
-
-
-def _sub_batch(idx, qo_indptr, kv_indptr, kv_indices):
-    """Requests ``idx`` as a batch of their own: (their q rows, (qo_indptr, kv_indptr,
-    kv_indices) of that batch, int32)."""
-    q0, q1 = qo_indptr[idx].astype(np.int64), qo_indptr[idx + 1].astype(np.int64)
-    p0, p1 = kv_indptr[idx].astype(np.int64), kv_indptr[idx + 1].astype(np.int64)
-    rows = np.concatenate([np.arange(a, b) for a, b in zip(q0, q1)] + [np.zeros(0, np.int64)])
-    pages = np.concatenate([kv_indices[a:b] for a, b in zip(p0, p1)] + [np.zeros(0, np.int32)])
-    indptr = lambda n: np.concatenate([[0], np.cumsum(n)]).astype(np.int32)  # noqa: E731
-    return rows, (indptr(q1 - q0), indptr(p1 - p0), pages.astype(np.int32))

@@ -6,27 +6,33 @@ import numpy as np
 
 from nki_kernels.buckets import pad_rows
 from nki_kernels.launch_options import check_lnc
-from nki_kernels.paged_cache.checks import check_page_table, destination_slots
 from nki_kernels.paged_cache.layout import CacheGeometry, check_writable, geometry, row_views
 from nki_kernels.paged_cache.quantize import quant_table
 
-from .checks import check_append_rows, check_spare_page
+from .checks import append_destinations, check_spare_page
 from .kernel import paged_kv_scatter_kernel
-from .plan import bucket_tokens, padded_slots
+from .plan import plan_append
 
 
 def scatter_tokens(append_key, append_value, paged_kv_cache, geo: CacheGeometry, rows, keep=None,
                    spare_page=None, lnc=1, quant=(None, 0.0)):
     """Launch the device kernel for tokens whose first K row is ``rows`` (``keep`` False = skip);
     ``quant``: ``quantize.quant_table``'s (table, limit)."""
-    if append_key.shape[0] == 0:
-        return
-    k_rows, v_rows = row_views(paged_kv_cache, geo)
-    Tb = bucket_tokens(append_key.shape[0])
-    slots, counts, parts = padded_slots(rows, keep, geo, spare_page, quant[0] is not None, lnc)
+    launch = plan_append(rows, keep, geo, quant, spare_page, lnc)
+    launch_append(launch, append_key, append_value, *row_views(paged_kv_cache, geo), geo, lnc)
+
+
+def launch_append(launch, key, value, k_rows, v_rows, geo: CacheGeometry, lnc=1,
+                  on_device=lambda a: a):
+    """Run one planned scatter (``plan.plan_append``) of ``key`` / ``value`` rows (NumPy arrays
+    or torch tensors; ``on_device`` moves the plan's tables next to them) into the cache's
+    (k_rows, v_rows); nothing for zero rows. Returns what the kernel returns."""
+    if key.shape[0] == 0:
+        return None
     kernel = paged_kv_scatter_kernel if lnc == 1 else paged_kv_scatter_kernel[lnc]
-    kernel(k_rows, v_rows, pad_rows(append_key, Tb), pad_rows(append_value, Tb), slots, counts,
-           geo.token_pattern, geo.v_offset, *quant, parts)
+    return kernel(k_rows, v_rows, pad_rows(key, launch.tokens), pad_rows(value, launch.tokens),
+                  on_device(launch.slots), on_device(launch.counts), geo.token_pattern,
+                  geo.v_offset, on_device(launch.quant), launch.limit, launch.parts)
 
 
 def append_paged_kv_cache(append_key, append_value, batch_indices, positions, paged_kv_cache,
@@ -56,17 +62,13 @@ def append_paged_kv_cache(append_key, append_value, batch_indices, positions, pa
         device kernel scatters. Computing rows on device from a device-resident page table is the
         way to skip the host round trip; here validation needs the values on the host anyway.
     """
-    geo, quant = check_append_rows(append_key, append_value, batch_indices, positions,
-                                   paged_kv_cache, kv_indices, kv_indptr, kv_last_page_len,
-                                   kv_layout, k_scale, v_scale)
-    lens = check_page_table(kv_indices, kv_indptr, kv_last_page_len, geo)
-    check_spare_page(spare_page, geo, kv_indices[:kv_indptr[-1]])
+    geo, quant, rows, keep = append_destinations(
+        append_key, append_value, batch_indices, positions, paged_kv_cache, kv_indices, kv_indptr,
+        kv_last_page_len, kv_layout, k_scale, v_scale, spare_page)
     check_lnc(lnc)
     append_key, append_value = check_writable(paged_kv_cache, (append_key, append_value))
-    pages, entries, keep = destination_slots(batch_indices, positions, kv_indices, kv_indptr, lens,
-                                             geo)
-    scatter_tokens(append_key, append_value, paged_kv_cache, geo, geo.rows(pages, entries),
-                   keep=None if keep.all() else keep, spare_page=spare_page, lnc=lnc, quant=quant)
+    scatter_tokens(append_key, append_value, paged_kv_cache, geo, rows, keep=keep,
+                   spare_page=spare_page, lnc=lnc, quant=quant)
 
 
 def reshape_and_cache(key, value, key_cache, value_cache, slot_mapping, kv_layout="NHD",

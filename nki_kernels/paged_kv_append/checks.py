@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from nki_kernels.paged_cache.checks import require_int32_vector
+from nki_kernels.paged_cache.checks import check_page_table, destination_slots, require_int32_vector
 from nki_kernels.paged_cache.layout import CacheGeometry, geometry, split_cache
 from nki_kernels.paged_cache.quantize import quant_table
 
@@ -65,3 +65,20 @@ def check_spare_page(spare_page, geo: CacheGeometry, used_pages=None):
     if used_pages is not None and np.isin(spare_page, used_pages):
         raise ValueError(f"spare_page={spare_page} is one of the pages being written; the spare "
                          f"page must be reserved (owned by no request)")
+
+
+def append_destinations(append_key, append_value, batch_indices, positions, paged_kv_cache,
+                        kv_indices, kv_indptr, kv_last_page_len, kv_layout, k_scale=None,
+                        v_scale=None, spare_page=None):
+    """Every check of an append (rows, quantization, page table, destinations, spare page) and
+    where its rows go: (geo, (quant table, limit), cache row of each token, keep: None when
+    every token is written, else False for the padding rows). The arrays may be shape-and-dtype
+    stand-ins (the torch device path); the index arrays are host NumPy arrays."""
+    geo, quant = check_append_rows(append_key, append_value, batch_indices, positions,
+                                   paged_kv_cache, kv_indices, kv_indptr, kv_last_page_len,
+                                   kv_layout, k_scale, v_scale)
+    lens = check_page_table(kv_indices, kv_indptr, kv_last_page_len, geo)
+    check_spare_page(spare_page, geo, kv_indices[:kv_indptr[-1]])
+    pages, entries, keep = destination_slots(batch_indices, positions, kv_indices, kv_indptr, lens,
+                                             geo)
+    return geo, quant, geo.rows(pages, entries), None if keep.all() else keep

@@ -3,6 +3,8 @@ per bucket), and how K and V rows are packed into one scatter."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from nki_kernels.backend import nisa
@@ -62,3 +64,24 @@ def bucket_tokens(T: int) -> int:
     """The token bucket ``padded_slots`` pads T rows to."""
     Tb = bucket(T)
     return -(-Tb // P_MAX) * P_MAX if Tb > P_MAX else Tb
+
+
+@dataclass(frozen=True)
+class AppendLaunch:
+    """The scatter kernel's table arguments for T rows padded to ``tokens`` (``padded_slots``),
+    the quantization table and limit (``paged_cache.quantize.quant_table``), and the packing."""
+
+    slots: np.ndarray
+    counts: np.ndarray
+    parts: int
+    quant: object
+    limit: float
+    tokens: int
+
+
+def plan_append(rows, keep, geo: CacheGeometry, quant=(None, 0.0), spare_page=None,
+                lnc=1) -> AppendLaunch:
+    """The launch of an append whose tokens go to cache ``rows`` (``keep`` False: skipped);
+    the NumPy entries and the torch device path run the same one (``api.launch_append``)."""
+    slots, counts, parts = padded_slots(rows, keep, geo, spare_page, quant[0] is not None, lnc)
+    return AppendLaunch(slots, counts, parts, quant[0], quant[1], bucket_tokens(len(rows)))

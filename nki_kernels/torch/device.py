@@ -57,73 +57,71 @@ def _dev(a, like):
 
 def append_device(append_key, append_value, batch_indices, positions, kv_cache, kv_indices,
                   kv_indptr, kv_last_page_len, kv_layout, k_scale=None, v_scale=None):
-    from nki_kernels.paged_cache.checks import check_page_table, destination_slots
-    from nki_kernels.paged_kv_append.checks import check_append_rows
-    from nki_kernels.buckets import pad_rows
-    from nki_kernels.paged_kv_append.plan import bucket_tokens, padded_slots
-    from nki_kernels.paged_kv_append.kernel import paged_kv_scatter_kernel
+    """append_paged_kv_cache on device tensors, through the NumPy entry's own checks, plan and
+    launch (``paged_kv_append.checks.append_destinations``, ``plan.plan_append``,
+    ``api.launch_append``)."""
+    from nki_kernels.paged_kv_append.api import launch_append
+    from nki_kernels.paged_kv_append.checks import append_destinations
+    from nki_kernels.paged_kv_append.plan import plan_append
     idx = [_host(t) for t in (batch_indices, positions, kv_indices, kv_indptr, kv_last_page_len)]
-    geo, (quant, limit) = check_append_rows(_meta(append_key), _meta(append_value), idx[0], idx[1],
-                                            _cache_meta(kv_cache), idx[2], idx[3], idx[4],
-                                            kv_layout, k_scale, v_scale)
-    lens = check_page_table(idx[2], idx[3], idx[4], geo)
-    pages, entries, keep = destination_slots(idx[0], idx[1], idx[2], idx[3], lens, geo)
-    Tb = bucket_tokens(append_key.shape[0])
-    slots, counts, parts = padded_slots(geo.rows(pages, entries), None if keep.all() else keep,
-                                        geo, quantized=quant is not None)
+    geo, quant, rows, keep = append_destinations(_meta(append_key), _meta(append_value), *idx[:2],
+                                                 _cache_meta(kv_cache), *idx[2:], kv_layout,
+                                                 k_scale, v_scale)
     k_rows, v_rows = _cache_rows(kv_cache, geo.row_elems)
-    written = paged_kv_scatter_kernel(k_rows, v_rows, pad_rows(append_key, Tb),
-                                      pad_rows(append_value, Tb), _dev(slots, k_rows),
-                                      _dev(counts, k_rows), geo.token_pattern, geo.v_offset,
-                                      _dev(quant, k_rows), limit, parts)
+    written = launch_append(plan_append(rows, keep, geo, quant), append_key, append_value,
+                            k_rows, v_rows, geo, on_device=lambda a: _dev(a, k_rows))
+    if written is None:
+        return
     for got, rows in zip(written if v_rows is not None else (written,), (k_rows, v_rows)):
         _keep(got, rows)
 
 
 def decode_device(q, kv_cache, kv_indptr, kv_indices, kv_last_page_len, kv_layout, sm_scale,
                   logits_soft_cap, window_left, sinks, k_scale=1.0, v_scale=1.0):
+    """batch_decode on device tensors, through the NumPy entry's plan and launch."""
+    from nki_kernels.paged_attention.api import run_decode
     from nki_kernels.paged_attention.plan import prepare_decode
-    from nki_kernels.paged_attention.kernel import batch_decode_kernel
     launch = prepare_decode(_meta(q), _cache_meta(kv_cache), _host(kv_indptr), _host(kv_indices),
                             _host(kv_last_page_len), kv_layout, sm_scale, logits_soft_cap,
                             window_left, _host(sinks), k_scale, v_scale)
-    B, HQ, D = q.shape
-    out, lse = batch_decode_kernel(launch.pad_queries(q.contiguous()), *_cache_rows(kv_cache, D),
-                                   *(_dev(a, q) for a in launch.arrays), *launch.statics)
-    return out[:B], lse[:B].reshape(B, HQ)
+    return run_decode(launch, q.contiguous(), _cache_rows(kv_cache, q.shape[2]),
+                      on_device=lambda a: _dev(a, q))
 
 
 def prefill_device(q, kv_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, kv_layout,
                    causal, sm_scale, logits_soft_cap, window_left, sinks, append_key,
                    append_value, k_scale=1.0, v_scale=1.0):
-    """batch_prefill on device tensors: the host plans (checks, work items, row maps), q is
-    gathered into its padded blocks and the output scattered back with torch indexing on the
-    device, and the kernel (with the fused write when append rows are given) runs there."""
-    from nki_kernels.paged_attention.kernel import (append_attention_kernel,
-                                                           batch_decode_kernel)
-    from nki_kernels.paged_attention.plan import prepare_prefill
+    """batch_prefill on device tensors, through the NumPy entry's own plan and launches
+    (``paged_attention.plan.prefill_parts``, ``api.run_prefill``): the host checks and plans
+    (work items, row maps, the mixed-batch split), q is gathered into its padded blocks and the
+    output scattered back with torch indexing on the device, and the kernel (with the fused
+    write when append rows are given) runs there."""
     from nki_kernels.buckets import pad_rows
+    from nki_kernels.paged_attention.api import run_prefill
+    from nki_kernels.paged_attention.checks import check_batch_prefill_inputs
     from nki_kernels.paged_attention.fused_write import append_plan
+    from nki_kernels.paged_attention.plan import prefill_parts
     from nki_kernels.paged_kv_append.plan import bucket_tokens
-    qo = _host(qo_indptr)
-    launch = prepare_prefill(_meta(q), _cache_meta(kv_cache), qo, _host(kv_indptr), _host(kv_indices),
-                             _host(kv_last_page_len), kv_layout, causal, sm_scale,
-                             logits_soft_cap, window_left, _host(sinks), k_scale, v_scale)
+    cache = _cache_meta(kv_cache)
+    table = (_host(qo_indptr), _host(kv_indptr), _host(kv_indices))
+    last, sinks = _host(kv_last_page_len), _host(sinks)
+    prob, q_lens = check_batch_prefill_inputs(_meta(q), cache, *table, last, kv_layout, causal,
+                                              sm_scale, logits_soft_cap, window_left, sinks,
+                                              k_scale, v_scale)
+    parts = prefill_parts(prob, q_lens, *table, cache, causal, logits_soft_cap, window_left,
+                          sinks, k_scale, v_scale, 1)
     writes = ()
     if append_key is not None or append_value is not None:
         slots, counts, quant, write = append_plan(
             None if append_key is None else _meta(append_key),
-            None if append_value is None else _meta(append_value), _cache_meta(kv_cache), kv_layout,
-            qo, _host(kv_indptr), _host(kv_indices), _host(kv_last_page_len), launch.kv_lens,
-            q.shape[0], k_scale, v_scale)
+            None if append_value is None else _meta(append_value), cache, kv_layout,
+            *table, last, prob.kv_lens, q.shape[0], k_scale, v_scale)
         Tb = bucket_tokens(q.shape[0])
         writes = (pad_rows(append_key, Tb), pad_rows(append_value, Tb),
                   _dev(slots, q), _dev(counts, q), None if quant is None else _dev(quant, q),
                   write)
-    kernel = append_attention_kernel if writes else batch_decode_kernel
-    out, lse = kernel(launch.pad_queries(q), *_cache_rows(kv_cache, q.shape[2]), *writes,
-                      *(_dev(a, q) for a in launch.arrays), *launch.statics)
-    return launch.unpad(out), launch.unpad(lse).reshape(q.shape[0], q.shape[1])
+    return run_prefill(parts, q, _cache_rows(kv_cache, q.shape[2]), writes,
+                       on_device=lambda a: _dev(a, q))
 
 
 def prefill_on_neuron(*args):

@@ -77,18 +77,18 @@ def test_tensor_scatter_device_path(rng, target):
 def test_mutating_kernels_return_the_tensor_they_wrote(rng, target, monkeypatch):
     """An aliased output: the simulator hands back the caller's own tensor, so the device path
     copies nothing; a runtime returning another buffer gets copied back."""
-    from nki_kernels.paged_kv_append import kernel as append_kernel
+    from nki_kernels.paged_kv_append import api as append_api
     from nki_kernels.paged_kv_append import append_paged_kv_cache_ref
     args = make_append_case(rng, [9, 3], [4, 2], 4, 2, 8)
     want = append_paged_kv_cache_ref(*args)
     seen = []
-    real = append_kernel.paged_kv_scatter_kernel
+    real = append_api.paged_kv_scatter_kernel
 
     def spy(rows, *rest):
         out = real(rows, *rest)
         seen.append(out is rows)
         return out
-    monkeypatch.setattr(append_kernel, "paged_kv_scatter_kernel", spy)
+    monkeypatch.setattr(append_api, "paged_kv_scatter_kernel", spy)
     targs = [t(a) for a in args]
     device.append_device(*targs)
     assert seen == [True]
@@ -98,3 +98,28 @@ def test_mutating_kernels_return_the_tensor_they_wrote(rng, target, monkeypatch)
     target_tensor = torch.zeros(6)
     device._keep(other, target_tensor)                       # another buffer: copied back
     assert torch.equal(target_tensor, other)
+
+
+@pytest.mark.sim_only
+def test_prefill_device_path_runs_the_numpy_entrys_launches(rng, target):
+    """One host path: a mixed batch (single queries beside longer ones) runs the same two
+    launches on the device path as in the NumPy entry, and gives the same bytes."""
+    from nki_kernels import simulate
+    from nki_kernels.paged_attention import batch_prefill
+
+    from ..kernels.paged_attention.test_prefill import make_prefill_case
+    q, cache, qo, ptr, idx, last, layout = make_prefill_case(rng, [3, 1, 9], [3, 20, 40], 8, 2,
+                                                             2, 16)
+    key = rng.standard_normal((13, 2, 16)).astype(np.float32)
+    numpy_cache, torch_cache = cache.copy(), t(cache.copy())
+    with simulate.tracing() as numpy_launches:
+        want, want_lse = batch_prefill(q, numpy_cache, qo, ptr, idx, last, layout, causal=True,
+                                       append_key=key, append_value=-key, return_lse=True)
+    with simulate.tracing() as device_launches:
+        out, lse = device.prefill_device(t(q), torch_cache, t(qo), t(ptr), t(idx), t(last),
+                                         layout, True, None, 0.0, -1, None, t(key), t(-key))
+    assert len(numpy_launches) == len(device_launches) == 2
+    assert [len(a) for a in numpy_launches] == [len(b) for b in device_launches]
+    np.testing.assert_array_equal(out.numpy(), want)
+    np.testing.assert_array_equal(lse.numpy(), want_lse)
+    np.testing.assert_array_equal(torch_cache.numpy(), numpy_cache)
