@@ -34,3 +34,14 @@ def test_former_attention_name_is_an_alias():
     import nki_kernels.paged_decode_attention as old
     for name in new.__all__:
         assert getattr(old, name) is getattr(new, name)
+
+
+def test_no_function_over_120_lines():
+    import ast
+    long = []
+    for top in ("nki_kernels", "simulate", "access_patterns"):
+        for path in (ROOT.parent / top).rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.FunctionDef) and node.end_lineno - node.lineno >= 120:
+                    long.append(f"{path.name}:{node.name}")
+    assert long == []

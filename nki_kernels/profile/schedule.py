@@ -179,164 +179,203 @@ def descriptor_seconds(e, hw: Hardware, mode: str) -> float:
 def schedule(trace, hw: Hardware, core_of: Dict[tuple, int], compute_seconds,
              nc_version: int) -> Schedule:
     """Schedule ``trace``; ``compute_seconds(event)`` prices a compute instruction."""
-    slots: List[Slot] = []
-    free: Dict[Tuple[int, str], Tuple[float, Optional[int]]] = {}
-    queues: Dict[int, list] = {}
-    engines: Dict[int, list] = {}
-    dge: Dict[int, list] = {}
-    last_end: Dict[int, Tuple[float, Optional[int]]] = {}
-    floor: Dict[int, Tuple[float, Optional[int], str]] = {}
-    barriers: Dict[int, int] = {}
-    memories: Dict[int, _Memory] = {}    # per core: cores order each other only at syncs
-    slot_of: Dict[int, int] = {}          # trace event -> its (main) slot
-    marks = sorted(trace.iteration_starts, key=lambda m: m[0])
-    next_mark = 0
+    return _Scheduler(trace, hw, core_of, compute_seconds, nc_version).run()
 
-    def barrier(core):
-        end, slot = last_end.get(core, (0.0, None))
-        floor[core] = (end + hw.loop_iteration_s, slot, "loop barrier")
-        barriers[core] = barriers.get(core, 0) + 1
 
-    def later(a, b):
-        return b if b[0] > a[0] else a
+class _Scheduler:
+    """The state of one scheduling pass: per core the engines' and lanes' free times, the DMA
+    queues, engines and hardware-DGE units, the last slot, the floor a loop barrier or core
+    barrier sets, the memory boxes; and the slots placed so far."""
 
-    def add(slot: Slot) -> int:
-        slots.append(slot)
-        k = len(slots) - 1
-        if slot.end >= last_end.get(slot.core, (-1.0, None))[0]:
-            last_end[slot.core] = (slot.end, k)
+    def __init__(self, trace, hw: Hardware, core_of, compute_seconds, nc_version: int):
+        self.trace, self.hw, self.core_of = trace, hw, core_of
+        self.compute_seconds, self.nc_version = compute_seconds, nc_version
+        self.slots: List[Slot] = []
+        self.free: Dict[Tuple[int, str], Tuple[float, Optional[int]]] = {}
+        self.queues: Dict[int, list] = {}
+        self.engines: Dict[int, list] = {}
+        self.dge: Dict[int, list] = {}
+        self.last_end: Dict[int, Tuple[float, Optional[int]]] = {}
+        self.floor: Dict[int, Tuple[float, Optional[int], str]] = {}
+        self.barriers: Dict[int, int] = {}
+        self.memories: Dict[int, _Memory] = {}    # per core: cores order each other at syncs
+        self.slot_of: Dict[int, int] = {}          # trace event -> its (main) slot
+
+    def run(self) -> Schedule:
+        trace, core_of = self.trace, self.core_of
+        marks = sorted(trace.iteration_starts, key=lambda m: m[0])
+        next_mark = 0
+        held: Dict[tuple, list] = {}          # sync key -> (event, core, boxes) of the cores there
+        cores_in_trace = len({core_of[e.program_id] for e in trace})
+        for e in trace:
+            while next_mark < len(marks) and marks[next_mark][0] <= e.index:
+                self.barrier(core_of[marks[next_mark][1]])
+                next_mark += 1
+            core = core_of[e.program_id]
+            boxes = [(footprint(o), o.role in WRITTEN) for o in e.operands]
+            sync = (e.details or {}).get("sync")
+            if sync is not None and cores_in_trace > 1:
+                group = held.setdefault(sync, [])
+                group.append((e, core, boxes))
+                if len(group) == cores_in_trace:
+                    self.place_together(held.pop(sync))
+                continue
+            self.place(e, core, self.ready_of(e, core, boxes), boxes)
+        for group in held.values():           # a partner that never came (the launch failed)
+            self.place_together(group)
+        while next_mark < len(marks):
+            self.barrier(core_of[marks[next_mark][1]])
+            next_mark += 1
+        makespan = max([s.end for s in self.slots] + [f[0] for f in self.floor.values()],
+                       default=0.0)
+        result = Schedule(self.slots, makespan, self.barriers,
+                          max(1, len(set(core_of.values()))))
+        result.critical = _critical_path(self.slots, self.floor, makespan)
+        return result
+
+    def barrier(self, core):
+        end, slot = self.last_end.get(core, (0.0, None))
+        self.floor[core] = (end + self.hw.loop_iteration_s, slot, "loop barrier")
+        self.barriers[core] = self.barriers.get(core, 0) + 1
+
+    def add(self, slot: Slot) -> int:
+        self.slots.append(slot)
+        k = len(self.slots) - 1
+        if slot.end >= self.last_end.get(slot.core, (-1.0, None))[0]:
+            self.last_end[slot.core] = (slot.end, k)
         return k
 
-    def memory_of(core) -> _Memory:
-        memory = memories.get(core)
+    def memory_of(self, core) -> _Memory:
+        memory = self.memories.get(core)
         if memory is None:
-            memory = memories[core] = _Memory()
+            memory = self.memories[core] = _Memory()
         return memory
 
-    def ready_of(e, core, boxes):
+    def ready_of(self, e, core, boxes):
         """When ``e`` may start as far as its data (``boxes``: its operands' footprints and
         whether each is written), ``depends_on`` edges and loop barriers go."""
-        ready = floor.get(core, (0.0, None, "start"))
-        memory = memory_of(core)
+        ready = self.floor.get(core, (0.0, None, "start"))
+        memory = self.memory_of(core)
         for box, write in boxes:
             ready = memory.ready(box, write, ready)
         for producer, kind in (e.details or {}).get("after", ()):   # NkiInstruction.depends_on
-            k = slot_of.get(producer)
+            k = self.slot_of.get(producer)
             if k is not None:
-                t = slots[k].end if kind == "runtime" else slots[k].start
-                ready = later(ready, (t, k, "depends_on"))
+                t = self.slots[k].end if kind == "runtime" else self.slots[k].start
+                ready = _later(ready, (t, k, "depends_on"))
         return ready
 
-    def place(e, core, ready, boxes):
+    def place(self, e, core, ready, boxes):
+        """Place ``e`` (a DMA with its descriptors, or a compute instruction) and record the
+        memory it reads and writes."""
         made = None                       # when a DMA's descriptors (and offsets) are done
         if e.engine == "dma":
-            mode = dge_mode(e, hw, nc_version)
-            if mode != "none":
-                cost = descriptor_seconds(e, hw, mode)
-                unit = None                 # hardware DGE: the unit free first
-                if mode == "swdge":
-                    lane = (core, "gpsimd")
-                else:
-                    units = dge.setdefault(core, [(0.0, None)] * max(1, hw.hwdge_units))
-                    unit = _earliest(units)
-                    trigger = str((e.details or {}).get("queue_engine") or "")
-                    lane = (core, "scalar") if "scalar" in trigger else None
-                start = ready
-                if lane is not None:
-                    start = later(start, (*free.get(lane, (0.0, None)), "engine"))
-                if unit is not None:
-                    start = later(start, (*dge[core][unit], "descriptors"))
-                k = add(Slot(e.index, core, "gpsimd" if mode == "swdge" else "dge",
-                             f"{e.op} descriptors", start[0], start[0] + cost, start[1],
-                             start[2], work=cost))
-                made = ready = (start[0] + cost, k, "descriptors")
-                if lane is not None:
-                    free[lane] = ready[:2]
-                if unit is not None:
-                    dge[core][unit] = ready[:2]
-            q = queues.setdefault(core, [(0.0, None)] * hw.dma_queues_in_flight)
-            qi = _earliest(q)
-            start = later(ready, (*q[qi], "dma queue"))
-            used = dma_engines_used(e, hw)
-            pool = engines.setdefault(core, [(0.0, None)] * hw.dma_engines)
-            order = sorted(range(len(pool)), key=lambda i: pool[i][0])[:used]
-            gate = max((pool[i] for i in order), key=lambda x: x[0])
-            move = start[0] + hw.dma_fixed_s
-            waited = start
-            if gate[0] > move:
-                move, waited = gate[0], (gate[0], gate[1], "dma engines")
-            transfer = dma_transfer_seconds(e, hw)
-            end = move + transfer
-            k = add(Slot(e.index, core, "dma", e.name or e.op, start[0], end, waited[1], waited[2],
-                         work=transfer, fixed=hw.dma_fixed_s, engines=used))
-            q[qi] = (end, k)
-            for i in order:
-                pool[i] = (end, k)
+            made = self.place_descriptors(e, core, ready)
+            k = self.place_transfer(e, core, made or ready)
         else:
-            lane = (core, e.engine)
-            previous = free.get(lane, (0.0, None))
-            start = later(ready, (*previous, "engine"))
-            cost = compute_seconds(e)
-            end = start[0] + cost
-            if (e.engine == "vector" and previous[1] is not None and ready[1] == previous[1]
-                    and ready[2] == "data"):      # reads the result of the one just before
-                end += hw.dependent_vector_cycles / hw.vector_hz
-            k = add(Slot(e.index, core, e.engine, e.name or e.op, start[0], end, start[1],
-                         start[2], work=cost))
-            free[lane] = (end, k)
-        slot_of[e.index] = k
-        memory = memory_of(core)
+            k = self.place_compute(e, core, ready)
+        self.slot_of[e.index] = k
+        memory = self.memory_of(core)
         for (box, write), o in zip(boxes, e.operands):
             if made is not None and o.role.endswith("_offsets"):
                 memory.record(box, write, made[1], made[0])     # read by descriptor generation
             else:
-                memory.record(box, write, k, slots[k].end)
+                memory.record(box, write, k, self.slots[k].end)
 
-    def place_together(group):
+    def place_descriptors(self, e, core, ready):
+        """A DMA's descriptor generation (software DGE on GpSimd, or a hardware DGE unit);
+        returns when the descriptors are made, or None when the DMA needs none."""
+        hw = self.hw
+        mode = dge_mode(e, hw, self.nc_version)
+        if mode == "none":
+            return None
+        cost = descriptor_seconds(e, hw, mode)
+        unit = None                 # hardware DGE: the unit free first
+        if mode == "swdge":
+            lane = (core, "gpsimd")
+        else:
+            units = self.dge.setdefault(core, [(0.0, None)] * max(1, hw.hwdge_units))
+            unit = _earliest(units)
+            trigger = str((e.details or {}).get("queue_engine") or "")
+            lane = (core, "scalar") if "scalar" in trigger else None
+        start = ready
+        if lane is not None:
+            start = _later(start, (*self.free.get(lane, (0.0, None)), "engine"))
+        if unit is not None:
+            start = _later(start, (*self.dge[core][unit], "descriptors"))
+        k = self.add(Slot(e.index, core, "gpsimd" if mode == "swdge" else "dge",
+                          f"{e.op} descriptors", start[0], start[0] + cost, start[1],
+                          start[2], work=cost))
+        made = (start[0] + cost, k, "descriptors")
+        if lane is not None:
+            self.free[lane] = made[:2]
+        if unit is not None:
+            self.dge[core][unit] = made[:2]
+        return made
+
+    def place_transfer(self, e, core, ready) -> int:
+        """A DMA's transfer: a queue in flight, then its engines after the fixed latency."""
+        hw = self.hw
+        q = self.queues.setdefault(core, [(0.0, None)] * hw.dma_queues_in_flight)
+        qi = _earliest(q)
+        start = _later(ready, (*q[qi], "dma queue"))
+        used = dma_engines_used(e, hw)
+        pool = self.engines.setdefault(core, [(0.0, None)] * hw.dma_engines)
+        order = sorted(range(len(pool)), key=lambda i: pool[i][0])[:used]
+        gate = max((pool[i] for i in order), key=lambda x: x[0])
+        move = start[0] + hw.dma_fixed_s
+        waited = start
+        if gate[0] > move:
+            move, waited = gate[0], (gate[0], gate[1], "dma engines")
+        transfer = dma_transfer_seconds(e, hw)
+        end = move + transfer
+        k = self.add(Slot(e.index, core, "dma", e.name or e.op, start[0], end, waited[1],
+                          waited[2], work=transfer, fixed=hw.dma_fixed_s, engines=used))
+        q[qi] = (end, k)
+        for i in order:
+            pool[i] = (end, k)
+        return k
+
+    def place_compute(self, e, core, ready) -> int:
+        """A compute instruction on its engine, in program order; a VectorE instruction that
+        reads the result of the one just before it pays the dependency latency."""
+        lane = (core, e.engine)
+        previous = self.free.get(lane, (0.0, None))
+        start = _later(ready, (*previous, "engine"))
+        cost = self.compute_seconds(e)
+        end = start[0] + cost
+        if (e.engine == "vector" and previous[1] is not None and ready[1] == previous[1]
+                and ready[2] == "data"):      # reads the result of the one just before
+            end += self.hw.dependent_vector_cycles / self.hw.vector_hz
+        k = self.add(Slot(e.index, core, e.engine, e.name or e.op, start[0], end, start[1],
+                          start[2], work=cost))
+        self.free[lane] = (end, k)
+        return k
+
+    def place_together(self, group):
         """The cores' halves of one synchronising instruction start together, when the last of
         them could start alone: a ``sendrecv`` when both sources are ready, a ``core_barrier``
         when both cores have drained. Nothing after a barrier starts before it ends."""
         readies = []
         for e, core, boxes in group:
-            ready = ready_of(e, core, boxes)
+            ready = self.ready_of(e, core, boxes)
             if e.engine != "dma":
-                ready = later(ready, (*free.get((core, e.engine), (0.0, None)), "engine"))
+                ready = _later(ready, (*self.free.get((core, e.engine), (0.0, None)), "engine"))
             if e.op == "core_barrier":
-                ready = later(ready, (*last_end.get(core, (0.0, None)), "drain"))
+                ready = _later(ready, (*self.last_end.get(core, (0.0, None)), "drain"))
             readies.append(ready)
         joint = max(readies, key=lambda r: r[0])
         for (e, core, boxes), ready in zip(group, readies):
-            place(e, core, later(ready, (joint[0], joint[1], "other core")), boxes)
+            self.place(e, core, _later(ready, (joint[0], joint[1], "other core")), boxes)
             if e.op == "core_barrier":
-                end = slots[slot_of[e.index]]
-                floor[core] = later(floor.get(core, (0.0, None, "start")),
-                                    (end.end, slot_of[e.index], "core barrier"))
+                end = self.slots[self.slot_of[e.index]]
+                self.floor[core] = _later(self.floor.get(core, (0.0, None, "start")),
+                                          (end.end, self.slot_of[e.index], "core barrier"))
 
-    held: Dict[tuple, list] = {}          # sync key -> (event, core, boxes) of the cores there
-    cores_in_trace = len({core_of[e.program_id] for e in trace})
-    for e in trace:
-        while next_mark < len(marks) and marks[next_mark][0] <= e.index:
-            barrier(core_of[marks[next_mark][1]])
-            next_mark += 1
-        core = core_of[e.program_id]
-        boxes = [(footprint(o), o.role in WRITTEN) for o in e.operands]
-        sync = (e.details or {}).get("sync")
-        if sync is not None and cores_in_trace > 1:
-            group = held.setdefault(sync, [])
-            group.append((e, core, boxes))
-            if len(group) == cores_in_trace:
-                place_together(held.pop(sync))
-            continue
-        place(e, core, ready_of(e, core, boxes), boxes)
-    for group in held.values():           # a partner that never came (the launch failed)
-        place_together(group)
-    while next_mark < len(marks):
-        barrier(core_of[marks[next_mark][1]])
-        next_mark += 1
-    makespan = max([s.end for s in slots] + [f[0] for f in floor.values()], default=0.0)
-    result = Schedule(slots, makespan, barriers, max(1, len(set(core_of.values()))))
-    result.critical = _critical_path(slots, floor, makespan)
-    return result
+
+def _later(a, b):
+    """The later of two (time, slot, reason) readiness marks (the first on a tie)."""
+    return b if b[0] > a[0] else a
 
 
 def _earliest(pool) -> int:

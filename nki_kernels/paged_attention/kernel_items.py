@@ -1,0 +1,299 @@
+"""The work items of the attention kernel (``kernel.py``), as named steps over the launch's
+``Step``: an item's setup (``prepare``), its chunks folded into its softmax states (``fold``,
+software-pipelined; ``blocks`` for the nested loops of a whole unit), its state chained through
+the HBM scratch and its output written (``finish``, ``write``), the LNC=2 merge
+(``merge_split``) and a whole unit (``unit``)."""
+
+from __future__ import annotations
+
+from nki_kernels.backend import nisa, nl
+
+from .kernel_cursor import (advance, block_bounds, item_columns, request_bounds, start_cursor,
+                            token_validity)
+from .kernel_load import (KVTile, block_page_ids, block_rows, converted_v, group_size,
+                          load_chunk_indirect, load_chunk_pages, load_group_indirect,
+                          load_group_pages, step_chunks)
+from .kernel_queries import group_queries
+from .kernel_softmax import (chunk_scores, finalize, k_transposed, load_state, mask_keep,
+                             merge_states, merge_with_partner, poison_state, softmax_step,
+                             state_tile, state_views, store_state)
+from .work import C0, C1, CHUNK_BLOCKS, FULL_HI, FULL_LO, LOAD, OUT, STORE
+
+
+# Chunks per softmax step: a mask-free block gathered several tokens per partition folds them
+# in steps of up to 4 chunks (kernel_load.step_chunks: 4 x 128 keys of fp32 scores fill one 2 KiB
+# PSUM bank, so the fixed cost of every softmax instruction is paid once per 512 keys), one or
+# more steps per gather (kernel_load.group_size: 8 KiB of K per partition for NHD, 32 KiB for
+# HND); chunks gathered one at a time (masked chunks, NeuronCore-v2, pages over 128) fold
+# FOLD_WIDTH per step only when blocks of queries fill several tiles per chunk (prefill), else one.
+FOLD_WIDTH = 4
+
+
+# Tiles of query rows whose scores are made ahead of the softmax (a step ahead when a step has
+# no more tiles than this; each is an [R, <= 512] fp32 tile in SBUF).
+SCORES_AHEAD = 8
+
+
+class WorkItem(nl.NKIObject):
+    """One work item in flight: its table row ``cols`` and output row ``b``, its softmax
+    ``states`` (one tile per tile of score rows), the state slots it chains through (``load``,
+    ``store``: flat list only), its queries ``q`` (per tile), ``bounds`` and ``cursor``, a
+    mask-free block's cache ``rows`` or page ids ``pids``, and gathers issued ahead
+    (``loads``, by f"{gather}": NKI dict keys are strings)."""
+
+    def copy(self):
+        """A shallow copy (a nested loop's body sets its own rows / pids on it)."""
+        return WorkItem(cols=self.cols, b=self.b, states=self.states, load=self.load,
+                        store=self.store, q=self.q, bounds=self.bounds, cursor=self.cursor,
+                        rows=self.rows, pids=self.pids, loads=self.loads)
+
+
+def gathered(st, count):
+    """Tokens per partition of a gather of a mask-free block of ``count`` chunks."""
+    return group_size(st.geo, count, st.k_bytes) if st.blocked else 1
+
+
+def set_cache_rows(st, item, count, masked):
+    """Set the item's ``rows`` and ``pids`` for the ``count`` chunks at its cursor: a mask-free
+    block's cache rows (indirect gathers) or page ids (one DMA per page), made up front; None
+    otherwise."""
+    group = 1 if masked else gathered(st, count)
+    item.rows, item.pids = None, None
+    if st.blocked and not masked and st.indirect:
+        item.rows = block_rows(st.kv_indices, item.cursor, count, st.geo, group,
+                               st.entry_rows[f"{group}"])
+    elif st.blocked and not masked and group > 1:
+        item.pids = block_page_ids(st.kv_indices, item.cursor, count, st.geo)
+
+
+def prepare(st, i, count, masked):
+    """Work item i's setup, issued for all items of a loop iteration before any of their
+    chunks: its table row, queries, bounds, cursor and a mask-free block's cache rows, so the
+    next item's first gather never waits behind this one's chunks (the state slots it chains
+    through: flat list only)."""
+    cols = item_columns(st.meta, i, max(st.T, st.R) if count else 1)
+    states = []
+    for tile in st.tiles:
+        states.append(state_tile(tile[1] * st.GQ, st.D))
+    item = WorkItem(cols=cols, b=nisa.scalar_load(cols[0:1, OUT:OUT + 1]), states=states,
+                    load=None, store=None, q=None, bounds=None, cursor=None, rows=None,
+                    pids=None, loads=None)
+    if not st.whole:
+        item.load = nisa.scalar_load(cols[0:1, LOAD:LOAD + 1])
+        item.store = nisa.scalar_load(cols[0:1, STORE:STORE + 1])
+    if count == 0:
+        return item
+    queries = []
+    for t in range(len(st.tiles)):
+        h0, n, q0 = st.tiles[t]
+        pads, poison = group_queries(st.q, item.b, h0, n, st.G, st.Qt, st.mm_dtype, q0)
+        queries.append(pads)
+        if poison is not None:
+            poison_state(states[t], poison)
+    item.q = queries
+    # per tile of query tokens: the item's bounds (the token-level ones are common)
+    item.bounds = ([request_bounds(cols, st.T, st.R)] if st.Qb == 1
+                   else block_bounds(cols, st.T, st.row_q))
+    item.cursor = start_cursor(cols, st.tok_sb, st.R)
+    set_cache_rows(st, item, count, masked)
+    return item
+
+
+def fold_shape(st, count, masked):
+    """(tokens per partition of a gather, chunks per softmax step, softmax steps) of an item
+    of ``count`` chunks."""
+    group = 1 if masked else gathered(st, count)
+    width = (step_chunks(st.geo, group) if group > 1 else
+             min(count, FOLD_WIDTH if len(st.tiles) > 1 and st.Qb > 1 else 1))
+    return group, width, count // width
+
+
+def loader(st, item, count, masked):
+    """load(g): the (K, V) views and mask predicate of the item's gather g."""
+    group, width, _ = fold_shape(st, count, masked)
+    rows, pids, cursor, bounds = item.rows, item.pids, item.cursor, item.bounds
+
+    def load(g):
+        chunks = []
+        if group > 1:
+            if st.indirect:
+                pairs = load_group_indirect(st.sources, rows[:, g:g + 1], st.geo, group,
+                                            st.v_dtype)
+            else:
+                pairs = load_group_pages(st.sources, pids, g * st.T * group // st.page_size,
+                                         st.geo, group, st.v_dtype)
+            for views in pairs:
+                chunks.append((views, None))
+            return chunks
+        for k in range(g * width, (g + 1) * width):
+            chunks.append(_load_chunk(st.consts, st.kv_indices, cursor, bounds, masked,
+                                      None if rows is None else rows[:, k:k + 1]))
+        return chunks
+    return load
+
+
+def blocks(st, item, count, masked):
+    """A nested loop's body (whole units): the next ``count`` chunks of the item at its cursor,
+    folded into its states (a mask-free block's cache rows made per iteration)."""
+    def body(_):
+        this = item.copy()
+        set_cache_rows(st, this, count, masked)
+        fold(st, this, count, masked)
+    return body
+
+
+def fold(st, item, count, masked, finish_first=None):
+    """The item's ``count`` chunks, ``width`` per softmax step (one [rows, width*T] score tile),
+    software-pipelined in program order: gathers run two steps ahead and scores up to
+    SCORES_AHEAD tiles ahead of the softmax (a whole step when it has no more tiles), so
+    TensorE makes the next scores while VectorE and ScalarE finish these, and the DMAs overlap
+    both. A mask-free block's gathers take ``group`` tokens per partition, folded ``width``
+    chunks per softmax step (``per_load`` steps per gather). ``finish_first``: an item to
+    ``finish`` after the first softmax step; ``item.loads``: gathers issued before."""
+    group, width, steps = fold_shape(st, count, masked)
+    per_load = max(1, group // width)          # softmax steps per load
+    tiles = st.tiles
+    states = []
+    for t in item.states:
+        states.append(state_views(t))
+    load = loader(st, item, count, masked)
+    loads = item.loads if item.loads is not None else {}
+    kts = {}                                   # K^T by f"{step},{first kv head}"
+
+    def step(s):
+        """The chunks of softmax step s, loading them on first use."""
+        key = f"{s // per_load}"
+        if key not in loads:
+            loads[key] = load(s // per_load)
+        k = (s % per_load) * width
+        return loads[key][k:k + width]
+
+    def score(u):
+        """Scores of unit u = (step, tile); K^T of a step's chunks made once per kv heads, at
+        their first tile, dropped after their last."""
+        s, t = u // len(tiles), u % len(tiles)
+        h0, n, q0 = tiles[t]
+        loaded = step(s)
+        key = f"{s},{h0}"
+        if key not in kts:
+            kts[key] = []
+            for chunk in loaded:
+                kts[key].append(k_transposed(chunk[0][0], h0, n, st.D, st.mm_dtype))
+        keep = loaded[0][1]               # masked chunks are folded one at a time
+        tile_rows = item.q[t][0][0].shape[1]
+        scores = chunk_scores(item.q[t], kts[key], st.T,
+                              None if keep is None else keep[q0 // st.Qt][0:tile_rows, :],
+                              st.scale, st.soft_cap, st.mm_dtype)
+        if t + 1 == len(tiles) or tiles[t + 1][0] != h0:
+            kts.pop(key)                  # its tiles are free from here on
+        return scores
+
+    units_, ahead = steps * len(tiles), min(len(tiles), SCORES_AHEAD)
+    for s in range(min(2, steps)):
+        step(s)
+    pending = []
+    for u in range(min(ahead, units_)):
+        pending.append(score(u))
+    for u in range(units_):
+        s, t = u // len(tiles), u % len(tiles)
+        if t == 0 and s + 2 < steps:
+            step(s + 2)
+        if u + ahead < units_:
+            pending.append(score(u + ahead))
+        softmax_step(states[t], pending.pop(0), tiles[t][1], _v_views(step(s)), tiles[t][0],
+                     st.D, st.mm_dtype)
+        if t + 1 == len(tiles) and s % per_load == per_load - 1:
+            loads.pop(f"{s // per_load}")    # its tiles are free from here on
+        if u + 1 == len(tiles) and finish_first is not None:
+            finish(st, finish_first)         # the previous item (see items_iteration)
+
+
+def finish(st, item):
+    """Chain the item's state onto its unit's (scratch slot LOAD: the unit's earlier items, or
+    the identity), keep it in slot STORE and write the unit's output and LSE (a later item of
+    the unit writes them again)."""
+    for t in range(len(st.tiles)):
+        n, tile = st.tiles[t][1], item.states[t]
+        kept = load_state(st.scratch, item.load, t, st.R, n * st.GQ)
+        merge_states(state_views(tile), state_views(kept))
+        store_state(st.scratch, item.store, t, st.R, tile)
+    write(st, item.states, item.b)
+
+
+def write(st, states, b):
+    """Output rows and LSE of unit output row ``b`` from its states (one per tile)."""
+    for t in range(len(st.tiles)):
+        h0, n, q0 = st.tiles[t]
+        finalize(state_views(states[t]), st.out, st.lse, st.sinks, b, h0, st.G, st.Qt,
+                 st.v_scale, q0)
+
+
+def merge_split(st, states, b):
+    """LNC=2: this core's part of the unit split between the cores merged with the other's
+    (both end with the merged states); program 0 writes the unit."""
+    for tile in states:
+        merge_with_partner(tile, st.p)
+    if st.p == 0:
+        write(st, states, b)
+
+
+def unit(st, i):
+    """Whole unit i: its chunks in loops nested in the item, masked ones alone and the mask-free
+    ones in CHUNK_BLOCKS (as many of each size as fit, largest first); returns the item, its
+    states complete."""
+    item = prepare(st, i, 1, True)
+    cols = item.cols
+    c0 = nisa.scalar_load(cols[0:1, C0:C0 + 1])
+    full_lo = nisa.scalar_load(cols[0:1, FULL_LO:FULL_LO + 1])
+    full_hi = nisa.scalar_load(cols[0:1, FULL_HI:FULL_HI + 1])
+    c1 = nisa.scalar_load(cols[0:1, C1:C1 + 1])
+    nl.fori_loop(c0, full_lo, blocks(st, item, 1, True))
+    lo = full_lo
+    for size in CHUNK_BLOCKS:
+        hi = lo + ((full_hi - lo) // size) * size if size > 1 else full_hi
+        nl.fori_loop(lo, hi, blocks(st, item, size, False), step=size)
+        lo = hi
+    nl.fori_loop(full_hi, c1, blocks(st, item, 1, True))
+    return item
+
+
+def _v_views(chunks):
+    """The V views of loaded chunks ((K, V), keep), as a list (a temporary: the simulator frees
+    a tile when its last reference goes, as the compiler frees it after its last use)."""
+    views = []
+    for chunk in chunks:
+        views.append(chunk[0][1])
+    return views
+
+
+def _load_chunk(consts, kv_indices, cursor, bounds, masked, rows=None):
+    """Gather the cursor's chunk ((K, V) KVTile pair of tiles [T, H*D], the mask predicates when
+    masked), then advance the cursor; ``rows``: the chunk's cache rows from ``block_rows``
+    (which advanced the cursor already)."""
+    geo, sources, iota_rt, indirect, v_dtype = consts
+    T, H, D = geo.T, geo.H, geo.D
+    tokens = bounds[0]                        # token-level bounds: the same for every tile
+    valid_t = token_validity(cursor, tokens) if masked else None
+    dtype = sources[0][0].dtype
+    if not indirect and sources[0][0] is sources[1][0]:      # fused cache: one DMA per page
+        kv = nl.ndarray((T, 2 * H * D), dtype, buffer=nl.sbuf, name="kv_sb")
+        load_chunk_pages([kv], sources, kv_indices, cursor, tokens, valid_t, geo)
+        views = [KVTile(kv, 0, D), KVTile(kv, H * D, D)]
+    else:
+        kv_tiles = [nl.ndarray((T, H * D), dtype, buffer=nl.sbuf, name="k_sb"),
+                    nl.ndarray((T, H * D), dtype, buffer=nl.sbuf, name="v_sb")]
+        if indirect:
+            load_chunk_indirect(kv_tiles, sources, kv_indices, cursor, valid_t, geo, rows)
+        else:
+            load_chunk_pages(kv_tiles, sources, kv_indices, cursor, tokens, valid_t, geo)
+        views = [KVTile(kv_tiles[0], 0, D), KVTile(kv_tiles[1], 0, D)]
+    keep = None
+    if masked:                     # per tile of query tokens, as ``bounds``
+        keep = []
+        for b in bounds:
+            keep.append(mask_keep(cursor, b, iota_rt))
+    if rows is None:
+        advance(cursor, geo.page_size)
+    if v_dtype is not None:        # fp8 V as a matmul input before NeuronCore-v4: converted
+        views[1] = converted_v(views[1:], v_dtype)[0]
+    return (views[0], views[1]), keep
