@@ -6,6 +6,7 @@ Notation: ``ap(i)`` is the flat index of the i-th element in row-major visit ord
 
 from __future__ import annotations
 
+from .pairs import permute_pairs, tile_pairs
 from .pattern import AccessPattern
 
 
@@ -57,13 +58,8 @@ def tile(ap: AccessPattern, dim: int, size: int):
     """
     if size < 1:
         raise ValueError(f"tile size {size} must be >= 1")
-    step, num = ap.pattern[dim]
-    tiles = []
-    for start in range(0, num, size):
-        pairs = list(ap.pattern)
-        pairs[dim] = (step, min(size, num - start))
-        tiles.append(AccessPattern(tuple(pairs), ap.offset + start * step, ap.dtype))
-    return tiles
+    return [AccessPattern(pairs, ap.offset + offset, ap.dtype)
+            for pairs, offset in tile_pairs(ap.pattern, dim, size)]
 
 
 def compose(ap: AccessPattern, key) -> AccessPattern:
@@ -96,7 +92,7 @@ def permute(ap: AccessPattern, dims) -> AccessPattern:
     """Reorder dimensions. @post permute(ap, p).indices() == ap.indices().transpose(p)"""
     if sorted(dims) != list(range(ap.ndim)):
         raise ValueError(f"{tuple(dims)} is not a permutation of {ap.ndim} dimensions")
-    return AccessPattern(tuple(ap.pattern[d] for d in dims), ap.offset, ap.dtype)
+    return AccessPattern(permute_pairs(ap.pattern, dims), ap.offset, ap.dtype)
 
 
 def reinterpret(ap: AccessPattern, from_dtype, to_dtype) -> AccessPattern:

@@ -15,6 +15,7 @@ from typing import List, Tuple
 import numpy as np
 
 from .algebra import coalesce
+from .pairs import sequence_rows_pairs
 from .pattern import AccessPattern
 
 
@@ -126,7 +127,7 @@ def sequence_rows(outer: int, max_seq: int, rows: int, inner: int) -> AccessPatt
     [outer, max_seq, inner] (TensorScatter's cache and update): shape [outer, rows, inner],
     offset 0 (add the first row's and prefix's offset, statically or on device). ``rows`` may
     exceed ``max_seq`` when the row dimension is replaced by an indirect offset per row."""
-    return AccessPattern(((max_seq * inner, outer), (inner, rows), (1, inner)))
+    return AccessPattern(sequence_rows_pairs(outer, max_seq, rows, inner))
 
 
 def scatter_write(cache_shape, axis: int, batch: int, write_index: int, seq_len: int,

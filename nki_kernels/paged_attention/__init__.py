@@ -10,8 +10,7 @@ from .api import batch_decode, batch_prefill
 from .kernel import batch_decode_kernel
 from .merge import merge_state, merge_states
 from .reference import batch_decode_ref, batch_prefill_ref
-from .work import DecodeLayout, make_layout, request_table
+from .work import request_table
 
 __all__ = ["batch_decode", "batch_decode_ref", "batch_prefill", "batch_prefill_ref",
-           "batch_decode_kernel", "merge_state", "merge_states",
-           "DecodeLayout", "make_layout", "request_table"]
+           "batch_decode_kernel", "merge_state", "merge_states", "request_table"]

@@ -18,8 +18,8 @@ from nki_kernels.buckets import bucket, pad_rows
 from nki_kernels.paged_cache.layout import split_cache
 
 from .checks import check_batch_decode_inputs, soft_cap
-from .work import (capacity_chunks, chunk_tokens, decode_work, items_per_iteration, make_layout,
-                   query_blocks, split_work, whole_units)
+from .work import (capacity_chunks, chunk_tokens, decode_work, items_per_iteration,
+                   query_blocks, split_work, token_table, whole_units)
 
 
 def cache_rows(paged_kv_cache, D):
@@ -82,15 +82,14 @@ def kernel_arguments(prob, paged_kv_cache, kv_indptr, kv_indices, work, row_tab,
     """The kernel's array arguments after the cache rows (work tables, padded page list, token
     table, row table, sinks) and its static arguments, for checked inputs ``prob``."""
     geo = prob.geo
-    layout = make_layout(geo)
     k_dtype = split_cache(paged_kv_cache)[0].dtype
     pages = int(kv_indptr[-1])
     padded = np.zeros((page_table_rows(geo, kv_indptr), 1), np.int32)
     padded[:pages, 0] = kv_indices[:pages]
     mm_dtype = k_dtype.name if k_dtype.itemsize >= 2 else "bfloat16"
     sinks32 = None if sinks is None else np.asarray(sinks, np.float32).reshape(-1, 1)
-    arrays = (work.items, work.spans, padded, layout.token_table(geo.page_size), row_tab, sinks32)
-    statics = (geo.num_heads, geo.page_size, layout.strides, tuple(geo.token().pattern),
+    arrays = (work.items, work.spans, padded, token_table(geo.page_size), row_tab, sinks32)
+    statics = (geo.num_heads, geo.page_size, geo.d_row_strides, tuple(geo.token().pattern),
                prob.sm_scale * float(k_scale),
                float(logits_soft_cap), float(v_scale), mm_dtype)
     return arrays, statics

@@ -34,28 +34,6 @@ NO_WINDOW = 1 << 24          # W_SPAN without a sliding window: every W_r clamps
 MAX_KV_LEN = NO_WINDOW - 1   # keys per request: positions stay exact in the kernel's fp32 ALU
 
 
-@dataclass(frozen=True)
-class DecodeLayout:
-    """What the kernel fixes at compile time: chunk size and row strides (cache shape only)."""
-
-    chunk: int                  # T tokens per chunk
-    rows_per_page: int
-    entry_stride: int           # the heads of a token: the layout's token pattern
-    v_rows: int                 # fused cache: V rows after K; pair: 0
-
-    @property
-    def strides(self):
-        return (self.rows_per_page, self.entry_stride, self.v_rows)
-
-    def token_table(self, page_size: int) -> np.ndarray:
-        """[T, 2] int32: page slot and entry of chunk-local token t, relative to the chunk's first
-        token (a chunk starts on a page boundary when P <= 128, inside one page otherwise)."""
-        t = np.arange(self.chunk)
-        if page_size <= 128:
-            return np.stack([t // page_size, t % page_size], axis=1).astype(np.int32)
-        return np.stack([np.zeros_like(t), t], axis=1).astype(np.int32)
-
-
 def chunk_tokens(page_size: int) -> int:
     if page_size <= 128:
         return (128 // page_size) * page_size
@@ -65,11 +43,13 @@ def chunk_tokens(page_size: int) -> int:
     return 128
 
 
-def make_layout(geo) -> DecodeLayout:
-    """Row strides (rows of D elements) from the cache's ``access_patterns.PagedKVLayout``."""
-    D = geo.head_dim
-    return DecodeLayout(chunk_tokens(geo.page_size), geo.page_stride // D, geo.entry_stride // D,
-                        geo.v_offset // D)
+def token_table(page_size: int) -> np.ndarray:
+    """[T, 2] int32: page slot and entry of chunk-local token t, relative to the chunk's first
+    token (a chunk starts on a page boundary when P <= 128, inside one page otherwise)."""
+    t = np.arange(chunk_tokens(page_size))
+    if page_size <= 128:
+        return np.stack([t // page_size, t % page_size], axis=1).astype(np.int32)
+    return np.stack([np.zeros_like(t), t], axis=1).astype(np.int32)
 
 
 class _Requests(NamedTuple):

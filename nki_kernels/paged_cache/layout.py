@@ -5,8 +5,8 @@ Cache forms (FlashInfer): one 5-D tensor [N, 2, P, H, D] ("NHD") / [N, 2, H, P, 
 
 Strides and token patterns come from ``access_patterns.PagedKVLayout``. The append kernel sees a
 cache as rows of a token's first contiguous run: NHD rows of H*D elements (a token's K or V is one
-row), HND rows of D elements (a token's heads are H rows, P*D apart). A token at (page, entry)
-starts at row ``page * rows_per_page + entry``.
+row), HND rows of D elements (a token's heads are H rows, P*D apart): ``CacheGeometry.rows``.
+The attention kernel sees rows of D elements: ``CacheGeometry.d_row_strides``.
 """
 
 from __future__ import annotations
@@ -30,8 +30,12 @@ class CacheGeometry(PagedKVLayout):
         return self.token_run
 
     @property
-    def rows_per_page(self) -> int:
-        return self.page_stride // self.row_elems
+    def d_row_strides(self) -> tuple:
+        """(page, token entry, V offset) in rows of head_dim elements, the attention kernel's
+        row view of the cache: token e of page p, head 0, starts at row p * page + e * entry
+        (+ the V offset for V; 0 for a (k, v) pair)."""
+        D = self.head_dim
+        return (self.page_stride // D, self.entry_stride // D, self.v_offset // D)
 
     @property
     def token_pattern(self) -> tuple:

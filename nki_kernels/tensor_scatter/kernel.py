@@ -9,10 +9,11 @@ Paths:
       fewest consecutive prefixes of one batch per partition that fit (row index o * M + w[b]
       computed on device, so only for O * M < 2**24 rows, where the fp32 ALU is exact; larger
       caches take the linear path), whatever the mode.
-Patterns are ``access_patterns.sequence_rows`` ([outer, rows, inner] of a sequence axis),
-written out as lists here: NKI compiles only classes on NKIObject, so kernel code builds no
-``AccessPattern`` (a test keeps the two equal). The kernel's Python is the front-end's subset
-(no comprehensions, lambdas, tuple loop targets or raise: ``NKI_SIM_SUBSET=strict``).
+Patterns come from ``access_patterns.pairs`` ([outer, rows, inner] of a sequence axis, permuted
+and tiled), the list form of the ``AccessPattern`` builders: NKI compiles only classes on
+NKIObject, so kernel code builds lists, not ``AccessPattern`` values. The kernel's Python is
+the front-end's subset (no comprehensions, lambdas, tuple loop targets or raise:
+``NKI_SIM_SUBSET=strict``).
   linear (all targets): one HBM->HBM DMA per batch; the destination pattern covers the batch's
       O/B prefixes x S rows x I words and starts at row w[b] through ``scalar_offset``.
   circular, NeuronCore-v3+ (trn2): rows land at (w[b] + s) mod M, which is not affine in s, so the
@@ -28,6 +29,7 @@ A write that wraps would be two static patterns if w were known at trace time; i
 
 from __future__ import annotations
 
+from nki_kernels.access_patterns.pairs import permute_pairs, sequence_rows_pairs, tile_pairs
 from nki_kernels.backend import nki, nisa, nl
 from nki_kernels.kernel_dtypes import dtype_bytes
 
@@ -37,19 +39,15 @@ ROW_LIMIT = 2 ** 24                  # row indices computed on VectorE (fp32 ALU
 
 
 def _rows(outer, seq, rows, inner):
-    """``access_patterns.sequence_rows(outer, seq, rows, inner)`` as the lists ``.ap`` takes:
-    ``rows`` rows of each of ``outer`` prefixes of a [outer, seq, inner] tensor."""
-    return [[seq * inner, outer], [inner, rows], [1, inner]]
+    """``rows`` rows of each of ``outer`` prefixes of a [outer, seq, inner] tensor."""
+    return sequence_rows_pairs(outer, seq, rows, inner)
 
 
 def _column_pieces(outer, seq, rows, inner, cols):
-    """``tile(permute(sequence_rows(outer, seq, rows, inner), (1, 0, 2)), 2, cols)`` as
-    (pattern, offset) pairs: rows on partitions, then prefixes, then ``cols``-element pieces of
-    a row (the last may be shorter)."""
-    pieces = []
-    for c0 in range(0, inner, cols):
-        pieces.append(([[inner, rows], [seq * inner, outer], [1, min(cols, inner - c0)]], c0))
-    return pieces
+    """(pattern, offset) pairs: rows on partitions, then prefixes, then ``cols``-element pieces
+    of a row (the last may be shorter)."""
+    return tile_pairs(permute_pairs(sequence_rows_pairs(outer, seq, rows, inner), [1, 0, 2]), 2,
+                      cols)
 
 
 def _prefixes_per_partition(per_batch, O):

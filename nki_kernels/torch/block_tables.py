@@ -18,16 +18,14 @@ import torch
 
 from nki_kernels import block_tables as _np
 from nki_kernels.paged_cache.layout import geometry
-from .convert import to_numpy, to_torch
+from .convert import require_same_device, to_numpy, to_torch
 
 
 def _host(name, t):
     """A CPU torch tensor (or number / None) as the NumPy value the block-table entries take."""
     if not isinstance(t, torch.Tensor):
         return t
-    if t.device.type != "cpu":
-        raise ValueError(f"{name} is on {t.device} while the cache is on the CPU; every tensor "
-                         f"must be on the cache's device")
+    require_same_device(name, t, "the cache", torch.device("cpu"))
     return to_numpy(t)
 
 

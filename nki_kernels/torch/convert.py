@@ -30,3 +30,11 @@ def to_torch(a: np.ndarray) -> torch.Tensor:
         bits, dtype = _BACK[a.dtype]
         return torch.from_numpy(a.view(np.int16 if bits == torch.int16 else np.uint8)).view(dtype)
     return torch.from_numpy(a)
+
+
+def require_same_device(name: str, t, ref_name: str, ref_device) -> None:
+    """The one device rule of every entry: tensor ``name`` must be on ``ref_device`` (where
+    ``ref_name`` is); a RuntimeError, as torch raises for mixed devices."""
+    if t.device != ref_device:
+        raise RuntimeError(f"{name} is on {t.device} but {ref_name} is on {ref_device}; every "
+                           f"tensor argument must be on the same device")

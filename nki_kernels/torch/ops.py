@@ -25,7 +25,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .convert import to_numpy, to_torch
+from .convert import require_same_device, to_numpy, to_torch
 
 BACKEND_ENV = "NKI_KERNELS_TORCH_BACKEND"       # "sim" (default) | "ref"
 _backend = [os.environ.get(BACKEND_ENV, "sim")]
@@ -56,9 +56,8 @@ def _check_arguments(first: str, tensors: dict, written: tuple = ()) -> None:
                                f"cannot track (detach it, or use torch.no_grad())")
     ref = tensors[first].device
     for name, t in tensors.items():
-        if t is not None and t.device != ref:
-            raise RuntimeError(f"{name} is on {t.device} but {first} is on {ref}; every tensor "
-                               f"argument must be on the same device")
+        if t is not None:
+            require_same_device(name, t, first, ref)
 
 
 def _head_scales(name: str, scale, per_head: Optional[Tensor], default):

@@ -85,7 +85,7 @@ def test_refusals_before_any_write(rng):
         torch_entries.append_kv_with_block_tables(T(key), T(value), grad, T(tables), T(seq_lens),
                                                   T(qsl))
     t_cache = T(cache.copy())
-    with pytest.raises(ValueError, match="seq_lens is on meta while the cache is on the CPU"):
+    with pytest.raises(RuntimeError, match="seq_lens is on meta but the cache is on cpu"):
         torch_entries.append_kv_with_block_tables(T(key), T(value), t_cache, T(tables),
                                                   T(seq_lens).to("meta"), T(qsl))
     with pytest.raises(RuntimeError, match="torch-neuronx"):     # a device cache, no Neuron SDK

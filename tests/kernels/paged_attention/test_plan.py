@@ -8,13 +8,13 @@ testing of plan.py (docs/contributing.md)."""
 import numpy as np
 import pytest
 
-from nki_kernels.access_patterns import PagedKVLayout
+from nki_kernels.paged_cache.layout import CacheGeometry
 from nki_kernels.paged_attention.work import (
     C0, C1, CHUNK_BLOCKS, DECODE_ITEMS_PER_ITERATION, ENTRY0, FULL_HI, FULL_LO, HI_BASE,
     ITEM_CLASSES, ITEM_COST_CHUNKS, ITERATION_COST_CHUNKS, LEN, LOAD, META_COLS, NO_WINDOW, OUT,
     POS0, PTR, Q_BASE, SLOT0, STORE, W_SPAN, WHOLE_UNIT_SPAN_COLS,
     WIN, capacity_chunks, causal_pairs, chunk_tokens,
-    _part_items, class_items, core_rows, decode_work, items_per_iteration, loop_widths, make_layout,
+    _part_items, class_items, core_rows, decode_work, items_per_iteration, loop_widths, token_table,
     query_blocks, request_table, span_cols, span_column, split_work, state_slots, table_rows,
     whole_units)
 
@@ -133,8 +133,7 @@ def test_decode_rows_are_one_item_per_request_and_padding_is_empty():
                                              (128, 128), (256, 128), (384, 128)])
 def test_chunk_tokens_and_token_table(page_size, chunk):
     assert chunk_tokens(page_size) == chunk
-    layout = make_layout(PagedKVLayout(10, page_size, 2, 8, "NHD", True))
-    tab = layout.token_table(page_size)
+    tab = token_table(page_size)
     assert tab.shape == (chunk, 2) and tab.dtype == np.int32
     t = np.arange(chunk)
     if page_size <= 128:
@@ -153,16 +152,15 @@ def test_page_sizes_above_128_must_be_multiples_of_128(page_size):
 @pytest.mark.parametrize("layout", ["NHD", "HND"])
 @pytest.mark.parametrize("fused", [True, False])
 def test_layout_rows_address_every_token(layout, fused):
-    """Row p * rows_per_page + e * entry_stride (+ v_rows for V) is where the layout puts token e
-    of page p, head 0, in rows of D elements."""
-    geo = PagedKVLayout(7, 5, 3, 8, layout, fused)
-    dec = make_layout(geo)
-    assert dec.strides == (dec.rows_per_page, dec.entry_stride, dec.v_rows)
-    assert all(type(x) is int for x in dec.strides)       # static kernel arguments: exact ints
+    """Row p * page + e * entry (+ the V offset for V) is where the layout puts token e of page
+    p, head 0, in rows of D elements."""
+    geo = CacheGeometry(7, 5, 3, 8, layout, fused)
+    page, entry, v_rows = geo.d_row_strides
+    assert all(type(x) is int for x in geo.d_row_strides)  # static kernel arguments: exact ints
     for p in range(7):
         for e in range(5):
             for kv in (0, 1) if fused else (0,):
-                row = p * dec.rows_per_page + e * dec.entry_stride + kv * dec.v_rows
+                row = p * page + e * entry + kv * v_rows
                 assert row * geo.head_dim == geo.start(p, e, kv)
 
 
