@@ -163,9 +163,11 @@ def _launch(fn, args, kwargs, grid, target, shuffle, seed, rank, job):
     def run_one(pid, meeting=None):
         instance = dataclasses.replace(run, program_id=pid, shared_hbm_cursor=0, loop_frames=[],
                                        while_loops=[], memory=Memory(target))
+        instance.memory.now = lambda: instance.issued
         instance.meeting = meeting
         with context.running(instance):
             result = fn(*args, **kwargs)
+        instance.memory.check_liveness(pid)
         with _peaks_lock:
             trace.memory_peaks = {
                 "sbuf_bytes_per_partition": max(instance.memory.sbuf_peak,

@@ -4,8 +4,17 @@ A tensor allocation is one ``Storage``: a flat NumPy array plus its buffer and a
 On-chip capacity is counted per partition: an SBUF allocation of shape ``(P, f...)`` holds
 ``prod(f) * itemsize`` bytes in each partition it may use, and live allocations must fit in the
 target's usable SBUF (``tile_size.total_available_sbuf_size``). A PSUM allocation occupies whole
-2 KiB banks; live ones must fit in the 8 banks. An allocation is live while any view of it is
-referenced (CPython frees it when the last reference goes, e.g. a loop variable rebound).
+2 KiB banks; live ones must fit in the 8 banks.
+
+Liveness is the compiler's: a tile is live from the first instruction that touches it to the
+last one, in program order (an instruction's operands, its dynamic-offset tables, a
+``scalar_load`` / ``scalar_store``), as the Neuron compiler's allocator frees a tile after its
+last use (the NKI guides' memory model: tiles are allocated by the compiler, and their lifetime
+ends at their last use; a device loop's body is compiled once, so a tile its iterations reuse is
+one buffer, live across them). A tile still bound to a Python name but never used again holds
+nothing, and a tile never touched is never live. The check runs when a program instance ends:
+a point where the tiles live at once exceed the capacity raises a ``CapacityError`` naming the
+tile whose first use crossed it, its kernel line and the tiles live there.
 
 A tensor placed with ``address=(partition_offset, free_offset_bytes)`` occupies that region
 instead of an allocator-chosen one. Tensors placed at the same address with the same extent
@@ -45,7 +54,7 @@ class Storage:
     gives the position there)."""
 
     __slots__ = ("data", "shape", "buffer", "name", "address", "mm_written", "group_started",
-                 "ident", "row_bytes", "shared_region", "__weakref__")
+                 "ident", "row_bytes", "shared_region", "life", "__weakref__")
 
     def __init__(self, data: np.ndarray, shape, buffer: str, name: str = "", address=None,
                  ident=None):
@@ -62,6 +71,7 @@ class Storage:
         self.shared_region = None   # placed and partly overlapping others: its _Region, synced
         # with them before every access
         self.row_bytes = math.prod(self.shape[1:]) * data.itemsize   # bytes per partition
+        self.life = None            # an allocator tile's Lifetime (its first and last use)
 
     @property
     def dtype(self) -> np.dtype:
@@ -85,12 +95,38 @@ class Storage:
 _CLOCK = itertools.count()            # orders accesses to placed regions that share bytes
 
 
+class Lifetime:
+    """An allocator tile's capacity (``amount``: bytes per partition in SBUF, banks in PSUM)
+    and the instructions that first and last touched it (``first`` / ``last``: the instance's
+    instruction count; None: never touched), with the kernel line of its first use."""
+
+    __slots__ = ("buffer", "amount", "name", "shape", "dtype", "first", "last", "site")
+
+    def __init__(self, storage, amount):
+        self.buffer, self.amount = storage.buffer, amount
+        self.name, self.shape, self.dtype = storage.name, storage.shape, storage.dtype.name
+        self.first = self.last = self.site = None
+
+    def label(self) -> str:
+        return f"{self.name or 'a tile'} {self.shape} {self.dtype}"
+
+
+def note_use(storage, time, site) -> None:
+    """An instruction at ``time`` touched ``storage`` (``site()``: its kernel line, asked only
+    at the first use)."""
+    life = storage.life
+    if life is not None:
+        if life.first is None:
+            life.first, life.site = time, site()
+        life.last = time
+
+
 class _Region:
     """One placed region: its extent, the storages placed there (sharing ``data``) and the
     regions it partly overlaps (``peers``), kept coherent by ``sync`` on every access."""
 
     __slots__ = ("buffer", "partitions", "start", "nbytes", "amount", "live", "data", "last",
-                 "storages", "peers", "stamp", "refunded")
+                 "storages", "peers", "stamp", "refunded", "span")
 
     def __init__(self, buffer, partitions, start, nbytes, amount, data):
         self.buffer, self.partitions, self.start, self.nbytes = buffer, partitions, start, nbytes
@@ -102,6 +138,7 @@ class _Region:
         self.peers = []                     # regions sharing some of these bytes
         self.stamp = -1                     # _CLOCK at the last access (-1: never accessed)
         self.refunded = False               # capacity returned (freed, or covered by a peer)
+        self.span = None                    # Memory.placed_spans entry (in a kernel)
 
     def overlaps(self, partitions, start, nbytes) -> bool:
         p0, p1 = self.partitions
@@ -140,8 +177,11 @@ def _watch(region):
 class Memory:
     """Live on-chip bytes per partition of one program instance, with the peaks reached."""
 
-    def __init__(self, target):
+    def __init__(self, target, now=None):
         self.target = target
+        self.now = now                      # the instance's instruction count; None: outside
+        self.lifetimes = []                 # allocator tiles (liveness-counted), in kernels
+        self.placed_spans = []              # [buffer, amount, placed at, freed at or None]
         self.sbuf_live = 0
         self.psum_banks_live = 0
         self.sbuf_peak = 0
@@ -189,9 +229,10 @@ class Memory:
                 _watch(other)
                 if not other.refunded:
                     other.refunded = True
-                    self._refund(other.buffer, other.amount)
+                    self._refund(other.buffer, other.amount, other.span)
             self._charge(buffer, region.amount, storage, fail)
             self.regions[key] = region
+            region.span = self._span(buffer, region.amount)
         region.live += 1
         region.last = weakref.ref(storage)
         region.storages.append(region.last)
@@ -205,17 +246,90 @@ class Memory:
         if region.live == 0:
             if not region.refunded:
                 region.refunded = True
-                self._refund(region.buffer, region.amount)
+                self._refund(region.buffer, region.amount, region.span)
             if self.regions.get(key) is region:
                 del self.regions[key]
 
     # -- capacity: bytes per partition (SBUF) or banks (PSUM) -------------------------------
     def register(self, storage: Storage, fail) -> None:
-        """Count ``storage`` until it is freed; ``fail(cls, message)`` raises when it does not fit."""
-        if storage.buffer in ON_CHIP:
-            amount = self._amount(storage.buffer, 0, storage.row_bytes)
+        """Count an allocator tile: in a kernel by its liveness (``Lifetime``, checked when the
+        instance ends by ``check_liveness``), outside one while it is referenced;
+        ``fail(cls, message)`` raises when it cannot fit."""
+        if storage.buffer not in ON_CHIP:
+            return
+        amount = self._amount(storage.buffer, 0, storage.row_bytes)
+        if self.now is None:
             self._charge(storage.buffer, amount, storage, fail)
             weakref.finalize(storage, self._refund, storage.buffer, amount)
+            return
+        capacity = self._capacity(storage.buffer)
+        if amount > capacity:                # can never fit, whatever else is live
+            self._charge(storage.buffer, amount, storage, fail)
+        storage.life = Lifetime(storage, amount)
+        self.lifetimes.append(storage.life)
+
+    def _capacity(self, buffer) -> int:
+        return (self.target.sbuf_usable_bytes if buffer == "sbuf"
+                else self.target.psum_num_banks)
+
+    def _span(self, buffer, amount):
+        if self.now is None:
+            return None
+        span = [buffer, amount, self.now(), None]
+        self.placed_spans.append(span)
+        return span
+
+    def check_liveness(self, program_id) -> None:
+        """Sweep the instance's tiles in program order (placed regions from placement to
+        release, allocator tiles from first to last use); set the peaks, and raise a
+        ``CapacityError`` where the tiles live at once exceed the target's SBUF or PSUM."""
+        for buffer in ON_CHIP:
+            events = []
+            for life in self.lifetimes:
+                if life.buffer == buffer and life.first is not None:
+                    events.append((life.first, 1, life))
+                    events.append((life.last + 1, 0, life))
+            for span in self.placed_spans:
+                if span[0] == buffer:
+                    events.append((span[2], 1, span))
+                    if span[3] is not None:
+                        events.append((span[3], 0, span))
+            events.sort(key=lambda e: (e[0], e[1]))
+            live, total, peak = {}, 0, 0
+            for _, add, what in events:
+                amount = what.amount if isinstance(what, Lifetime) else what[1]
+                if not add:
+                    total -= amount
+                    del live[id(what)]
+                    continue
+                live[id(what)] = what
+                total += amount
+                peak = max(peak, total)
+                if total > self._capacity(buffer) and isinstance(what, Lifetime):
+                    self._over(buffer, what, total, live, program_id)
+            if buffer == "sbuf":
+                self.sbuf_peak = max(self.sbuf_peak, peak)
+            else:
+                self.psum_banks_peak = max(self.psum_banks_peak, peak)
+
+    def _over(self, buffer, life, total, live, program_id):
+        t = self.target
+        others = [w.label() if isinstance(w, Lifetime) else "a placed region"
+                  for w in live.values() if w is not life]
+        shown = ", ".join(others[:8]) + (f" and {len(others) - 8} more" if len(others) > 8
+                                         else "")
+        if buffer == "sbuf":
+            message = (f"SBUF over capacity: {life.label()} ({life.amount} B/partition) is "
+                       f"first used with {total - life.amount} B/partition live "
+                       f"({shown}), exceeding {t.sbuf_usable_bytes} B/partition usable on "
+                       f"{t.name} (tiles are live from their first use to their last)")
+        else:
+            message = (f"PSUM over capacity: {life.label()} ({life.amount} bank(s) of "
+                       f"{t.psum_bank_bytes} B) is first used with {total - life.amount} of "
+                       f"{t.psum_num_banks} banks live ({shown}) (tiles are live from their "
+                       f"first use to their last)")
+        raise CapacityError(message, op="nl.ndarray", operand=life.name or None,
+                            program_id=program_id, location=life.site)
 
     def _amount(self, buffer, start, nbytes) -> int:
         """What ``nbytes`` per partition from byte ``start`` cost: bytes in SBUF, banks in PSUM."""
@@ -245,7 +359,9 @@ class Memory:
             self.psum_banks_live += amount
             self.psum_banks_peak = max(self.psum_banks_peak, self.psum_banks_live)
 
-    def _refund(self, buffer, amount):
+    def _refund(self, buffer, amount, span=None):
+        if span is not None and span[3] is None and self.now is not None:
+            span[3] = self.now()
         if buffer == "sbuf":
             self.sbuf_live -= amount
         else:

@@ -33,32 +33,66 @@ def test_fresh_memory_is_a_sentinel():
     assert (simulate.to_numpy(u) == 255).all()
 
 
-@pytest.mark.parametrize("target, ok_tiles", [("trn1", 44), ("trn2", 51)])
+def _write_then_read_all(tiles):
+    """Make every tile live at once: write each, then read each (liveness is first use to last)."""
+    for t in tiles:
+        nisa.memset(dst=t, value=0.0)
+    sink = nl.ndarray((128, 1), nl.float32, buffer=nl.sbuf)
+    for t in tiles:
+        nisa.tensor_copy(dst=sink, src=t[:, 0:1])
+
+
+@pytest.mark.parametrize("target, ok_tiles", [("trn1", 43), ("trn2", 51)])
 def test_sbuf_capacity_per_target(target, ok_tiles):
     @jit
     def k(x, n):
         keep = [nl.ndarray((128, 1024), nl.float32, buffer=nl.sbuf) for _ in range(n)]   # 4 KiB each
+        _write_then_read_all(keep)
         return x
     x = np.zeros((1, 1), np.float32)
-    simulate.simulate(k, target=target)(x, ok_tiles)        # 44 * 4096 <= 180224; 51 * 4096 <= 212984
+    # 43 tiles + the 4 B sink <= 180224 < 44 tiles + the sink (trn1); 51 + 4 <= 212984 (trn2)
+    simulate.simulate(k, target=target)(x, ok_tiles)
     with pytest.raises(simulate.CapacityError, match=f"usable on {target}"):
         simulate.simulate(k, target=target)(x, ok_tiles + 1)
 
 
-def test_dropped_tiles_are_freed_and_psum_banks_counted():
+def test_tiles_count_from_first_to_last_use():
+    """As the compiler allocates: a tile rebound, kept in a list or left bound to a name but
+    never used again holds nothing after its last use; a tile never used holds nothing."""
     @jit
     def loop(x):
         for _ in range(200):
-            t = nl.ndarray((128, 4096), nl.float32, buffer=nl.sbuf)   # 16 KiB, freed when rebound
+            t = nl.ndarray((128, 4096), nl.float32, buffer=nl.sbuf)   # 16 KiB, used once each
+            nisa.memset(dst=t, value=1.0)
+        dead = []
+        for _ in range(40):                                        # 640 KiB kept in a list
+            d = nl.ndarray((128, 4096), nl.float32, buffer=nl.sbuf)
+            nisa.memset(dst=d, value=1.0)
+            dead.append(d)
+        unused = [nl.ndarray((128, 512), nl.float32, buffer=nl.psum) for _ in range(30)]
         banks = [nl.ndarray((128, 512), nl.float32, buffer=nl.psum) for _ in range(8)]
+        _write_then_read_all(banks)
+        rotating, small = [], nl.ndarray((128, 1), nl.float32, buffer=nl.sbuf)
+        for _ in range(24):                                        # 24 banks, 2 live at a time
+            b = nl.ndarray((128, 512), nl.float32, buffer=nl.psum)
+            nisa.memset(dst=b, value=0.0)
+            rotating.append(b)
+            if len(rotating) > 1:
+                nisa.tensor_copy(dst=small, src=rotating[-2][:, 0:1])
         return x
     loop(np.zeros((1, 1), np.float32))
-    assert simulate.last_trace().memory_peaks["psum_banks"] == 8
+    peaks = simulate.last_trace().memory_peaks
+    assert peaks["psum_banks"] == 8
+    assert peaks["sbuf_bytes_per_partition"] == 16384               # one 16 KiB tile at a time
 
     @jit
     def nine(x):
         banks = [nl.ndarray((128, 100), nl.float32, buffer=nl.psum) for _ in range(9)]
-    with pytest.raises(simulate.CapacityError, match="PSUM over capacity"):
+        _write_then_read_all(banks)
+    with pytest.raises(simulate.CapacityError,
+                       match=r"PSUM over capacity: a tile \(128, 100\) float32 \(1 bank\(s\) of "
+                             r"2048 B\) is first used with 8 of 8 banks live .* \(program_id="
+                             r"\(0,\), test_core.py:\d+\)"):
         nine(np.zeros((1, 1), np.float32))
 
 

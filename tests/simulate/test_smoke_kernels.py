@@ -76,5 +76,8 @@ def test_sbuf_capacity(target):
         keep = []
         for _ in range(100):
             keep.append(nl.ndarray((128, 1024), nl.float32, buffer=nl.sbuf))   # 4 KiB/partition each
+            nisa.memset(dst=keep[-1], value=0.0)
+        for t in keep:                                    # all live until here
+            nisa.tensor_copy(dst=keep[0][:, 0:1], src=t[:, 0:1])
     with pytest.raises(simulate.CapacityError, match="SBUF over capacity"):
         hog(np.zeros((1, 1), np.float32))
