@@ -16,6 +16,7 @@ import gc
 import threading
 import inspect
 import itertools
+import math
 import random
 from typing import Optional
 
@@ -52,7 +53,8 @@ class Kernel:
     """A kernel function plus launch options. ``kernel(*args)`` runs one program instance;
     ``kernel[2](*args)`` runs two concurrently (LNC=2, ``nl.program_id(0)`` in {0, 1})."""
 
-    def __init__(self, fn, grid=(), target=None, shuffle=False, seed=0, ranks=None, **options):
+    def __init__(self, fn, grid=(), target=None, shuffle=False, seed=0, ranks=None,
+                 schedule=(), **options):
         if "platform_target" in options:
             raise ValueError("platform_target= is not accepted by nki.jit since NKI 0.3.0; set "
                              "NEURON_PLATFORM_TARGET_OVERRIDE or simulate(kernel, target=...)")
@@ -65,7 +67,27 @@ class Kernel:
         self.fn, self.grid, self.target = fn, tuple(grid), target
         self.shuffle, self.seed, self.options = shuffle, seed, options
         self.ranks = ranks
+        self.schedule = tuple(schedule)
         functools.update_wrapper(self, fn)
+
+    def with_schedule(self, edges) -> "Kernel":
+        """The kernel with extra dependency edges (the NKI scheduling guide,
+        "how-to-scheduling-apis"): ``edges`` is a list of (instruction name, name or list of
+        names) pairs, the first depending on the others (``name=`` of the ``nisa`` calls).
+        Execution here is in program order; the edges reach the trace (``details["after"]``,
+        kind "schedule") for the cost model, and a name no instruction has is an error."""
+        pairs = []
+        for pair in edges:
+            if not isinstance(pair, (tuple, list)) or len(pair) != 2 or not isinstance(pair[0], str):
+                raise ValueError(f"with_schedule: {pair!r} must be a pair (name, name or list of "
+                                 f"names)")
+            after = [pair[1]] if isinstance(pair[1], str) else list(pair[1])
+            if not after or not all(isinstance(n, str) for n in after):
+                raise ValueError(f"with_schedule: {pair!r}: its second item must be an "
+                                 f"instruction name or a non-empty list of names")
+            pairs.append((pair[0], tuple(after)))
+        return Kernel(self.fn, self.grid, self.target, self.shuffle, self.seed, self.ranks,
+                      self.schedule + tuple(pairs), **self.options)
 
     def __getitem__(self, grid) -> "Kernel":
         """``kernel[lnc]``: Beta 2 takes exactly one integer, the logical core count 1 or 2
@@ -76,14 +98,44 @@ class Kernel:
                              f"(one integer, matching NEURON_LOGICAL_NC_CONFIG); Beta 1 SPMD grids "
                              f"such as kernel[4, 2] are not accepted")
         return Kernel(self.fn, (int(lnc),), self.target, self.shuffle, self.seed, self.ranks,
-                      **self.options)
+                      self.schedule, **self.options)
 
     def __call__(self, *args, **kwargs):
         if self.ranks is not None:
             return launch_ranks(launch, self.fn, args, kwargs, self.ranks, grid=self.grid,
                                 target=self.target)
-        return launch(self.fn, args, kwargs, grid=self.grid, target=self.target,
-                      shuffle=self.shuffle, seed=self.seed)
+        out = launch(self.fn, args, kwargs, grid=self.grid, target=self.target,
+                     shuffle=self.shuffle, seed=self.seed)
+        if self.schedule:
+            schedule_edges(_last_trace, self.schedule)
+        return out
+
+
+def schedule_edges(trace, pairs) -> None:
+    """Record ``with_schedule`` edges in ``trace``: each instruction named by a pair's first item
+    runs after the nearest earlier instruction (of its program instance) named by each of the
+    others. A name that no instruction has raises; so does a dependent issued before every
+    instruction of a name it depends on (the simulator runs in program order)."""
+    from .errors import UnsupportedError, ValidationError
+    named = {}
+    for e in trace:
+        if e.name:
+            named.setdefault(e.name, []).append(e)
+    for dependent, producers in pairs:
+        for name in (dependent,) + producers:
+            if name not in named:
+                raise ValidationError(f"no instruction is named {name!r} (the name= of a nisa "
+                                      f"call)", op="with_schedule", operand=name)
+        for d in named[dependent]:
+            for name in producers:
+                earlier = [p for p in named[name]
+                           if p.program_id == d.program_id and p.index < d.index]
+                if not earlier:
+                    raise UnsupportedError(f"{dependent!r} is issued before {name!r}, which it "
+                                           f"depends on; the simulator runs in program order, "
+                                           f"so issue {name!r} first", op="with_schedule",
+                                           operand=dependent)
+                d.details.setdefault("after", []).append((earlier[-1].index, "schedule"))
 
 
 def jit(fn=None, **options):
@@ -104,7 +156,8 @@ def simulate(kernel, target=None, shuffle=False, seed=0, ranks=None):
     """
     fn = kernel.fn if isinstance(kernel, Kernel) else kernel
     grid = kernel.grid if isinstance(kernel, Kernel) else ()
-    return Kernel(fn, grid, target, shuffle, seed, ranks)
+    schedule = kernel.schedule if isinstance(kernel, Kernel) else ()
+    return Kernel(fn, grid, target, shuffle, seed, ranks, schedule)
 
 
 def simulate_kernel(func, args=(), kwargs=None, _lnc=1):
@@ -153,7 +206,7 @@ def _launch(fn, args, kwargs, grid, target, shuffle, seed, rank, job):
     run = context.Launch(target=target, grid=grid, trace=trace, rank=rank, job=job,
                          precise_fp=precise_fp)
     with context.running(run):
-        converter = _Converter()
+        converter = _Converter("shared_hbm" if math.prod(grid or (1,)) > 1 else "private_hbm")
         args = tuple(converter.to_device(a, names[i]) for i, a in enumerate(args))
         kwargs = {k: converter.to_device(v, k) for k, v in kwargs.items()}
     instances = [tuple(p) for p in itertools.product(*map(range, grid))] if grid else [(0,)]
@@ -204,9 +257,13 @@ def _parameter_names(fn, count):
 
 
 class _Converter:
-    """Host arrays <-> HBM tensors for one launch."""
+    """Host arrays <-> HBM tensors for one launch: inputs arrive in ``nl.hbm`` (an alias of
+    ``private_hbm``), or in ``shared_hbm`` under LNC=2, where both cores read them (the NKI
+    simulator guide, "How It Works": "wrapped into an NkiTensor with buffer=nl.hbm (or
+    shared_hbm for LNC2)")."""
 
-    def __init__(self):
+    def __init__(self, buffer="private_hbm"):
+        self.buffer = buffer
         self.copies = []          # (host array, contiguous copy) to write back after the launch
         self.torch_like = None
         self.hosts = {}           # id(storage) -> (storage, host object it wraps)
@@ -224,12 +281,12 @@ class _Converter:
                 raise TypeError(f"{where}: dtype {value.dtype.name} is not an NKI dtype (no 64-bit "
                                 f"or complex types on NeuronCores); convert it on the host")
             if value.flags.c_contiguous and value.flags.writeable:
-                tensor = ndarray._wrap(value, "shared_hbm", where)
+                tensor = ndarray._wrap(value, self.buffer, where)
             else:
                 copy = np.ascontiguousarray(value)
                 if value.flags.writeable:
                     self.copies.append((value, copy))
-                tensor = ndarray._wrap(copy, "shared_hbm", where)
+                tensor = ndarray._wrap(copy, self.buffer, where)
             self.hosts[id(tensor._storage)] = (tensor._storage, value)
             return tensor
         if isinstance(value, tuple):

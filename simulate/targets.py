@@ -27,7 +27,8 @@ class Target:
     psum_bank_bytes: int = 2048             # one bank: 512 fp32
     psum_num_banks: int = 8
     gemm_stationary_fmax: int = 128         # nc_matmul: M (stationary free size)
-    gemm_moving_fmax: int = 512             # nc_matmul: N (moving free size)
+    gemm_moving_fmax: int = 512             # tile_size.gemm_moving_fmax: one PSUM bank of fp32
+    matmul_moving_max: int = 512            # nc_matmul's own limit on N for an fp32 dst
     indirect_dma: bool = True               # dma_copy with .ap(vector_offset=...)
     hwdge: bool = True                      # dge_mode.hwdge available
 
@@ -39,8 +40,12 @@ class Target:
 TRN1 = Target("trn1", 2, sbuf_partition_bytes=196608, sbuf_usable_bytes=180224,
               indirect_dma=False, hwdge=False)
 TRN2 = Target("trn2", 3, sbuf_partition_bytes=229376, sbuf_usable_bytes=212984)
+# NeuronCore-v4: nc_matmul takes N up to 4096 for an fp32 dst (8192 bf16), eight PSUM banks
+# (SDK nki/api/nki/isa nc_matmul); tile_size.gemm_moving_fmax stays 512, as on every generation
+# (AWS's NKI front-end, KLR Trace/Kernel.lean kernelEnv, and the Trainium3 architecture guide's
+# [128, 512] moving tile).
 TRN3 = Target("trn3", 4, sbuf_partition_bytes=262144, sbuf_usable_bytes=245752,
-              gemm_moving_fmax=4096)
+              matmul_moving_max=4096)
 
 TARGETS = {"trn1": TRN1, "trn2": TRN2, "trn3": TRN3}
 _ALIASES = {"trn1": TRN1, "inf2": TRN1, "gen2": TRN1, "trn2": TRN2, "gen3": TRN2,

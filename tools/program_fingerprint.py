@@ -2,8 +2,8 @@
 changed neither: ``python3 tools/program_fingerprint.py > before.txt``, change, run again, diff.
 
 Each line: case, target, instructions, a hash of the instruction stream (op, engine, program
-id, operand buffers / dtypes / shapes / patterns / offsets, sizes, bytes, runs, FLOPs, loop
-depth) and the scheduled estimate in us.
+id, operand buffers (HBM of either kind as one) / dtypes / shapes / patterns / offsets, sizes,
+bytes, runs, FLOPs, loop depth) and the scheduled estimate in us.
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from nki_kernels.profile import estimate
 def stream_hash(trace) -> str:
     h = hashlib.sha256()
     for e in trace:
-        ops = tuple((o.role, o.buffer, o.dtype, o.shape, o.pattern, o.offset, o.indirect)
-                    for o in e.operands)
+        ops = tuple((o.role, "hbm" if o.buffer.endswith("hbm") else o.buffer, o.dtype, o.shape,
+                     o.pattern, o.offset, o.indirect) for o in e.operands)
         h.update(repr((e.op, e.engine, e.program_id, ops, e.partitions, e.free_elems,
                        e.dma_bytes, e.dma_runs, e.flops, e.loop_depth)).encode())
     return h.hexdigest()[:16]

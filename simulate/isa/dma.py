@@ -72,14 +72,20 @@ def dma_copy(dst, src, priority=None, oob_mode=oob_enum.error, dge_mode=dge_enum
 
 def _row_mask(d: Resolved, s: Resolved):
     """The rows written: the source's kept rows when it skips some, else the destination's."""
-    mask = source_rows([("src", s)], d.shape[0], OP)
+    mask = source_rows([("src", s)], _rows(d), OP)
     return mask if mask is not None else d.row_mask
 
 
 def _moved_elems(d, s, mask) -> int:
     if dropped(d, s):
         return 0
-    return elems_in_rows(mask, d.tensor.size, d.shape[0])
+    return elems_in_rows(mask, d.tensor.size, _rows(d))
+
+
+def _rows(r: Resolved) -> int:
+    """The operand's rows (its first dimension; a 0-d view, an integer index into an HBM
+    tensor, is one element)."""
+    return r.shape[0] if r.shape else 1
 
 
 def _run_elems(r: Resolved) -> int:
@@ -87,7 +93,7 @@ def _run_elems(r: Resolved) -> int:
     or are partitions of SBUF / PSUM (each partition is its own memory, so a descriptor never
     spans two: the DMA guide counts payload per partition)."""
     t = r.tensor
-    pattern = tuple(zip(t.strides, t.shape))
+    pattern = tuple(zip(t.strides, t.shape)) or ((1, 1),)    # a 0-d view: one element
     if r.indices is not None or r.buffer in ("sbuf", "psum"):
         pattern = pattern[1:] or ((1, 1),)
     return _contiguous_run(pattern)

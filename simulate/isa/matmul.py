@@ -125,7 +125,7 @@ def nc_matmul(dst, stationary, moving, is_stationary_onezero=False, is_moving_on
     M, N = a.shape[1], b.shape[1]
     if M > target.gemm_stationary_fmax:
         fail(f"stationary free size M={M} exceeds {target.gemm_stationary_fmax}", op, "stationary")
-    n_max = target.gemm_moving_fmax * (2 if dst.dtype == dtypes.bfloat16 else 1)
+    n_max = target.matmul_moving_max * (2 if dst.dtype == dtypes.bfloat16 else 1)
     if N > n_max:
         fail(f"moving free size N={N} exceeds {n_max} on {target.name}", op, "moving")
     if dst.shape[0] != M or free_elems(d) != N:

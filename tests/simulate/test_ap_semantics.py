@@ -187,3 +187,23 @@ def test_vector_offset_with_the_row_level_only():
     t = np.arange(40, dtype=np.float32).reshape(10, 4)
     got = first_of_rows(t, np.array([[7], [0], [9]], np.int32))
     assert got.ravel().tolist() == [28.0, 0.0, 36.0]
+
+
+def test_zero_dimensional_hbm_views_are_dma_operands():
+    """An integer index on a 1-D HBM tensor (the language guide's indexing) is a 0-d view: a
+    DMA reads or writes its one element, and the cost model prices it as one run."""
+    from nki_kernels.profile import estimate
+
+    @jit
+    def k(x):
+        t = nl.ndarray((1, 1), x.dtype, buffer=nl.sbuf)
+        nisa.dma_copy(dst=t, src=x[3])
+        out = nl.ndarray((4,), x.dtype, buffer=nl.shared_hbm)
+        nisa.dma_copy(dst=out[2], src=t)
+        return out
+
+    got = k(np.arange(8, dtype=np.float32))
+    assert got[2] == 3.0
+    trace = simulate.last_trace()
+    assert [e.dma_runs for e in trace] == [1, 1]
+    assert estimate(trace, target="trn2").seconds > 0

@@ -276,3 +276,56 @@ def test_loop_body_allocations_are_reused_across_iterations_as_on_device():
     # Keeping a body tile for the next iteration reads the same buffer the next iteration
     # overwrites: on device (and here) every later difference is 0.
     np.testing.assert_array_equal(_differences_kernel(False)(x), [[1, 0, 0, 0]])
+
+
+def test_kernel_inputs_arrive_in_hbm_or_shared_hbm_under_lnc2():
+    """The NKI simulator guide ("How It Works"): array arguments are NkiTensors with
+    buffer=nl.hbm, or shared_hbm for LNC2 kernels."""
+    from nki_kernels.simulate import jit, nl
+    seen = []
+
+    @jit
+    def k(a):
+        seen.append((a.buffer == nl.hbm, a.buffer == nl.shared_hbm))
+        out = nl.ndarray(a.shape, a.dtype, buffer=nl.shared_hbm)
+        return out
+
+    x = np.zeros((2, 2), np.float32)
+    k(x)
+    k[2](x)
+    assert seen == [(True, False), (False, True), (False, True)]
+
+
+def test_with_schedule_adds_named_edges_and_refuses_unknown_names():
+    """The scheduling guide's first example: "plus1" depends on "recip" (a name or a list)."""
+    from nki_kernels import simulate
+    from nki_kernels.simulate import jit, nisa, nl
+
+    @jit
+    def kernel(t):
+        x = nl.ndarray(t.shape, t.dtype, buffer=nl.sbuf)
+        nisa.dma_copy(dst=x, src=t)
+        a = nl.ndarray(t.shape, t.dtype, buffer=nl.sbuf)
+        b = nl.ndarray(t.shape, t.dtype, buffer=nl.sbuf)
+        c = nl.ndarray(t.shape, t.dtype, buffer=nl.sbuf)
+        nisa.reciprocal(dst=a, data=x, name="recip")
+        nisa.tensor_scalar(dst=b, data=x, op0=nl.add, operand0=1, name="plus1")
+        nisa.tensor_tensor(dst=c, data1=a, data2=b, op=nl.add)
+        out = nl.ndarray(t.shape, t.dtype, buffer=nl.shared_hbm)
+        nisa.dma_copy(dst=out, src=c)
+        return out
+
+    t = np.full((4, 4), 2.0, np.float32)
+    for edges in ([("plus1", "recip")], [("plus1", ["recip"])]):
+        out = kernel.with_schedule(edges)(t)
+        np.testing.assert_allclose(out, 3.5)
+        trace = simulate.last_trace()
+        recip = next(e for e in trace if e.name == "recip")
+        plus1 = next(e for e in trace if e.name == "plus1")
+        assert plus1.details["after"] == [(recip.index, "schedule")]
+    with pytest.raises(simulate.ValidationError, match="no instruction is named 'plus2'"):
+        kernel.with_schedule([("plus2", "recip")])(t)
+    with pytest.raises(simulate.UnsupportedError, match="'recip' is issued before 'plus1'"):
+        kernel.with_schedule([("recip", "plus1")])(t)
+    with pytest.raises(ValueError, match="must be a pair"):
+        kernel.with_schedule(["recip"])

@@ -355,3 +355,38 @@ def test_accumulation_groups_are_tracked_per_element_of_a_view(rng):
 
     with pytest.raises(simulate.ValidationError, match="accumulate=True onto PSUM not last"):
         run(true_on_fresh_slice, a, b, target="trn2")
+
+
+@pytest.mark.parametrize("target", ["trn1", "trn2", "trn3"])
+def test_tile_size_moving_fmax_is_one_bank_on_every_generation(target):
+    """AWS's NKI front-end (KLR kernelEnv) gives gemm_moving_fmax 512 for arch 2, 3 and 4; the
+    Trainium3 guide's largest moving tile is [128, 512]."""
+    from nki_kernels import simulate
+    from nki_kernels.simulate import nl
+    with simulate.use_target(target):
+        assert nl.tile_size.gemm_moving_fmax == 512
+
+
+def test_matmul_moving_limit_is_wider_on_neuroncore_v4():
+    """nc_matmul on NeuronCore-v4 takes N up to 4096 for an fp32 dst (eight PSUM banks); v3: 512."""
+    from nki_kernels import simulate
+    from nki_kernels.simulate import jit, nisa, nl
+
+    @jit
+    def mm(a, b):
+        a_sb = nl.ndarray(a.shape, a.dtype, buffer=nl.sbuf)
+        b_sb = nl.ndarray(b.shape, b.dtype, buffer=nl.sbuf)
+        nisa.dma_copy(dst=a_sb, src=a)
+        nisa.dma_copy(dst=b_sb, src=b)
+        out = nl.ndarray((a.shape[1], b.shape[1]), nl.float32, buffer=nl.psum)
+        nisa.nc_matmul(dst=out, stationary=a_sb, moving=b_sb)
+        res = nl.ndarray(out.shape, nl.float32, buffer=nl.sbuf)
+        nisa.tensor_copy(dst=res, src=out)
+        o = nl.ndarray(out.shape, nl.float32, buffer=nl.shared_hbm)
+        nisa.dma_copy(dst=o, src=res)
+        return o
+
+    a, b = np.ones((4, 2), np.float32), np.ones((4, 4096), np.float32)
+    assert (simulate.simulate(mm, target="trn3")(a, b) == 4).all()
+    with pytest.raises(simulate.ValidationError, match="moving free size N=4096 exceeds 512"):
+        simulate.simulate(mm, target="trn2")(a, b)
