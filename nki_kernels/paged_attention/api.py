@@ -121,7 +121,7 @@ def batch_prefill(q, paged_kv_cache, qo_indptr, kv_indptr, kv_indices, kv_last_p
         # and sinks (read at the end of each item) are copied when they view the cache
         q, sinks = (None if a is None else check_writable(paged_kv_cache, (a,))[0]
                     for a in (q, sinks))
-    parts = prefill_parts(prob, q_lens, qo_indptr, kv_indptr, kv_indices, paged_kv_cache, causal,
+    parts = prefill_parts(prob, q_lens, qo_indptr, paged_kv_cache, causal,
                           logits_soft_cap, window_left, sinks, k_scale, v_scale, cores)
     kernel_rows = cache_rows(paged_kv_cache, q.shape[2])
     out, lse = run_prefill(parts, q, kernel_rows, writes, lnc)

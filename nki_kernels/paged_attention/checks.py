@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from nki_kernels.paged_cache.checks import check_page_table, csr_counts, require_int32_vector
+from nki_kernels.paged_cache.checks import PageTable, csr_counts, page_table, require_int32_vector
 from nki_kernels.paged_cache.layout import CacheGeometry, geometry, split_cache
 from nki_kernels.paged_cache.quantize import check_scale
 
@@ -23,8 +23,12 @@ class DecodeProblem:
     batch: int
     num_qo_heads: int
     group: int                     # num_qo_heads // num_kv_heads
-    kv_lens: np.ndarray            # [B] int64
+    table: PageTable               # the checked page table (kv_lens: [B] int64 keys)
     sm_scale: float
+
+    @property
+    def kv_lens(self) -> np.ndarray:
+        return self.table.kv_lens
 
 
 MAX_GROUP = 128          # query heads per kv head: one tile's partitions
@@ -63,7 +67,8 @@ def check_batch_decode_inputs(q, paged_kv_cache, kv_indptr, kv_indices, kv_last_
     require_int32_vector("kv_indptr", kv_indptr, batch + 1, f"batch + 1{source}")
     require_int32_vector("kv_indices", kv_indices)
     require_int32_vector("kv_last_page_len", kv_last_page_len, batch, f"batch{source}")
-    kv_lens = check_page_table(kv_indices, kv_indptr, kv_last_page_len, geo)
+    table = page_table(kv_indptr, kv_indices, kv_last_page_len, geo)
+    kv_lens = table.kv_lens
     if kv_lens.size and kv_lens.max() > MAX_KV_LEN:
         b = int(np.argmax(kv_lens))
         raise ValueError(f"request {b} has {kv_lens[b]} keys (kv_indptr / kv_last_page_len): at "
@@ -93,7 +98,7 @@ def check_batch_decode_inputs(q, paged_kv_cache, kv_indptr, kv_indices, kv_last_
             raise ValueError(f"sinks must be an array of shape (num_qo_heads,) = ({hq},)")
         if not np.isfinite(sinks.astype(np.float64)).all():
             raise ValueError("sinks must be finite")
-    return DecodeProblem(geo, batch, hq, hq // geo.num_heads, kv_lens, float(sm_scale))
+    return DecodeProblem(geo, batch, hq, hq // geo.num_heads, table, float(sm_scale))
 
 
 def check_qo_indptr(qo_indptr, batch, total_q) -> np.ndarray:

@@ -59,33 +59,33 @@ def prepare_decode(q, paged_kv_cache, kv_indptr, kv_indices, kv_last_page_len, k
                                      kv_layout, sm_scale, logits_soft_cap, window_left, sinks,
                                      k_scale, v_scale)
     rows = bucket(prob.batch)
-    work = decode_work(kv_indptr, prob.kv_lens, window_left, prob.geo.page_size, rows, cores,
-                       capacity=table_capacity(prob.geo, kv_indptr))
-    arrays, statics = kernel_arguments(prob, paged_kv_cache, kv_indptr, kv_indices, work, None,
+    work = decode_work(prob.table.indptr, prob.kv_lens, window_left, prob.geo.page_size, rows,
+                       cores, capacity=table_capacity(prob.geo, prob.table))
+    arrays, statics = kernel_arguments(prob, paged_kv_cache, work, None,
                                        sinks, logits_soft_cap, k_scale, v_scale)
     return DecodeLaunch(arrays, statics, prob.batch, rows)
 
 
-def page_table_rows(geo, kv_indptr) -> int:
+def page_table_rows(geo, table) -> int:
     """Rows of the padded page list the kernel reads: the cache's pages or the bucket of the
     table's, whichever is more, plus a chunk of slack (a shape of the cache and the bucket)."""
-    return max(geo.num_pages, bucket(int(kv_indptr[-1]))) + chunk_tokens(geo.page_size)
+    return max(geo.num_pages, bucket(table.pages)) + chunk_tokens(geo.page_size)
 
 
-def table_capacity(geo, kv_indptr) -> int:
+def table_capacity(geo, table) -> int:
     """Chunks the padded page list can hold: sets the work-item table's static row count."""
-    return capacity_chunks(page_table_rows(geo, kv_indptr), geo.page_size)
+    return capacity_chunks(page_table_rows(geo, table), geo.page_size)
 
 
-def kernel_arguments(prob, paged_kv_cache, kv_indptr, kv_indices, work, row_tab, sinks,
+def kernel_arguments(prob, paged_kv_cache, work, row_tab, sinks,
                      logits_soft_cap, k_scale, v_scale):
     """The kernel's array arguments after the cache rows (work tables, padded page list, token
     table, row table, sinks) and its static arguments, for checked inputs ``prob``."""
     geo = prob.geo
     k_dtype = split_cache(paged_kv_cache)[0].dtype
-    pages = int(kv_indptr[-1])
-    padded = np.zeros((page_table_rows(geo, kv_indptr), 1), np.int32)
-    padded[:pages, 0] = kv_indices[:pages]
+    table = prob.table
+    padded = np.zeros((page_table_rows(geo, table), 1), np.int32)
+    padded[:table.pages, 0] = table.indices[:table.pages]
     mm_dtype = k_dtype.name if k_dtype.itemsize >= 2 else "bfloat16"
     sinks32 = None if sinks is None else np.asarray(sinks, np.float32).reshape(-1, 1)
     arrays = (work.items, work.spans, padded, token_table(geo.page_size), row_tab, sinks32)
@@ -155,16 +155,16 @@ class PrefillLaunch:
         return rows[torch.from_numpy(self.scatter).to(rows.device)]
 
 
-def plan_prefill(prob, q_lens, qo_indptr, kv_indptr, kv_indices, paged_kv_cache, causal,
+def plan_prefill(prob, q_lens, qo_indptr, paged_kv_cache, causal,
                  logits_soft_cap, window_left, sinks, k_scale, v_scale, cores) -> PrefillLaunch:
     """Checked inputs (``prob``, ``q_lens``) -> work items, padded row maps, kernel arguments."""
     qb = query_block(int(q_lens.max(initial=0)), prob.group, prob.geo.num_heads, prob.geo.head_dim)
-    items = query_blocks(kv_indptr, prob.kv_lens, q_lens, qb, window_left, causal,
+    items = query_blocks(prob.table.indptr, prob.kv_lens, q_lens, qb, window_left, causal,
                          prob.geo.page_size)
     n_items = items.L.size
     work = split_work(items, prob.geo.page_size, bucket(n_items), cores,
                       items_per_iteration(qb),
-                      table_capacity(prob.geo, kv_indptr), 1 if qb == 1 else bucket(n_items),
+                      table_capacity(prob.geo, prob.table), 1 if qb == 1 else bucket(n_items),
                       whole_units(qb))
     # item k covers tokens q0 .. q0 + qb of its request, at padded rows k*qb ..
     tok = items.q0[:, None] + np.arange(qb)[None, :]
@@ -176,7 +176,7 @@ def plan_prefill(prob, q_lens, qo_indptr, kv_indptr, kv_indices, paged_kv_cache,
     scatter[gather[gather >= 0]] = np.flatnonzero(gather >= 0)
     row_tab = None if qb == 1 else (np.arange(prob.group * qb) // prob.group).astype(
         np.int32).reshape(-1, 1)
-    arrays, statics = kernel_arguments(prob, paged_kv_cache, kv_indptr, kv_indices, work, row_tab,
+    arrays, statics = kernel_arguments(prob, paged_kv_cache, work, row_tab,
                                        sinks, soft_cap(logits_soft_cap), k_scale, v_scale)
     return PrefillLaunch(arrays, statics, gather, scatter, prob.kv_lens)
 
@@ -191,7 +191,7 @@ class PrefillPart:
     writes: bool
 
 
-def prefill_parts(prob, q_lens, qo_indptr, kv_indptr, kv_indices, paged_kv_cache, causal,
+def prefill_parts(prob, q_lens, qo_indptr, paged_kv_cache, causal,
                   logits_soft_cap, window_left, sinks, k_scale, v_scale, cores) -> list:
     """The launches of a prefill step (``PrefillPart``), planned (everything checked) before the
     first runs; the NumPy entry and the torch device path both run these.
@@ -205,24 +205,19 @@ def prefill_parts(prob, q_lens, qo_indptr, kv_indptr, kv_indices, paged_kv_cache
                v_scale, cores)
     single = q_lens == 1
     if not (single.any() and (q_lens > 1).any()):
-        return [PrefillPart(None, plan_prefill(prob, q_lens, qo_indptr, kv_indptr, kv_indices,
-                                               *options), True)]
+        return [PrefillPart(None, plan_prefill(prob, q_lens, qo_indptr, *options), True)]
     parts = []
     for group, writes in ((~single, True), (single, False)):
         idx = np.flatnonzero(group)
-        rows, (qo, ptr, pages) = _sub_batch(idx, qo_indptr, kv_indptr, kv_indices)
-        sub = dataclasses.replace(prob, batch=idx.size, kv_lens=prob.kv_lens[idx])
-        parts.append(PrefillPart(rows, plan_prefill(sub, q_lens[idx], qo, ptr, pages, *options),
+        rows, qo = _sub_queries(idx, qo_indptr)
+        sub = dataclasses.replace(prob, batch=idx.size, table=prob.table.requests(idx))
+        parts.append(PrefillPart(rows, plan_prefill(sub, q_lens[idx], qo, *options),
                                  writes))
     return parts
 
 
-def _sub_batch(idx, qo_indptr, kv_indptr, kv_indices):
-    """Requests ``idx`` as a batch of their own: (their q rows, (qo_indptr, kv_indptr,
-    kv_indices) of that batch, int32)."""
+def _sub_queries(idx, qo_indptr):
+    """The query rows of requests ``idx`` (int64) and their qo_indptr as a batch of its own."""
     q0, q1 = qo_indptr[idx].astype(np.int64), qo_indptr[idx + 1].astype(np.int64)
-    p0, p1 = kv_indptr[idx].astype(np.int64), kv_indptr[idx + 1].astype(np.int64)
     rows = np.concatenate([np.arange(a, b) for a, b in zip(q0, q1)] + [np.zeros(0, np.int64)])
-    pages = np.concatenate([kv_indices[a:b] for a, b in zip(p0, p1)] + [np.zeros(0, np.int32)])
-    indptr = lambda n: np.concatenate([[0], np.cumsum(n)]).astype(np.int32)  # noqa: E731
-    return rows, (indptr(q1 - q0), indptr(p1 - p0), pages.astype(np.int32))
+    return rows, np.concatenate([[0], np.cumsum(q1 - q0)]).astype(np.int32)

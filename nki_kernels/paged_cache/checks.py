@@ -5,6 +5,8 @@ counts, and the slot each appended token goes to.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 
 from .layout import CacheGeometry
@@ -35,6 +37,36 @@ def csr_counts(name: str, indptr) -> np.ndarray:
         b = int(np.flatnonzero(counts < 0)[0])
         raise ValueError(f"{name} must be non-decreasing: {name}[{b + 1}] < {name}[{b}]")
     return counts
+
+
+class PageTable(NamedTuple):
+    """A checked CSR page table (FlashInfer's): ``indptr`` [B+1], ``indices`` (request b's pages
+    are indices[indptr[b]:indptr[b+1]]), ``last_page_len`` [B], all int32, and each request's
+    KV length ``kv_lens`` [B] int64. The one value the plans pass around."""
+
+    indptr: np.ndarray
+    indices: np.ndarray
+    last_page_len: np.ndarray
+    kv_lens: np.ndarray
+
+    @property
+    def pages(self) -> int:
+        """Pages the table lists (the used prefix of ``indices``)."""
+        return int(self.indptr[-1])
+
+    def requests(self, idx) -> "PageTable":
+        """The table of requests ``idx`` (int array) alone, in that order."""
+        p0, p1 = self.indptr[idx].astype(np.int64), self.indptr[idx + 1].astype(np.int64)
+        pages = np.concatenate([self.indices[a:b] for a, b in zip(p0, p1)]
+                               + [np.zeros(0, np.int32)]).astype(np.int32)
+        indptr = np.concatenate([[0], np.cumsum(p1 - p0)]).astype(np.int32)
+        return PageTable(indptr, pages, self.last_page_len[idx], self.kv_lens[idx])
+
+
+def page_table(kv_indptr, kv_indices, kv_last_page_len, geo: CacheGeometry) -> PageTable:
+    """The checked ``PageTable`` of FlashInfer's three arrays (``check_page_table``'s rules)."""
+    kv_lens = check_page_table(kv_indices, kv_indptr, kv_last_page_len, geo)
+    return PageTable(kv_indptr, kv_indices, kv_last_page_len, kv_lens)
 
 
 def check_page_table(kv_indices, kv_indptr, kv_last_page_len, geo: CacheGeometry) -> np.ndarray:

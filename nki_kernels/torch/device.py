@@ -108,7 +108,7 @@ def prefill_device(q, kv_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_l
     prob, q_lens = check_batch_prefill_inputs(_meta(q), cache, *table, last, kv_layout, causal,
                                               sm_scale, logits_soft_cap, window_left, sinks,
                                               k_scale, v_scale)
-    parts = prefill_parts(prob, q_lens, *table, cache, causal, logits_soft_cap, window_left,
+    parts = prefill_parts(prob, q_lens, table[0], cache, causal, logits_soft_cap, window_left,
                           sinks, k_scale, v_scale, 1)
     writes = ()
     if append_key is not None or append_value is not None:
