@@ -176,3 +176,43 @@ def test_the_longest_request_the_kernel_takes():
     with pytest.raises(ValueError, match="request 0 has 16777216 keys"):
         check_batch_decode_inputs(q, cache, indptr, indices, np.array([256], np.int32), "NHD",
                                   None, 0.0, -1, None, 1.0, 1.0)
+
+
+def test_block_table_decode_reference(rng):
+    from nki_kernels.block_tables import attention_with_block_tables_ref
+    from nki_kernels.paged_attention import batch_decode_ref
+    cache = rng.standard_normal((2, 6, 2, 4, 8)).astype(np.float32)
+    tables = np.array([[0, 1, -1], [2, 3, 4]], np.int32)
+    seq_lens = np.array([5, 10], np.int32)
+    q = rng.standard_normal((2, 4, 8)).astype(np.float32)
+    indptr, indices, last = block_tables_to_csr(tables, seq_lens, 4)
+    want = batch_decode_ref(q, (cache[0], cache[1]), indptr, indices, last, "HND",
+                            logits_soft_cap=5.0)
+    got = attention_with_block_tables_ref(q, cache, tables, seq_lens, logits_soft_cap=5.0)
+    np.testing.assert_array_equal(got, want)
+    assert not np.array_equal(got, attention_with_block_tables_ref(q, cache, tables, seq_lens))
+
+
+def test_fused_write_refusals():
+    from nki_kernels.paged_attention import batch_prefill
+    cache = np.zeros((4, 2, 4, 1, 8), np.float32)
+    q = np.zeros((3, 2, 8), np.float32)
+    table = (np.array([0, 1, 2], np.int32), np.array([0, 1], np.int32), np.array([2, 4], np.int32))
+    rows = np.zeros((3, 1, 8), np.float32)
+    qo = np.array([0, 1, 3], np.int32)
+    refused(ValueError, "append_key and append_value go together: give both or neither",
+            batch_prefill, q, cache, qo, *table, append_key=rows)
+    refused(ValueError, "append_value has 2 rows; it must have one per query token (3)",
+            batch_prefill, q, cache, qo, *table, append_key=rows, append_value=rows[:2])
+    refused(ValueError, "append: request 0 writes 3 new tokens (qo_indptr) but its page table "
+                        "holds 2 (kv_indptr / kv_last_page_len must count the new tokens)",
+            batch_prefill, q, cache, np.array([0, 3, 3], np.int32), *table, append_key=rows,
+            append_value=rows)
+    assert not cache.any()
+
+
+def test_max_blocks_is_a_count():
+    args = (np.array([0, 1], np.int32), np.array([3], np.int32), np.array([2], np.int32), 4)
+    refused(ValueError, "max_blocks=-1 must be >= 0", csr_to_block_tables, *args, max_blocks=-1)
+    refused(TypeError, "max_blocks=2.0 must be an integer, got float", csr_to_block_tables, *args,
+            max_blocks=2.0)
