@@ -66,3 +66,9 @@ class SubsetError(ValidationError):
 
 class SubsetWarning(UserWarning):
     """Kernel code the NKI front-end's public source has no form for (see ``subset``)."""
+
+
+class InternalError(SimulationError):
+    """An instruction met a case the simulator does not check and failed inside itself (a
+    simulator bug to report); raised in place of the bare Python error, naming the instruction
+    and the kernel line, with the original as its cause."""

@@ -90,13 +90,16 @@ class Kernel:
                       self.schedule + tuple(pairs), **self.options)
 
     def __getitem__(self, grid) -> "Kernel":
-        """``kernel[lnc]``: Beta 2 takes exactly one integer, the logical core count 1 or 2
-        (the multi-dimensional SPMD grids of Beta 1 are refused)."""
+        """``kernel[lnc]``: Beta 2 takes exactly one integer, the logical core count 1 or 2 (the
+        NKI "Using Logical Neuron Cores" overview: "The bracket syntax must contain only one
+        number, the number of cores to use"); the multi-dimensional SPMD grids of Beta 1
+        (``nl.spmd_dim``, ``nl.nc``, ``kernel[4, 2]``) are refused."""
         lnc = grid[0] if isinstance(grid, tuple) and len(grid) == 1 else grid
         if isinstance(lnc, tuple) or not isinstance(lnc, (int, np.integer)) or lnc not in (1, 2):
             raise ValueError(f"launch grid {grid!r}: NKI Beta 2 takes kernel[lnc] with lnc 1 or 2 "
-                             f"(one integer, matching NEURON_LOGICAL_NC_CONFIG); Beta 1 SPMD grids "
-                             f"such as kernel[4, 2] are not accepted")
+                             f"(one integer, the number of cores, as the NKI LNC overview says; it "
+                             f"matches NEURON_LOGICAL_NC_CONFIG); Beta 1 SPMD grids such as "
+                             f"kernel[4, 2] are not accepted")
         return Kernel(self.fn, (int(lnc),), self.target, self.shuffle, self.seed, self.ranks,
                       self.schedule, **self.options)
 

@@ -38,3 +38,38 @@ try:  # compute instructions (matmul, activation, vector ops) live in their own 
 except ImportError as _err:  # pragma: no cover - only while that module is being written
     if "compute" not in str(_err):
         raise
+
+
+def _guarded(fn):
+    """``fn`` raising only ``SimulationError``s: any other exception escaping it (a case its
+    checks miss) becomes an ``InternalError`` naming the instruction and the kernel line."""
+    import functools
+
+    from ..errors import InternalError, SimulationError
+
+    @functools.wraps(fn)
+    def call(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except SimulationError:
+            raise
+        except Exception as error:           # noqa: BLE001 - re-raised, named, with its cause
+            launch = _context._get()
+            pid = launch.program_id if launch is not None and launch.trace is not None else None
+            raise InternalError(f"{type(error).__name__}: {error} (a case the simulator does not "
+                                f"check; please report it)", op=fn.__name__, program_id=pid,
+                                location=_context.kernel_location()) from error
+    call.__wrapped_instruction__ = fn
+    return call
+
+
+def _guard_instructions(namespace):
+    import inspect
+    for name, value in list(namespace.items()):
+        if (not name.startswith("_") and inspect.isfunction(value)
+                and _context.in_simulator(value.__code__.co_filename)
+                and name not in ("get_nc_version", "get_nc_sub_version")):
+            namespace[name] = _guarded(value)
+
+
+_guard_instructions(globals())

@@ -329,3 +329,32 @@ def test_with_schedule_adds_named_edges_and_refuses_unknown_names():
         kernel.with_schedule([("recip", "plus1")])(t)
     with pytest.raises(ValueError, match="must be a pair"):
         kernel.with_schedule(["recip"])
+
+
+def test_an_error_inside_an_instruction_leaves_as_a_simulation_error(monkeypatch):
+    """Whatever fails inside an instruction reaches the caller as a SimulationError naming the
+    instruction, the program and the kernel line (InternalError, the original as its cause)."""
+    import re
+
+    from nki_kernels import simulate
+    from nki_kernels.simulate import jit, nisa, nl
+    from nki_kernels.simulate.errors import InternalError
+    from nki_kernels.simulate.isa import dma
+
+    def broken(*args):
+        raise ValueError("boom")
+    monkeypatch.setattr(dma, "_runs", broken)
+
+    @jit
+    def k(x):
+        t = nl.ndarray(x.shape, x.dtype, buffer=nl.sbuf)
+        nisa.dma_copy(dst=t, src=x)
+        return x
+
+    with pytest.raises(InternalError) as info:
+        k(np.zeros((2, 2), np.float32))
+    assert isinstance(info.value, simulate.SimulationError)
+    assert isinstance(info.value.__cause__, ValueError)
+    assert re.fullmatch(r"dma_copy: ValueError: boom \(a case the simulator does not check; please "
+                        r"report it\) \(program_id=\(0,\), test_beta2_surface.py:\d+\)",
+                        str(info.value))
