@@ -18,7 +18,7 @@ from nki_kernels.paged_cache.checks import require_int32_vector
 
 from .api import batch_prefill
 from .merge import merge_states
-from .reference import attend, gather_kv, head_scale, LOG2E  # noqa: F401 (LOG2E: docs)
+from .reference import attend, gather_kv, head_scale
 
 
 def check_levels(q, qo_indptr_arr, kv_indptr_arr, kv_indices_arr, kv_last_page_len_arr):

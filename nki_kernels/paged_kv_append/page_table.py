@@ -13,7 +13,7 @@ import numpy as np
 
 from nki_kernels.paged_cache.batch_indices import get_batch_indices_positions
 from nki_kernels.paged_cache.checks import require_count, require_counts
-from nki_kernels.paged_cache.layout import CACHE_DTYPES
+from nki_kernels.paged_cache.layout import CACHE_DTYPES, geometry
 
 from .api import append_paged_kv_cache
 
@@ -110,7 +110,14 @@ class PagedKVCache:
         rolled back: lengths and pages are as before the call."""
         self._known(rids, unique=True)
         append_lens = require_counts("append_lens", append_lens, len(rids), "one per rid")
-        rows = getattr(keys, "shape", (None,))[0]
+        geo = geometry(self.data, self.kv_layout)
+        for name, a in (("keys", keys), ("values", values)):   # before any page is reserved
+            if not isinstance(a, np.ndarray) or a.ndim != 3 or \
+                    a.shape[1:] != (geo.num_heads, geo.head_dim):
+                raise ValueError(f"{name} shape {getattr(a, 'shape', type(a).__name__)} must be "
+                                 f"[rows, {geo.num_heads}, {geo.head_dim}] (the cache's heads and "
+                                 f"head_dim)")
+        rows = keys.shape[0]
         if append_lens.sum() != rows:
             raise ValueError(f"append_lens {append_lens.tolist()} must sum to keys' {rows} rows")
         self.reserve(rids, append_lens)

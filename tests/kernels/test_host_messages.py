@@ -216,3 +216,18 @@ def test_max_blocks_is_a_count():
     refused(ValueError, "max_blocks=-1 must be >= 0", csr_to_block_tables, *args, max_blocks=-1)
     refused(TypeError, "max_blocks=2.0 must be an integer, got float", csr_to_block_tables, *args,
             max_blocks=2.0)
+
+
+def test_a_bad_append_is_refused_for_what_it_is_before_pages_are_counted():
+    """Regression (the slow fuzz's fixed seed): keys of the wrong head_dim when the pool is short
+    of pages are refused for their shape (ValueError), not as OutOfPages, and nothing changes."""
+    from nki_kernels.paged_kv_append import OutOfPages
+    cache = PagedKVCache(2, 4, 1, 8)
+    cache.add_request("a")
+    cache.reserve(["a"], [7])                                   # both pages taken
+    rows = np.zeros((2, 1, 1), np.float32)                      # head_dim 1, not 8
+    refused(ValueError, "keys shape (2, 1, 1) must be [rows, 1, 8] (the cache's heads and "
+                        "head_dim)", cache.append, ["a"], rows, rows, [2])
+    assert cache.seq_len("a") == 7 and cache.num_free_pages == 0
+    with pytest.raises(OutOfPages):
+        cache.append(["a"], np.zeros((2, 1, 8), np.float32), np.zeros((2, 1, 8), np.float32), [2])
