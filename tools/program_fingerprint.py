@@ -43,11 +43,11 @@ def cases():
         cache.append(rids, k, -k, append_lens=lens)
         return cache, rids, rng
 
-    def decode(layout, lnc=1):
+    def decode(layout, lnc=1, soft_cap=20.0):
         cache, rids, rng = cache_case(layout, [37, 130, 5])
         q = rng.standard_normal((3, 8, 64)).astype(np.float32)
         batch_decode(q, cache.data, *cache.page_table(rids), layout, window_left=100,
-                     logits_soft_cap=20.0, lnc=lnc)
+                     logits_soft_cap=soft_cap, lnc=lnc)
 
     def prefill(layout):
         cache, rids, rng = cache_case(layout, [300, 40])
@@ -77,7 +77,8 @@ def cases():
             ("prefill NHD", lambda: prefill("NHD")), ("prefill HND", lambda: prefill("HND")),
             ("mixed fused write", lambda: mixed_write("NHD")), ("append HND", lambda: append("HND")),
             ("append NHD", lambda: append("NHD")), ("tensor_scatter", scatter),
-            ("decode NHD lnc=2 (trn2)", lambda: decode("NHD", lnc=2))]
+            ("decode NHD lnc=2 (trn2)", lambda: decode("NHD", lnc=2)),
+            ("decode NHD no cap", lambda: decode("NHD", soft_cap=0.0))]
 
 
 def main() -> int:

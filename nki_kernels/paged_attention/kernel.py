@@ -66,7 +66,7 @@ from nki_kernels.paged_kv_append.kernel import scatter_rows
 from .kernel_cursor import Geometry, query_of_row
 from .kernel_items import (finish, fold, gathered, loader, merge_split, prepare, unit,
                            write)
-from .kernel_load import ROW_LIMIT, group_entry_rows
+from .kernel_load import PSUM_BANK_BYTES, ROW_LIMIT, group_entry_rows
 from .kernel_softmax import load_state, state_tile
 from .work import (CHUNK_BLOCKS, ITEM_CLASSES, items_per_iteration, loop_widths, span_column,
                    state_slots, whole_units)
@@ -170,6 +170,15 @@ def make_step(q, k_rows, v_rows, meta, kv_indices, tok_tab, row_tab, sinks, num_
             row_q.append(query_of_row(row_tab, R, GQ, q0 * G))
     iota_rt = nl.ndarray((R, T), nl.int32, buffer=nl.sbuf, name="iota_rt")
     nisa.iota(dst=iota_rt, pattern=[[1, T]], offset=0, channel_multiplier=0)
+    # Blocks of queries (prefill, verification) evict their scores on VectorE with the mask and
+    # row max in one pass (kernel_softmax.chunk_scores), ScalarE being their busiest engine;
+    # decode keeps the ScalarE eviction, VectorE being its busier one. keep_all: a mask-free
+    # chunk's predicate, every score kept.
+    keep_all = None
+    if soft_cap <= 0 and Qb > 1:
+        keep_all = nl.ndarray((R, PSUM_BANK_BYTES // 4), nl.uint8, buffer=nl.sbuf,
+                              name="keep_all")
+        nisa.memset(dst=keep_all, value=1, engine=nisa.engine.gpsimd)
     # OCP fp8 (e4m3fn) is a matmul input from NeuronCore-v4 only: V is converted per chunk before.
     convert_v = k_rows.dtype == nl.float8_e4m3fn and nisa.get_nc_version() < nisa.nc_version.gen4
     v_dtype = mm_dtype if convert_v else None
@@ -180,7 +189,8 @@ def make_step(q, k_rows, v_rows, meta, kv_indices, tok_tab, row_tab, sinks, num_
               blocked=page_size <= 128,    # mask-free blocks of whole pages: several tokens a partition
               k_bytes=dtype_bytes(k_rows.dtype), scale=scale, soft_cap=soft_cap,
               v_scale=v_scale, mm_dtype=mm_dtype, whole=whole_units(Qb),
-              p=nl.program_id(0), cores=program_cores(), entry_rows={}, scratch=None)
+              p=nl.program_id(0), cores=program_cores(), entry_rows={}, scratch=None,
+              keep_all=keep_all)
     if st.blocked and st.indirect:     # by f"{group}" (NKI dict keys are strings), ascending
         groups = []
         for size in CHUNK_BLOCKS:

@@ -183,7 +183,7 @@ def fold(st, item, count, masked, finish_first=None):
         tile_rows = item.q[t][0][0].shape[1]
         scores = chunk_scores(item.q[t], kts[key], st.T,
                               None if keep is None else keep[q0 // st.Qt][0:tile_rows, :],
-                              st.scale, st.soft_cap, st.mm_dtype)
+                              st.scale, st.soft_cap, st.mm_dtype, st.keep_all)
         if t + 1 == len(tiles) or tiles[t + 1][0] != h0:
             kts.pop(key)                  # its tiles are free from here on
         return scores

@@ -134,41 +134,57 @@ def k_transposed(k_sb, h0, n, D, mm_dtype):
     return kT
 
 
-def chunk_scores(q_pads, kTs, T, keep, scale, soft_cap, mm_dtype):
-    """SBUF [n*G, W*T] fp32 scores of W chunks (``kTs``: each chunk's ``k_transposed``) for a
-    tile of query rows: scaled, soft-capped, and NEG_BIG selected where ``keep`` (``mask_keep``)
-    is 0. The first half of a softmax
-    step, issued ahead of the second (``softmax_step``) so TensorE makes the next scores while
-    VectorE and ScalarE work on these."""
+def chunk_scores(q_pads, kTs, T, keep, scale, soft_cap, mm_dtype, keep_all=None):
+    """The scores of W chunks (``kTs``: each chunk's ``k_transposed``) for a tile of query rows,
+    as (SBUF [n*G, W*T] fp32, row max or None, exponent scale): the first half of a softmax step,
+    issued ahead of the second (``softmax_step``) so TensorE makes the next scores while VectorE
+    and ScalarE work on these.
+
+    Without a soft cap, one VectorE pass (``select_reduce``) evicts the raw PSUM scores, puts
+    NEG_BIG where ``keep`` (``mask_keep``; ``keep_all``, a tile of ones, for a mask-free chunk)
+    is 0 and takes each row's max; the scale joins the exponent. With a cap, ScalarE scales and
+    caps (copy, tanh), VectorE multiplies back and selects the mask."""
     s_ps = _scores(q_pads, kTs, T, mm_dtype)
     R, WT = s_ps.shape
     s = _f32((R, WT), "s")
+    if soft_cap <= 0 and keep_all is not None:
+        row_max = _f32((R, 1), "row_max")
+        nisa.select_reduce(dst=s, predicate=keep_all[0:R, 0:WT] if keep is None else keep,
+                           on_true=s_ps, on_false=NEG_BIG, reduce_res=row_max,
+                           reduce_cmd=nisa.reduce_cmd.reset_reduce, reduce_op=nl.maximum)
+        return s, row_max, float(scale)
     nisa.activation(dst=s, op=nl.copy, data=s_ps, scale=float(scale))
     if soft_cap > 0:
         nisa.activation(dst=s, op=nl.tanh, data=s, scale=1.0 / soft_cap)
         nisa.tensor_scalar(dst=s, data=s, op0=nl.multiply, operand0=float(soft_cap))
     if keep is not None:
         nisa.select_reduce(dst=s, predicate=keep, on_true=s, on_false=NEG_BIG)
-    return s
+    return s, None, 1.0
 
 
-def softmax_step(state, s, heads, v_tiles, h0, D, p_dtype):
-    """Fold scores ``s`` [R, W*T] (``chunk_scores``) of W chunks with V tiles [T, H*D] into the
-    state of a group of ``heads`` kv heads (rows R), updating the state tiles in place (a device
-    loop's body reuses its own buffers every iteration). P is ``p_dtype`` (the matmul dtype).
-    One softmax step for all W chunks: VectorE: row max, running max, two rescales; ScalarE: exp
-    with the row sum, alpha, the P^T evictions; the fixed cost of each instruction is paid once
-    per W chunks."""
+def softmax_step(state, scores, heads, v_tiles, h0, D, p_dtype):
+    """Fold ``scores`` (``chunk_scores``: tile [R, W*T], row max or None, exponent scale) of W
+    chunks with V tiles [T, H*D] into the state of a group of ``heads`` kv heads (rows R),
+    updating the state tiles in place (a device loop's body reuses its own buffers every
+    iteration). P is ``p_dtype`` (the matmul dtype). One softmax step for all W chunks:
+    VectorE: the running max (and the row max when the scores have none), two rescales;
+    ScalarE: exp of the scaled scores with the row sum, alpha, the P^T evictions; the fixed
+    cost of each instruction is paid once per W chunks."""
+    s, row_max, scale = scores
     negm, l, acc = state
     T = v_tiles[0].tile.shape[0]
     R, WT = s.shape
     negm_new = _f32((R, 1), "neg_m")
-    nisa.tensor_reduce(dst=negm_new, op=nl.maximum, data=s, axis=1, negate=True)
-    nisa.tensor_tensor(dst=negm_new, data1=negm_new, data2=negm, op=nl.minimum)
+    if row_max is None:
+        nisa.tensor_reduce(dst=negm_new, op=nl.maximum, data=s, axis=1, negate=True)
+        nisa.tensor_tensor(dst=negm_new, data1=negm_new, data2=negm, op=nl.minimum)
+    else:                                      # -(scale * row max), then the running minimum
+        nisa.scalar_tensor_tensor(dst=negm_new, data=row_max, op0=nl.multiply, operand0=-scale,
+                                  op1=nl.minimum, operand1=negm)
     p = nl.ndarray((R, WT), p_dtype, buffer=nl.sbuf, name="p")
     row_sum, alpha = _f32((R, 1), "row_sum"), _f32((R, 1), "alpha")
-    nisa.activation(dst=p, op=nl.exp, data=s, bias=negm_new, reduce_op=nl.add, reduce_res=row_sum,
-                    reduce_cmd=nisa.reduce_cmd.reset_reduce)
+    nisa.activation(dst=p, op=nl.exp, data=s, bias=negm_new, scale=scale, reduce_op=nl.add,
+                    reduce_res=row_sum, reduce_cmd=nisa.reduce_cmd.reset_reduce)
     nisa.activation(dst=alpha, op=nl.exp, data=negm, bias=negm_new, scale=-1.0)  # e^(m_old - m_new)
     nisa.scalar_tensor_tensor(dst=l, data=l, op0=nl.multiply, operand0=alpha, op1=nl.add,
                               operand1=row_sum)

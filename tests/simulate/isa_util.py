@@ -55,3 +55,14 @@ def copy_through_sbuf(x):
     nisa.dma_copy(dst=t, src=x)
     nisa.dma_copy(dst=out, src=t)
     return out
+
+
+def write_then_read_all(tiles):
+    """Make every tile live at once (liveness runs from first use to last): write each, then
+    read each."""
+    from nki_kernels.simulate import nisa, nl
+    for t in tiles:
+        nisa.memset(dst=t, value=0.0)
+    sink = nl.ndarray((128, 1), nl.float32, buffer=nl.sbuf)
+    for t in tiles:
+        nisa.tensor_copy(dst=sink, src=t[:, 0:1])

@@ -6,6 +6,8 @@ import pytest
 from nki_kernels import simulate
 from nki_kernels.simulate import jit, nisa, nl
 
+from .isa_util import write_then_read_all
+
 
 def test_partition_dim_rules():
     s = nl.ndarray((8, 4, 6), nl.float32, buffer=nl.sbuf)
@@ -33,21 +35,12 @@ def test_fresh_memory_is_a_sentinel():
     assert (simulate.to_numpy(u) == 255).all()
 
 
-def _write_then_read_all(tiles):
-    """Make every tile live at once: write each, then read each (liveness is first use to last)."""
-    for t in tiles:
-        nisa.memset(dst=t, value=0.0)
-    sink = nl.ndarray((128, 1), nl.float32, buffer=nl.sbuf)
-    for t in tiles:
-        nisa.tensor_copy(dst=sink, src=t[:, 0:1])
-
-
 @pytest.mark.parametrize("target, ok_tiles", [("trn1", 43), ("trn2", 51)])
 def test_sbuf_capacity_per_target(target, ok_tiles):
     @jit
     def k(x, n):
         keep = [nl.ndarray((128, 1024), nl.float32, buffer=nl.sbuf) for _ in range(n)]   # 4 KiB each
-        _write_then_read_all(keep)
+        write_then_read_all(keep)
         return x
     x = np.zeros((1, 1), np.float32)
     # 43 tiles + the 4 B sink <= 180224 < 44 tiles + the sink (trn1); 51 + 4 <= 212984 (trn2)
@@ -71,7 +64,7 @@ def test_tiles_count_from_first_to_last_use():
             dead.append(d)
         unused = [nl.ndarray((128, 512), nl.float32, buffer=nl.psum) for _ in range(30)]
         banks = [nl.ndarray((128, 512), nl.float32, buffer=nl.psum) for _ in range(8)]
-        _write_then_read_all(banks)
+        write_then_read_all(banks)
         rotating, small = [], nl.ndarray((128, 1), nl.float32, buffer=nl.sbuf)
         for _ in range(24):                                        # 24 banks, 2 live at a time
             b = nl.ndarray((128, 512), nl.float32, buffer=nl.psum)
@@ -88,11 +81,11 @@ def test_tiles_count_from_first_to_last_use():
     @jit
     def nine(x):
         banks = [nl.ndarray((128, 100), nl.float32, buffer=nl.psum) for _ in range(9)]
-        _write_then_read_all(banks)
+        write_then_read_all(banks)
     with pytest.raises(simulate.CapacityError,
                        match=r"PSUM over capacity: a tile \(128, 100\) float32 \(1 bank\(s\) of "
                              r"2048 B\) is first used with 8 of 8 banks live .* \(program_id="
-                             r"\(0,\), test_core.py:\d+\)"):
+                             r"\(0,\), isa_util.py:\d+\)"):
         nine(np.zeros((1, 1), np.float32))
 
 

@@ -6,6 +6,8 @@ import pytest
 from nki_kernels.simulate import jit, nisa, nl
 from nki_kernels.simulate.errors import CapacityError
 
+from .isa_util import write_then_read_all
+
 BANK = 2048
 
 
@@ -37,19 +39,11 @@ def test_rotating_placed_banks_are_not_a_capacity_error_and_share_storage():
     np.testing.assert_array_equal(got, x + np.array(last, np.float32)[None, :])
 
 
-def _write_then_read_all(tiles):
-    for t in tiles:
-        nisa.memset(dst=t, value=0.0)
-    sink = nl.ndarray((128, 1), nl.float32, buffer=nl.sbuf)
-    for t in tiles:
-        nisa.tensor_copy(dst=sink, src=t[:, 0:1])
-
-
 def test_unplaced_tiles_live_at_once_do_exceed_the_banks():
     @jit
     def k(x):
         tiles = [nl.ndarray((128, 512), nl.float32, buffer=nl.psum) for _ in range(9)]
-        _write_then_read_all(tiles)
+        write_then_read_all(tiles)
         return x
     with pytest.raises(CapacityError, match="8 of 8 banks live"):
         k(np.zeros((1, 1), np.float32))
@@ -63,7 +57,7 @@ def test_placed_regions_and_allocator_tensors_share_the_banks(unplaced, fits):
                   for b in range(6)]
         again = nl.ndarray((128, 512), nl.float32, buffer=nl.psum, address=(0, 0))
         free = [nl.ndarray((128, 512), nl.float32, buffer=nl.psum) for _ in range(unplaced)]
-        _write_then_read_all(free)
+        write_then_read_all(free)
         return len(placed + [again] + free)
     if fits:                                       # six placed banks (one used twice) + two
         assert k(np.zeros((1, 1), np.float32)) == 9
