@@ -13,7 +13,7 @@ import sys
 import types
 
 _NAMES = ("nki", "nki.language", "nki.isa", "nki.isa.constants", "nki.collectives",
-          "nki.simulator")
+          "nki.simulator", "nki.typing")
 _saved = None
 
 
@@ -40,11 +40,16 @@ def build_modules() -> dict:
     ncc = module("nki.collectives", "nki.collectives (simulated)", collectives)
     simulator = module("nki.simulator", "vllm-neuron's entry: simulate_kernel(func, args, kwargs)")
     simulator.simulate_kernel = simulate_kernel
+    # nki.typing: ``tensor``, the annotation the language guide and the average-pool tutorial
+    # give kernel parameters (``def kernel(x: tensor)``), is the tensor class
+    typing_module = module("nki.typing", "nki.typing (simulated): kernel parameter annotations")
+    typing_module.tensor = language.ndarray
     nki.__dict__.update(language=nl, isa=nisa, collectives=ncc, simulator=simulator, jit=jit,
+                        typing=typing_module,
                         simulate=simulate, dtype=language.dtype,
                         NkiValidationError=NkiValidationError, __nki_kernels_simulator__=True)
     return {"nki": nki, "nki.language": nl, "nki.isa": nisa, "nki.isa.constants": nisa_constants,
-            "nki.collectives": ncc, "nki.simulator": simulator}
+            "nki.collectives": ncc, "nki.simulator": simulator, "nki.typing": typing_module}
 
 
 def install() -> None:

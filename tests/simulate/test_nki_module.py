@@ -68,3 +68,28 @@ def test_nki_simulator_env_forces_the_simulator_over_a_real_nki(monkeypatch):
     assert backend._select()[0] == "nki"
     monkeypatch.setenv("NKI_SIMULATOR", "1")
     assert backend._select()[0] == "sim"
+
+
+def test_nki_typing_tensor_annotates_kernel_parameters():
+    """The average-pool tutorial's ``from nki.typing import tensor`` (the language guide's
+    ``def kernel(x: tensor)``) imports, and the annotation is the tensor class."""
+    from nki_kernels import simulate
+    from nki_kernels.simulate.tensor import ndarray
+    with simulate.patched():
+        from nki.typing import tensor
+        import nki
+        import nki.isa as nisa
+        import nki.language as nl
+
+        @nki.jit
+        def copy(a: tensor) -> tensor:
+            assert isinstance(a, tensor)
+            t = nl.ndarray(a.shape, a.dtype, buffer=nl.sbuf)
+            nisa.dma_copy(dst=t, src=a)
+            out = nl.ndarray(a.shape, a.dtype, buffer=nl.shared_hbm)
+            nisa.dma_copy(dst=out, src=t)
+            return out
+
+        x = np.arange(4, dtype=np.float32).reshape(2, 2)
+        assert tensor is ndarray
+        assert np.array_equal(copy(x), x)
