@@ -1,7 +1,8 @@
 """Regenerate ``simulate/manifest.json`` from a checkout of github.com/aws-neuron/aws-neuron-sdk.
 
 Usage: ``python3 tools/nki_manifest.py --sdk PATH``. Reads the NKI reference stubs under
-``nki/api/nki`` (documented names, parameters and defaults), records for each its doc source
+``nki/api/nki`` (documented names, parameters and defaults) and the names the docs' own code
+imports from ``nki`` modules the stubs do not list, records for each its doc source
 (repository, commit, file and line) and the simulator's status (see ``simulate/manifest.py``), and
 prints the coverage.
 """
@@ -12,6 +13,7 @@ import argparse
 import ast
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -54,6 +56,34 @@ def read_stubs(root, commit):
     return names
 
 
+IMPORT = re.compile(r"^\s*from (nki(?:\.\w+)*) import ([\w, ]+)$", re.MULTILINE)
+
+
+def read_imports(root, commit, listed):
+    """Names the docs' code imports from ``nki`` modules (examples, tutorials, guides' code
+    blocks: ``from nki.M import a, b``) that the API stubs do not list, e.g. the average-pool
+    tutorial's ``from nki.typing import tensor``: each an entry of kind "imported"."""
+    seen = {(e["module"], e["name"]) for e in listed}
+    found = []
+    for base, _, files in sorted(os.walk(os.path.join(root, "nki"))):
+        for name in sorted(files):
+            if not name.endswith((".py", ".rst", ".md", ".ipynb")):
+                continue
+            path = os.path.join(base, name)
+            text = open(path, encoding="utf-8", errors="replace").read()
+            for m in IMPORT.finditer(text):
+                module = m.group(1)
+                line = text.count("\n", 0, m.start()) + 1
+                rel = os.path.relpath(path, root)
+                for imported in (n.strip() for n in m.group(2).split(",")):
+                    if imported and (module, imported) not in seen:
+                        seen.add((module, imported))
+                        found.append({"module": module, "name": imported, "kind": "imported",
+                                      "source": f"aws-neuron/aws-neuron-sdk@{commit[:7]} "
+                                                f"{rel}:{line}"})
+    return found
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sdk", required=True, help="checkout of aws-neuron/aws-neuron-sdk")
@@ -63,6 +93,7 @@ def main(argv=None):
     from nki_kernels.simulate import manifest
     from nki_kernels.simulate.nki_module import build_modules
     entries = read_stubs(args.sdk, commit)
+    entries += read_imports(args.sdk, commit, entries)
     modules = build_modules()
     for e in entries:
         e["status"], reason = manifest.status_of(e, modules)
