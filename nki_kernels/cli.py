@@ -151,7 +151,38 @@ def _parse_overrides(pairs):
             for k, _, v in (p.partition("=") for p in pairs or [])}
 
 
+def cmd_profile_file(args):
+    """``profile path/to/file.py:kernel --arg name=SPEC``: any kernel, costed (profile.foreign)."""
+    from .profile.foreign import cost_kernel, load_kernel, parse_arg, report
+    kwargs = {}
+    for item in args.arg or []:
+        name, eq, spec = item.partition("=")
+        if not eq or not name:
+            raise SystemExit(f"error: --arg {item!r} must be name=SPEC (see `profile --help`)")
+        kwargs[name] = parse_arg(spec)
+    kernel = load_kernel(args.kernel)
+    _, estimates = cost_kernel(kernel, target=args.target, lnc=args.lnc,
+                               overrides=_parse_overrides(args.set), **kwargs)
+    argument_bytes = sum(a.nbytes for a in kwargs.values() if isinstance(a, np.ndarray))
+    print(report(args.kernel.rpartition(":")[2], estimates, argument_bytes))
+    for est in estimates:
+        print("\n" + explain(est))
+    from .profile import chrome_trace, png_timeline
+    if estimates and args.trace_json:
+        chrome_trace(estimates[-1], args.trace_json, args.kernel)
+        print(f"wrote {args.trace_json}")
+    if estimates and args.png:
+        png_timeline(estimates[-1], args.png, f"{args.kernel} on {args.target} (modelled)")
+        print(f"wrote {args.png}")
+    return 0
+
+
 def cmd_profile(args):
+    if args.kernel not in KERNELS:
+        if ":" in args.kernel:
+            return cmd_profile_file(args)
+        raise SystemExit(f"error: kernel {args.kernel!r} is none of {sorted(KERNELS)} and not "
+                         f"path/to/file.py:kernel")
     spec = KERNELS[args.kernel]
     row = check(args.kernel, _sizes(spec, args.size, spec.demo), args.target)
     if row["trace"] is None:
@@ -251,7 +282,15 @@ def main(argv=None):
     sub.add_parser("list", help="the kernels and their default sizes")
     for cmd in ("run", "check", "profile"):
         s = sub.add_parser(cmd, help="run a kernel against its reference" + (" and cost it" if cmd == "profile" else ""))
-        s.add_argument("kernel", choices=sorted(KERNELS))
+        if cmd == "profile":
+            s.add_argument("kernel", help=f"one of {', '.join(sorted(KERNELS))}, or any kernel "
+                                          f"as path/to/file.py:kernel (with --arg)")
+            s.add_argument("--arg", action="append",
+                           help="a file kernel's argument: name=SHAPE:DTYPE (random; :arange "
+                                "numbers it) or name=NUMBER")
+            s.add_argument("--lnc", type=int, default=1, choices=(1, 2))
+        else:
+            s.add_argument("kernel", choices=sorted(KERNELS))
         s.add_argument("--size", action="append", help="key=value (see `list`)")
         s.add_argument("--target", default="trn2", choices=("trn1", "trn2"))
         s.add_argument("--device", default="sim", choices=("sim", "trn"))
