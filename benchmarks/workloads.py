@@ -1,0 +1,96 @@
+"""The serving workload suite: the attention step shapes a chat service runs, each modelled and
+set against its floor, instead of one benchmark shape.
+
+    python3 benchmarks/workloads.py [--targets trn2 trn1] [--out benchmarks/results]
+
+One Llama-3-8B attention layer (8 kv / 32 query heads, head_dim 128, bf16, pages of 16). Each
+row: the step's launches modelled (scheduled, the estimate), the floor (the bytes that must move
+over HBM bandwidth, or the FLOPs over TensorE peak, whichever is larger) and their ratio.
+Correctness is the tests' (these shapes run the kernels only, no reference). LNC=1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import numpy as np
+
+LAYER = dict(page_size=16, kv_heads=8, group=4, head_dim=128, dtype="bfloat16")
+
+# (workload, kernel, sizes): decode steps (one query per request), verification (q_len drafts),
+# chunked prefill (a chunk over its prefix), a mixed step (decodes beside a chunk)
+SUITE = [
+    ("short chat decode 1 x 512", "paged_decode_attention", dict(batch=1, kv_len=512)),
+    ("short chat decode 8 x 1024", "paged_decode_attention", dict(batch=8, kv_len=1024)),
+    ("short chat decode 32 x 256", "paged_decode_attention", dict(batch=32, kv_len=256)),
+    ("short chat decode 64 x 2048", "paged_decode_attention", dict(batch=64, kv_len=2048)),
+    ("long context decode 1 x 32768", "paged_decode_attention", dict(batch=1, kv_len=32768)),
+    ("long context decode 4 x 8192", "paged_decode_attention", dict(batch=4, kv_len=8192)),
+    ("long context decode 32 x 4096", "paged_decode_attention", dict(batch=32, kv_len=4096)),
+    ("verify 16 x 4 drafts x 1024", "paged_prefill_attention",
+     dict(batch=16, q_len=4, kv_len=1024)),
+    ("verify 8 x 8 drafts x 2048", "paged_prefill_attention", dict(batch=8, q_len=8, kv_len=2048)),
+    ("chunked prefill 256 over 1k", "paged_prefill_attention",
+     dict(batch=1, q_len=256, kv_len=1280)),
+    ("chunked prefill 512 over 4k", "paged_prefill_attention",
+     dict(batch=1, q_len=512, kv_len=4608)),
+    ("mixed: 15 decodes of 1k + chunk 256 over 1k", "paged_prefill_attention",
+     dict(batch=15, q_len=1, kv_len=1024, prefill=256, prefill_kv=1280)),
+]
+
+
+def run_case(kernel: str, sizes: dict, target: str) -> dict:
+    """Model one step: its launches' scheduled time summed, the floor and the ratio."""
+    from nki_kernels import simulate
+    from nki_kernels.profile import estimate
+    from nki_kernels.registry import KERNELS
+    spec = KERNELS[kernel]
+    inputs = spec.make({**LAYER, **sizes}, np.random.default_rng(0))
+    with simulate.use_target(target), simulate.tracing() as traces:
+        spec.run(inputs)
+    ests = [estimate(t, target=target) for t in traces]
+    hw = ests[-1].hw
+    floor = max(spec.min_bytes(inputs) / hw.hbm_bytes_per_s,
+                spec.flops(inputs) / hw.tensor_peak_bf16)
+    seconds = sum(e.seconds for e in ests)
+    return dict(us=seconds * 1e6, floor_us=floor * 1e6, ratio=seconds / floor,
+                launches=len(ests), instructions=sum(sum(e.instructions.values()) for e in ests))
+
+
+def markdown(rows) -> str:
+    lines = ["| workload | target | launches | instructions | modelled us | floor us | "
+             "modelled / floor |", "|" + "---|" * 7]
+    for r in rows:
+        lines.append(f"| {r['workload']} | {r['target']} | {r['launches']} | {r['instructions']} "
+                     f"| {r['us']:.1f} | {r['floor_us']:.1f} | {r['ratio']:.2f} |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--targets", nargs="+", default=["trn2"])
+    parser.add_argument("--out", default=os.path.join("benchmarks", "results"))
+    parser.add_argument("--only", nargs="*", help="workloads whose name contains one of these")
+    args = parser.parse_args(argv)
+    rows = []
+    for target in args.targets:
+        for name, kernel, sizes in SUITE:
+            if args.only and not any(o in name for o in args.only):
+                continue
+            row = run_case(kernel, sizes, target)
+            rows.append(dict(workload=name, target=target, **row))
+            print(f"{name} ({target}): {row['us']:.1f} us, {row['ratio']:.2f}x the floor",
+                  flush=True)
+    table = markdown(rows)
+    print(table)
+    if args.out:
+        os.makedirs(args.out, exist_ok=True)
+        with open(os.path.join(args.out, "workloads.md"), "w") as f:
+            f.write(table + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
