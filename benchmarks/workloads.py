@@ -1,12 +1,13 @@
 """The serving workload suite: the attention step shapes a chat service runs, each modelled and
 set against its floor, instead of one benchmark shape.
 
-    python3 benchmarks/workloads.py [--targets trn2 trn1] [--out benchmarks/results]
+    python3 benchmarks/workloads.py [--targets trn2 trn2-lnc2 trn1] [--out benchmarks/results]
 
 One Llama-3-8B attention layer (8 kv / 32 query heads, head_dim 128, bf16, pages of 16). Each
 row: the step's launches modelled (scheduled, the estimate), the floor (the bytes that must move
 over HBM bandwidth, or the FLOPs over TensorE peak, whichever is larger) and their ratio.
-Correctness is the tests' (these shapes run the kernels only, no reference). LNC=1.
+Correctness is the tests' (these shapes run the kernels only, no reference). trn2 at LNC=1 and
+LNC=2 (the floor then of both cores), trn1.
 """
 
 from __future__ import annotations
@@ -41,19 +42,22 @@ SUITE = [
 ]
 
 
-def run_case(kernel: str, sizes: dict, target: str) -> dict:
-    """Model one step: its launches' scheduled time summed, the floor and the ratio."""
+def run_case(kernel: str, sizes: dict, target: str, lnc: int = 1) -> dict:
+    """Model one step (``lnc=2``: over both cores of a trn2 logical core): its launches'
+    scheduled time summed, the floor of the cores used and the ratio."""
     from nki_kernels import simulate
     from nki_kernels.profile import estimate
     from nki_kernels.registry import KERNELS
     spec = KERNELS[kernel]
     inputs = spec.make({**LAYER, **sizes}, np.random.default_rng(0))
+    if lnc > 1:
+        inputs["lnc"] = lnc
     with simulate.use_target(target), simulate.tracing() as traces:
         spec.run(inputs)
     ests = [estimate(t, target=target) for t in traces]
-    hw = ests[-1].hw
-    floor = max(spec.min_bytes(inputs) / hw.hbm_bytes_per_s,
-                spec.flops(inputs) / hw.tensor_peak_bf16)
+    hw, cores = ests[-1].hw, max(e.cores for e in ests)
+    floor = max(spec.min_bytes(inputs) / (hw.hbm_bytes_per_s * cores),
+                spec.flops(inputs) / (hw.tensor_peak_bf16 * cores))
     seconds = sum(e.seconds for e in ests)
     return dict(us=seconds * 1e6, floor_us=floor * 1e6, ratio=seconds / floor,
                 launches=len(ests), instructions=sum(sum(e.instructions.values()) for e in ests))
@@ -63,25 +67,28 @@ def markdown(rows) -> str:
     lines = ["| workload | target | launches | instructions | modelled us | floor us | "
              "modelled / floor |", "|" + "---|" * 7]
     for r in rows:
-        lines.append(f"| {r['workload']} | {r['target']} | {r['launches']} | {r['instructions']} "
+        where = r["target"] + (" LNC=2" if r.get("lnc", 1) > 1 else "")
+        lines.append(f"| {r['workload']} | {where} | {r['launches']} | {r['instructions']} "
                      f"| {r['us']:.1f} | {r['floor_us']:.1f} | {r['ratio']:.2f} |")
     return "\n".join(lines)
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--targets", nargs="+", default=["trn2"])
+    parser.add_argument("--targets", nargs="+", default=["trn2", "trn2-lnc2", "trn1"],
+                        help="trn1, trn2, trn2-lnc2 (both cores of a trn2 logical core)")
     parser.add_argument("--out", default=os.path.join("benchmarks", "results"))
     parser.add_argument("--only", nargs="*", help="workloads whose name contains one of these")
     args = parser.parse_args(argv)
     rows = []
-    for target in args.targets:
+    for where in args.targets:
+        target, _, lnc = where.partition("-lnc")
         for name, kernel, sizes in SUITE:
             if args.only and not any(o in name for o in args.only):
                 continue
-            row = run_case(kernel, sizes, target)
-            rows.append(dict(workload=name, target=target, **row))
-            print(f"{name} ({target}): {row['us']:.1f} us, {row['ratio']:.2f}x the floor",
+            row = run_case(kernel, sizes, target, int(lnc or 1))
+            rows.append(dict(workload=name, target=target, lnc=int(lnc or 1), **row))
+            print(f"{name} ({where}): {row['us']:.1f} us, {row['ratio']:.2f}x the floor",
                   flush=True)
     table = markdown(rows)
     print(table)
