@@ -6,12 +6,11 @@ from __future__ import annotations
 import numpy as np
 
 from nki_kernels.buckets import pad_rows
-from nki_kernels.paged_kv_append.plan import bucket_tokens, padded_slots
 from nki_kernels.paged_cache.batch_indices import get_batch_indices_positions
-from nki_kernels.paged_cache.checks import destination_slots
-from nki_kernels.paged_kv_append.checks import check_append_rows
 from nki_kernels.paged_cache.layout import check_writable, split_cache
 from nki_kernels.paged_cache.quantize import FP8_DTYPES
+from nki_kernels.paged_kv_append.checks import append_destinations
+from nki_kernels.paged_kv_append.plan import bucket_tokens, plan_append
 
 
 def append_plan(append_key, append_value, paged_kv_cache, kv_layout, qo_indptr, kv_indptr,
@@ -41,14 +40,12 @@ def append_plan(append_key, append_value, paged_kv_cache, kv_layout, qo_indptr, 
     batch, positions = get_batch_indices_positions(qo_indptr, kv_lens.astype(np.int32), total_q)
     cache_dtype = split_cache(paged_kv_cache)[0].dtype
     quantize = append_key.dtype != cache_dtype and cache_dtype.name in FP8_DTYPES
-    geo, (quant, limit) = check_append_rows(
+    geo, quant, rows, keep = append_destinations(
         append_key, append_value, batch, positions, paged_kv_cache, kv_indices, kv_indptr,
         kv_last_page_len, kv_layout, k_scale if quantize else None, v_scale if quantize else None)
-    pages, entries, keep = destination_slots(batch, positions, kv_indices, kv_indptr, kv_lens, geo)
-    slots, counts, parts = padded_slots(geo.rows(pages, entries), None if keep.all() else keep,
-                                        geo, quantized=quant is not None, lnc=lnc)
-    return slots, counts, quant, (tuple(geo.token_pattern), geo.v_offset, geo.row_elems, limit,
-                                  parts)
+    launch = plan_append(rows, keep, geo, quant, lnc=lnc)     # the append entry's own plan
+    return launch.slots, launch.counts, launch.quant, (tuple(geo.token_pattern), geo.v_offset,
+                                                       geo.row_elems, launch.limit, launch.parts)
 
 
 def append_arguments(append_key, append_value, paged_kv_cache, *plan_args, lnc=1):
