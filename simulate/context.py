@@ -11,6 +11,7 @@ import weakref
 from dataclasses import dataclass, field
 from typing import Optional, Tuple
 
+from .memory import note_use
 from .targets import Target, get_target
 
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
@@ -127,6 +128,13 @@ def kernel_location() -> Optional[str]:
             return f"{os.path.basename(frame.f_code.co_filename)}:{frame.f_lineno}"
         frame = frame.f_back
     return None
+
+
+def touch(tensor, time) -> None:
+    """The instruction at ``time`` touches ``tensor``'s tile: its liveness (``memory``)."""
+    storage = tensor._storage
+    if storage.life is not None:
+        note_use(storage, time, kernel_location)
 
 
 def fail(cls, message: str, op: str = None, operand: str = None):

@@ -159,16 +159,8 @@ class NkiScalar(_DeviceValue):
 
 def _read_tile(src, op):
     from .access import resolve
-    _touch(src)
+    context.touch(src, context.current().issued)
     return resolve(src, op, "src").read().reshape(-1)
-
-
-def _touch(tile) -> None:
-    """A scalar load / store touches its tile (its liveness, ``memory``)."""
-    from .memory import note_use
-    launch = context.current()
-    if tile._storage.life is not None:
-        note_use(tile._storage, launch.issued, context.kernel_location)
 
 
 def register_alloc(x=None) -> VirtualRegister:
@@ -215,7 +207,7 @@ def scalar_store(dst, value) -> None:
     if dst.size != 1 or np.dtype(dst.dtype) != value.dtype:
         context.fail(ValidationError, f"dst must be a (1, 1) {value.dtype.name} tile, got "
                      f"{dst.shape} {dst.dtype.name}", op="scalar_store", operand="dst")
-    _touch(dst)
+    context.touch(dst, context.current().issued)
     resolve(dst, "scalar_store", "dst").write(np.full(dst.shape, value._value, dst.dtype))
 
 

@@ -11,7 +11,6 @@ from nki_kernels import access_patterns as aps
 from .. import context
 from ..access import Resolved, resolve
 from ..errors import ValidationError
-from ..memory import note_use
 from ..trace import Operand
 from .enums import ENGINE_NAMES, engine as engine_enum
 
@@ -125,12 +124,6 @@ def describe(role: str, r: Resolved) -> Operand:
     return operand
 
 
-def _touch(tensor, time) -> None:
-    storage = tensor._storage
-    if storage.life is not None:
-        note_use(storage, time, context.kernel_location)
-
-
 def _offset_tables(operands: dict):
     """The on-chip tensors holding the dynamic offsets of ``operands`` (read by the instruction,
     or by its DMA descriptor generation), as ``<role>_offsets`` operands after the others."""
@@ -144,10 +137,10 @@ def record(op: str, engine: str, operands: dict, name=None, **fields) -> Instruc
     """Append an event to the current trace (if any) and return the instruction handle."""
     launch = context.current()
     for r in operands.values():          # liveness: this instruction touches these tiles
-        _touch(r.tensor, launch.issued)
+        context.touch(r.tensor, launch.issued)
         dyn = r.tensor._dynamic
         if dyn is not None and hasattr(dyn.source, "_storage"):
-            _touch(dyn.source, launch.issued)
+            context.touch(dyn.source, launch.issued)
     event = None
     if launch.trace is not None:
         depth, first_pass = launch.loop_position()
