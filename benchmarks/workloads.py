@@ -20,8 +20,9 @@ import numpy as np
 
 LAYER = dict(page_size=16, kv_heads=8, group=4, head_dim=128, dtype="bfloat16")
 
-# (workload, kernel, sizes): decode steps (one query per request), verification (q_len drafts),
-# chunked prefill (a chunk over its prefix), a mixed step (decodes beside a chunk)
+# (workload, kernel, sizes): decode steps (one query per request), verification (q_len drafts, a
+# chain or a tree), chunked prefill (a chunk over its prefix), a mixed step (decodes beside a
+# chunk), a shared prefix (two cascade levels, and the same keys as plain decode)
 SUITE = [
     ("short chat decode 1 x 512", "paged_decode_attention", dict(batch=1, kv_len=512)),
     ("short chat decode 8 x 1024", "paged_decode_attention", dict(batch=8, kv_len=1024)),
@@ -33,12 +34,18 @@ SUITE = [
     ("verify 16 x 4 drafts x 1024", "paged_prefill_attention",
      dict(batch=16, q_len=4, kv_len=1024)),
     ("verify 8 x 8 drafts x 2048", "paged_prefill_attention", dict(batch=8, q_len=8, kv_len=2048)),
+    ("tree verify 8 x 8 drafts x 2048 (custom mask)", "paged_tree_verification",
+     dict(batch=8, q_len=8, kv_len=2048)),
     ("chunked prefill 256 over 1k", "paged_prefill_attention",
      dict(batch=1, q_len=256, kv_len=1280)),
     ("chunked prefill 512 over 4k", "paged_prefill_attention",
      dict(batch=1, q_len=512, kv_len=4608)),
     ("mixed: 15 decodes of 1k + chunk 256 over 1k", "paged_prefill_attention",
      dict(batch=15, q_len=1, kv_len=1024, prefill=256, prefill_kv=1280)),
+    ("shared prefix: 32 x (4096 shared + 256), cascade", "cascade_attention",
+     dict(batch=32, shared=4096, kv_len=256)),
+    ("shared prefix without cascade: decode 32 x 4352", "paged_decode_attention",
+     dict(batch=32, kv_len=4352)),
 ]
 
 

@@ -49,7 +49,9 @@ def attention_with_block_tables(q, kv_cache, block_tables, seq_lens, query_start
     query_start_loc None: q [B, HQ, D], one token per request (decode, ``batch_decode``);
     else q [Q, HQ, D] ragged by query_start_loc (``batch_prefill``, ``causal`` as there).
     ``options``: sm_scale, logits_soft_cap, window_left, sinks, k_scale, v_scale, return_lse,
-    lnc, and with query_start_loc append_key / append_value (the fused write).
+    lnc, and with query_start_loc append_key / append_value (the fused write) and a custom
+    mask (custom_mask / packed_custom_mask / mask_indptr over [q_len, seq_len] per request, as
+    ``batch_prefill``: tree attention with ``paged_attention.tree_mask``).
     """
     pair = kv_pair(kv_cache)
     geo = geometry(pair, kv_layout)

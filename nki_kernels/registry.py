@@ -167,6 +167,71 @@ def _pf_flops(i):
     return 4 * causal_pairs(np.diff(i["qo_indptr"]), _kv_lens(i)[0]) * HQ * D
 
 
+# -- tree verification (custom masks) and cascade (shared prefix) ----------------------------
+def _tree_make(s, rng):
+    """``batch`` requests verifying a random draft tree of ``q_len`` tokens each over
+    ``kv_len`` keys (the drafts included): ``_pf_make`` with a packed custom mask (FlashInfer's
+    ``segment_packbits(..., "little")``) instead of ``causal``."""
+    from nki_kernels.paged_attention.custom_mask import segment_packbits, tree_mask
+    case = _pf_make(s, rng)
+    n, L, B = int(s["q_len"]), int(s["kv_len"]), int(s["batch"])
+    masks = [tree_mask([int(rng.integers(-1, i)) for i in range(n)], L - n) for _ in range(B)]
+    bits, indptr = segment_packbits(np.concatenate([m.reshape(-1) for m in masks]),
+                                    np.arange(B + 1) * n * L, bitorder="little")
+    return dict(case, causal=False, packed_custom_mask=bits, mask_indptr=indptr)
+
+
+def _cascade_make(s, rng):
+    """``batch`` decode requests sharing a prefix of ``shared`` tokens, each with ``kv_len``
+    private tokens after it: two cascade levels over one cache."""
+    B, S, L = int(s["batch"]), int(s["shared"]), int(s["kv_len"])
+    case = _paged_case(s, rng, [1] * B, [S] + [L] * B)
+    P = case["paged_kv_cache"].shape[2 if case["kv_layout"] == "NHD" else 3]
+    ptr, idx, last = case.pop("kv_indptr"), case.pop("kv_indices"), case.pop("kv_last_page_len")
+    i32 = lambda a: np.asarray(a, np.int32)            # noqa: E731
+    shared_pages = int(ptr[1])
+    return dict(case, qo_indptr_arr=[i32([0, B]), i32(np.arange(B + 1))],
+                kv_indptr_arr=[i32([0, shared_pages]), i32(ptr[1:] - shared_pages)],
+                kv_indices_arr=[i32(idx[:shared_pages]), i32(idx[shared_pages:])],
+                kv_last_page_len_arr=[i32(last[:1]), i32(last[1:])], page=P)
+
+
+def _cascade_run(i):
+    from nki_kernels.paged_attention import cascade_attention
+    i = dict(i)
+    i.pop("page")
+    return cascade_attention(**i)
+
+
+def _cascade_ref(i):
+    from nki_kernels.paged_attention import cascade_attention_ref
+    i = dict(i)
+    i.pop("page")
+    return cascade_attention_ref(**i)
+
+
+def _cascade_keys(i):
+    """Keys read once (the shared prefix's and every request's private ones) and keys
+    attended (per query: its prefix and its own)."""
+    P = i["page"]
+    lens = []
+    for ptr, last in zip(i["kv_indptr_arr"], i["kv_last_page_len_arr"]):
+        pages = np.diff(ptr).astype(np.int64)
+        lens.append(np.where(pages > 0, (pages - 1) * P + last, 0))
+    return int(sum(x.sum() for x in lens)), int(lens[0].sum() * i["q"].shape[0] + lens[1].sum())
+
+
+def _cascade_bytes(i):
+    cache = i["paged_kv_cache"]
+    H = cache.shape[3] if i["kv_layout"] == "NHD" else cache.shape[2]
+    return 2 * _cascade_keys(i)[0] * H * i["q"].shape[2] * cache.itemsize + 2 * i["q"].nbytes
+
+
+def _cascade_flops(i):
+    HQ, D = i["q"].shape[1:]
+    return 4 * _cascade_keys(i)[1] * HQ * D
+
+
 KERNELS = {
     "tensor_scatter": KernelSpec(
         "tensor_scatter", "ONNX TensorScatter-24 KV-cache update (in place)", _ts_make, _ts_run, _ts_ref,
@@ -200,6 +265,23 @@ KERNELS = {
         variants=(dict(), dict(batch=1, q_len=1024, kv_len=1024),
                   dict(batch=1, q_len=1024, kv_len=8192),
                   dict(batch=31, q_len=1, prefill=512, prefill_kv=2048))),
+    "paged_tree_verification": KernelSpec(
+        "paged_tree_verification", "FlashInfer batch prefill with a packed custom mask: draft "
+        "trees of speculative decoding verified in one step", _tree_make, _pf_run, _pf_ref,
+        lambda i: {"float32": 2e-5, "float16": 2e-3}.get(i["q"].dtype.name, 2e-2),
+        _dec_bytes, _pf_flops,
+        demo=dict(batch=3, q_len=6, kv_len=200, page_size=16, kv_heads=2, group=4, head_dim=64),
+        bench=dict(batch=16, q_len=8, kv_len=1024, page_size=16, kv_heads=8, group=4,
+                   head_dim=128, dtype="bfloat16")),
+    "cascade_attention": KernelSpec(
+        "cascade_attention", "FlashInfer multi-level cascade: decode requests sharing a prefix, "
+        "the prefix read once per step", _cascade_make, _cascade_run, _cascade_ref,
+        lambda i: {"float32": 2e-5, "float16": 2e-3}.get(i["q"].dtype.name, 2e-2),
+        _cascade_bytes, _cascade_flops,
+        demo=dict(batch=5, shared=300, kv_len=40, page_size=16, kv_heads=2, group=4,
+                  head_dim=64),
+        bench=dict(batch=32, shared=4096, kv_len=256, page_size=16, kv_heads=8, group=4,
+                   head_dim=128, dtype="bfloat16")),
 }
 
 

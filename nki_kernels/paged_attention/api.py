@@ -16,6 +16,7 @@ from nki_kernels.launch_options import check_lnc
 from nki_kernels.paged_cache.layout import check_writable
 
 from .checks import check_batch_prefill_inputs
+from .custom_mask import request_masks
 from .fused_write import append_arguments
 from .head_scales import fold_head_scales, scale_heads
 from .kernel import append_attention_kernel, batch_decode_kernel
@@ -72,7 +73,7 @@ def run_decode(launch, q, kernel_rows, lnc=1, on_device=lambda a: a):
 def batch_prefill(q, paged_kv_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len,
                   kv_layout="NHD", causal=False, sm_scale=None, logits_soft_cap=0.0, window_left=-1,
                   sinks=None, k_scale=1.0, v_scale=1.0, return_lse=False, lnc=1, append_key=None,
-                  append_value=None):
+                  append_value=None, custom_mask=None, packed_custom_mask=None, mask_indptr=None):
     """Attention of each request's new query tokens over its pages (the new tokens' K/V already
     appended: they are the request's last q_len keys).
 
@@ -92,6 +93,14 @@ def batch_prefill(q, paged_kv_cache, qo_indptr, kv_indptr, kv_indices, kv_last_p
             position kv_len - q_len + i) by the same launch before attention reads them; wider
             rows into an fp8 cache are quantized on write with k_scale / v_scale (the scales
             attention reads back with; numbers or float arrays [H] per kv head)
+        custom_mask: bool [sum(q_len * kv_len)], each request's [q_len, kv_len] mask (True:
+            the query sees the key) flattened row-major and concatenated (FlashInfer's layout),
+            or None; packed_custom_mask: the same bit-packed per request (``segment_packbits``
+            with bitorder="little"), uint8, taken over custom_mask when both are given;
+            mask_indptr: int32 [B+1] byte offsets of the packed requests (default: back to
+            back). A mask replaces ``causal`` (window_left still applies); a query whose keys
+            are all masked gives zeros and LSE -inf. The bits are read on the device: one
+            compile serves every mask of a bucket (``custom_mask.py``)
     Returns:
         out [Q, HQ, D] in q's dtype; with return_lse also lse [Q, HQ] float32, base 2. Masked
         scores are selected away, never added: a NaN or inf at a key a query does not see never
@@ -108,9 +117,12 @@ def batch_prefill(q, paged_kv_cache, qo_indptr, kv_indptr, kv_indices, kv_last_p
     cores = check_lnc(lnc)
     write_scales = (k_scale, v_scale)
     q, k_scale, v_scale, post = fold_head_scales(q, paged_kv_cache, kv_layout, k_scale, v_scale)
+    has_mask = custom_mask is not None or packed_custom_mask is not None
     prob, q_lens = check_batch_prefill_inputs(
-        q, paged_kv_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, kv_layout, causal,
-        sm_scale, logits_soft_cap, window_left, sinks, k_scale, v_scale)
+        q, paged_kv_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, kv_layout,
+        causal and not has_mask if isinstance(causal, (bool, np.bool_)) else causal, sm_scale, logits_soft_cap,
+        window_left, sinks, k_scale, v_scale)
+    masks = request_masks(custom_mask, packed_custom_mask, mask_indptr, q_lens, prob.kv_lens)
     writes = ()
     if append_key is not None or append_value is not None:
         arrays, write = append_arguments(append_key, append_value, paged_kv_cache, kv_layout,
@@ -122,7 +134,7 @@ def batch_prefill(q, paged_kv_cache, qo_indptr, kv_indptr, kv_indices, kv_last_p
         q, sinks = (None if a is None else check_writable(paged_kv_cache, (a,))[0]
                     for a in (q, sinks))
     parts = prefill_parts(prob, q_lens, qo_indptr, paged_kv_cache, causal,
-                          logits_soft_cap, window_left, sinks, k_scale, v_scale, cores)
+                          logits_soft_cap, window_left, sinks, k_scale, v_scale, cores, masks)
     kernel_rows = cache_rows(paged_kv_cache, q.shape[2])
     out, lse = run_prefill(parts, q, kernel_rows, writes, lnc)
     out = scale_heads(out, post)

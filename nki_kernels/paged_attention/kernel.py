@@ -20,6 +20,7 @@ Args (device):
     tok_tab: [T, 2] int32 (page slot, entry of chunk-local token t)
     row_tab: [G*Qb, 1] int32, the query token (r // G) of a kv head's score row r, or None
         (Qb = 1); sinks: [HQ, 1] fp32 or None
+    mask_bits: [B * C, ceil(T / 8)] uint8 custom-mask table (kernel_mask.py), or None
     static: kv heads, page size, row strides, a token's K (or V) pattern (access_patterns
         PagedKVLayout.token), scale = sm_scale * k_scale, soft_cap, v_scale,
         matmul dtype: shapes and model constants only, so one compile serves every step of a
@@ -67,6 +68,7 @@ from .kernel_cursor import Geometry, query_of_row
 from .kernel_items import (finish, fold, gathered, loader, merge_split, prepare, unit,
                            write)
 from .kernel_load import PSUM_BANK_BYTES, ROW_LIMIT, group_entry_rows
+from .kernel_mask import custom_mask
 from .kernel_softmax import load_state, state_tile
 from .work import (CHUNK_BLOCKS, ITEM_CLASSES, items_per_iteration, loop_widths, span_column,
                    state_slots, whole_units)
@@ -79,17 +81,17 @@ from .work import (CHUNK_BLOCKS, ITEM_CLASSES, items_per_iteration, loop_widths,
 
 @nki.jit
 def batch_decode_kernel(q, k_rows, v_rows, meta, spans, kv_indices, tok_tab, row_tab, sinks,
-                        num_kv_heads, page_size, strides, token_pattern, scale, soft_cap, v_scale,
-                        mm_dtype):
+                        mask_bits, num_kv_heads, page_size, strides, token_pattern, scale, soft_cap,
+                        v_scale, mm_dtype):
     return attention(q, k_rows, v_rows, meta, spans, kv_indices, tok_tab, row_tab, sinks,
-                     num_kv_heads, page_size, strides, token_pattern, scale, soft_cap, v_scale,
-                     mm_dtype)
+                     mask_bits, num_kv_heads, page_size, strides, token_pattern, scale, soft_cap,
+                     v_scale, mm_dtype)
 
 
 @nki.jit
 def append_attention_kernel(q, k_rows, v_rows, key, value, slots, counts, quant, write, meta, spans,
-                            kv_indices, tok_tab, row_tab, sinks, num_kv_heads, page_size, strides,
-                            token_pattern, scale, soft_cap, v_scale, mm_dtype):
+                            kv_indices, tok_tab, row_tab, sinks, mask_bits, num_kv_heads, page_size,
+                            strides, token_pattern, scale, soft_cap, v_scale, mm_dtype):
     """Fused write: the step's new K/V rows are scattered into the cache first, then attention
     reads them with the rest, in one launch. ``key``, ``value``, ``slots``, ``counts``, ``quant``
     and ``write`` = (token pattern, V offset, cache row elements, quantization limit) are
@@ -109,8 +111,8 @@ def append_attention_kernel(q, k_rows, v_rows, key, value, slots, counts, quant,
         for t in (k_rows,) if v_rows is None else (k_rows, v_rows):
             nisa.core_barrier(data=t, cores=(0, 1))
     return attention(q, k_rows, v_rows, meta, spans, kv_indices, tok_tab, row_tab, sinks,
-                     num_kv_heads, page_size, strides, token_pattern, scale, soft_cap, v_scale,
-                     mm_dtype)
+                     mask_bits, num_kv_heads, page_size, strides, token_pattern, scale, soft_cap,
+                     v_scale, mm_dtype)
 
 
 class Step(nl.NKIObject):
@@ -123,11 +125,12 @@ class Step(nl.NKIObject):
 
 
 
-def attention(q, k_rows, v_rows, meta, spans, kv_indices, tok_tab, row_tab, sinks, num_kv_heads,
-              page_size, strides, token_pattern, scale, soft_cap, v_scale, mm_dtype):
+def attention(q, k_rows, v_rows, meta, spans, kv_indices, tok_tab, row_tab, sinks, mask_bits,
+              num_kv_heads, page_size, strides, token_pattern, scale, soft_cap, v_scale, mm_dtype):
     """The kernel's body (arguments as above): returns out, lse."""
-    st = make_step(q, k_rows, v_rows, meta, kv_indices, tok_tab, row_tab, sinks, num_kv_heads,
-                   page_size, strides, token_pattern, scale, soft_cap, v_scale, mm_dtype)
+    st = make_step(q, k_rows, v_rows, meta, kv_indices, tok_tab, row_tab, sinks, mask_bits,
+                   num_kv_heads, page_size, strides, token_pattern, scale, soft_cap, v_scale,
+                   mm_dtype)
     span = nl.ndarray((1, spans.shape[1]), nl.int32, buffer=nl.sbuf, name="span")
     nisa.dma_copy(dst=span, src=spans[st.p:st.p + 1, :])
     if st.whole:
@@ -137,8 +140,8 @@ def attention(q, k_rows, v_rows, meta, spans, kv_indices, tok_tab, row_tab, sink
     return st.out, st.lse
 
 
-def make_step(q, k_rows, v_rows, meta, kv_indices, tok_tab, row_tab, sinks, num_kv_heads,
-              page_size, strides, token_pattern, scale, soft_cap, v_scale, mm_dtype):
+def make_step(q, k_rows, v_rows, meta, kv_indices, tok_tab, row_tab, sinks, mask_bits,
+              num_kv_heads, page_size, strides, token_pattern, scale, soft_cap, v_scale, mm_dtype):
     """The launch's ``Step``: geometry and tiling, outputs, step-wide tiles and, for a flat list
     of items, the HBM scratch of softmax states with its identity slot."""
     B, HQ, D = q.shape
@@ -182,15 +185,17 @@ def make_step(q, k_rows, v_rows, meta, kv_indices, tok_tab, row_tab, sinks, num_
     # OCP fp8 (e4m3fn) is a matmul input from NeuronCore-v4 only: V is converted per chunk before.
     convert_v = k_rows.dtype == nl.float8_e4m3fn and nisa.get_nc_version() < nisa.nc_version.gen4
     v_dtype = mm_dtype if convert_v else None
+    mask = custom_mask(mask_bits, B, R)
     st = Step(q=q, meta=meta, kv_indices=kv_indices, sinks=sinks, out=out, lse=lse, geo=geo,
               sources=sources, G=G, D=D, T=T, Qb=Qb, Qt=Qt, GQ=GQ, R=R, tiles=tiles, row_q=row_q,
-              tok_sb=tok_sb, consts=(geo, sources, iota_rt, indirect, v_dtype),
+              tok_sb=tok_sb, consts=(geo, sources, iota_rt, indirect, v_dtype, mask, Qt, G),
               indirect=indirect, v_dtype=v_dtype, page_size=page_size,
               blocked=page_size <= 128,    # mask-free blocks of whole pages: several tokens a partition
               k_bytes=dtype_bytes(k_rows.dtype), scale=scale, soft_cap=soft_cap,
               v_scale=v_scale, mm_dtype=mm_dtype, whole=whole_units(Qb),
               p=nl.program_id(0), cores=program_cores(), entry_rows={}, scratch=None,
-              keep_all=keep_all)
+              keep_all=keep_all, mask=mask,
+              exp_scale=float(scale) if keep_all is not None else 1.0)
     if st.blocked and st.indirect:     # by f"{group}" (NKI dict keys are strings), ascending
         groups = []
         for size in CHUNK_BLOCKS:

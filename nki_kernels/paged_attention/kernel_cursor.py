@@ -7,6 +7,7 @@ travels as small int32 tiles that each iteration advances by one chunk (T tokens
     slot  [T, 1]  index into kv_indices of the page holding token t
     entry [T, 1]  entry of token t inside that page
     start [R, 1]  position of the chunk's first token, on the R score rows
+    mrow  [1, 1]  custom-mask table row of the item's first query at this chunk (or None)
 
 All values stay far below 2**24, so the fp32 ALU of VectorE computes them exactly.
 """
@@ -17,6 +18,7 @@ from typing import NamedTuple
 
 from nki_kernels.backend import nisa, nl
 
+from .kernel_mask import mask_start
 from .work import ENTRY0, HI_BASE, LEN, META_COLS, POS0, Q_BASE, SLOT0, W_SPAN, WIN
 
 
@@ -88,10 +90,11 @@ def _add_tiles(dst, a, b):
     nisa.tensor_tensor(dst=dst, data1=a, data2=b, op=nl.add)
 
 
-def start_cursor(cols, tok_sb, R):
+def start_cursor(cols, tok_sb, R, mask=None):
     """The cursor at the item's first chunk: pos = POS0 + t, slot = SLOT0 + slot(t),
     entry = ENTRY0 + entry(t), start = POS0 (``cols``: ``item_columns``; tok_sb: the [T, 2]
-    chunk-local token table), in tiles of its own (the loop advances them)."""
+    chunk-local token table), in tiles of its own (the loop advances them); with a custom mask
+    (``kernel_mask.CustomMask``) also mrow, its table row (``kernel_mask.mask_start``)."""
     T = tok_sb.shape[0]
     iota_t = nl.ndarray((T, 1), nl.int32, buffer=nl.sbuf, name="iota_t")
     nisa.iota(dst=iota_t, pattern=[[1, 1]], offset=0, channel_multiplier=1)
@@ -103,6 +106,7 @@ def start_cursor(cols, tok_sb, R):
         _add_tiles(cursor[key], cols[0:T, col:col + 1], add)
     cursor["start"] = nl.ndarray((R, 1), nl.int32, buffer=nl.sbuf, name="start")
     nisa.tensor_copy(dst=cursor["start"], src=cols[0:R, POS0:POS0 + 1])
+    cursor["mrow"] = None if mask is None else mask_start(cols, mask)
     return cursor
 
 
@@ -113,6 +117,8 @@ def advance(cursor, page_size, chunks=1):
     T = cursor["pos"].shape[0]
     for key in ("pos", "start"):
         nisa.tensor_scalar(dst=cursor[key], data=cursor[key], op0=nl.add, operand0=T * chunks)
+    if cursor["mrow"] is not None:
+        nisa.tensor_scalar(dst=cursor["mrow"], data=cursor["mrow"], op0=nl.add, operand0=chunks)
     if page_size <= 128:
         nisa.tensor_scalar(dst=cursor["slot"], data=cursor["slot"], op0=nl.add,
                            operand0=T // page_size * chunks)

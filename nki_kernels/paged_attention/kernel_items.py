@@ -13,10 +13,11 @@ from .kernel_cursor import (advance, block_bounds, item_columns, request_bounds,
 from .kernel_load import (KVTile, block_page_ids, block_rows, converted_v, group_size,
                           load_chunk_indirect, load_chunk_pages, load_group_indirect,
                           load_group_pages, step_chunks)
+from .kernel_mask import masked_keep
 from .kernel_queries import group_queries
-from .kernel_softmax import (chunk_scores, finalize, k_transposed, load_state, mask_keep,
-                             merge_states, merge_with_partner, poison_state, softmax_step,
-                             state_tile, state_views, store_state)
+from .kernel_softmax import (chunk_scores, finalize, forget_unseen, k_transposed, load_state,
+                             mask_keep, merge_states, merge_with_partner, poison_state,
+                             softmax_step, state_tile, state_views, store_state)
 from .work import C0, C1, CHUNK_BLOCKS, FULL_HI, FULL_LO, LOAD, OUT, STORE
 
 
@@ -94,7 +95,7 @@ def prepare(st, i, count, masked):
     # per tile of query tokens: the item's bounds (the token-level ones are common)
     item.bounds = ([request_bounds(cols, st.T, st.R)] if st.Qb == 1
                    else block_bounds(cols, st.T, st.row_q))
-    item.cursor = start_cursor(cols, st.tok_sb, st.R)
+    item.cursor = start_cursor(cols, st.tok_sb, st.R, st.mask)
     set_cache_rows(st, item, count, masked)
     return item
 
@@ -224,6 +225,8 @@ def write(st, states, b):
     """Output rows and LSE of unit output row ``b`` from its states (one per tile)."""
     for t in range(len(st.tiles)):
         h0, n, q0 = st.tiles[t]
+        if st.mask is not None:
+            forget_unseen(state_views(states[t]), st.exp_scale)
         finalize(state_views(states[t]), st.out, st.lse, st.sinks, b, h0, st.G, st.Qt,
                  st.v_scale, q0)
 
@@ -270,7 +273,7 @@ def _load_chunk(consts, kv_indices, cursor, bounds, masked, rows=None):
     """Gather the cursor's chunk ((K, V) KVTile pair of tiles [T, H*D], the mask predicates when
     masked), then advance the cursor; ``rows``: the chunk's cache rows from ``block_rows``
     (which advanced the cursor already)."""
-    geo, sources, iota_rt, indirect, v_dtype = consts
+    geo, sources, iota_rt, indirect, v_dtype, mask, Qt, G = consts
     T, H, D = geo.T, geo.H, geo.D
     tokens = bounds[0]                        # token-level bounds: the same for every tile
     valid_t = token_validity(cursor, tokens) if masked else None
@@ -290,8 +293,10 @@ def _load_chunk(consts, kv_indices, cursor, bounds, masked, rows=None):
     keep = None
     if masked:                     # per tile of query tokens, as ``bounds``
         keep = []
-        for b in bounds:
-            keep.append(mask_keep(cursor, b, iota_rt))
+        for j in range(len(bounds)):
+            keep.append(mask_keep(cursor, bounds[j], iota_rt))
+            if mask is not None:
+                masked_keep(mask, cursor["mrow"], keep[j], j * Qt, Qt, G)
     if rows is None:
         advance(cursor, geo.page_size)
     if v_dtype is not None:        # fp8 V as a matmul input before NeuronCore-v4: converted

@@ -41,6 +41,25 @@ def poison_state(st, poison):
     nisa.tensor_scalar(dst=st[:, 1:D + 2], data=st[:, 1:D + 2], op0=nl.add, operand0=poison)
 
 
+# A real score's exponent argument stays far below this fraction of NEG_BIG: a row whose
+# running max is still at or past it saw only masked keys (``forget_unseen``).
+UNSEEN_FRACTION = 0.5
+
+
+def forget_unseen(state, exp_scale):
+    """Zero l and acc of the rows that saw no unmasked key (a custom mask can hide every key of
+    a row, ``kernel_mask``): their running max is still near the masked score's (-NEG_BIG * exp_scale, or the
+    identity's), so ``finalize`` gives them output 0 and LSE -inf (FlashInfer's fully masked
+    row); rows with a real key keep theirs."""
+    negm, l, acc = state
+    R = negm.shape[0]
+    seen = nl.ndarray((R, 1), nl.float32, buffer=nl.sbuf, name="seen")
+    nisa.tensor_scalar(dst=seen, data=negm, op0=nl.less,
+                       operand0=-NEG_BIG * UNSEEN_FRACTION * min(1.0, exp_scale))
+    nisa.tensor_scalar(dst=l, data=l, op0=nl.multiply, operand0=seen)
+    nisa.tensor_scalar(dst=acc, data=acc, op0=nl.multiply, operand0=seen)
+
+
 def state_views(st):
     """[negm, l, acc] views of a ``state_tile``."""
     return [st[:, 0:1], st[:, 1:2], st[:, 2:st.shape[1]]]

@@ -18,6 +18,7 @@ from nki_kernels.buckets import bucket, pad_rows
 from nki_kernels.paged_cache.layout import split_cache
 
 from .checks import check_batch_decode_inputs, soft_cap
+from .custom_mask import mask_table, with_mask_free_chunks
 from .work import (capacity_chunks, chunk_tokens, decode_work, items_per_iteration,
                    query_blocks, split_work, token_table, whole_units)
 
@@ -78,9 +79,10 @@ def table_capacity(geo, table) -> int:
 
 
 def kernel_arguments(prob, paged_kv_cache, work, row_tab, sinks,
-                     logits_soft_cap, k_scale, v_scale):
+                     logits_soft_cap, k_scale, v_scale, mask_bits=None):
     """The kernel's array arguments after the cache rows (work tables, padded page list, token
-    table, row table, sinks) and its static arguments, for checked inputs ``prob``."""
+    table, row table, sinks, custom-mask table) and its static arguments, for checked inputs
+    ``prob``."""
     geo = prob.geo
     k_dtype = split_cache(paged_kv_cache)[0].dtype
     table = prob.table
@@ -88,7 +90,8 @@ def kernel_arguments(prob, paged_kv_cache, work, row_tab, sinks,
     padded[:table.pages, 0] = table.indices[:table.pages]
     mm_dtype = k_dtype.name if k_dtype.itemsize >= 2 else "bfloat16"
     sinks32 = None if sinks is None else np.asarray(sinks, np.float32).reshape(-1, 1)
-    arrays = (work.items, work.spans, padded, token_table(geo.page_size), row_tab, sinks32)
+    arrays = (work.items, work.spans, padded, token_table(geo.page_size), row_tab, sinks32,
+              mask_bits)
     statics = (geo.num_heads, geo.page_size, geo.d_row_strides, tuple(geo.token().pattern),
                prob.sm_scale * float(k_scale),
                float(logits_soft_cap), float(v_scale), mm_dtype)
@@ -156,11 +159,15 @@ class PrefillLaunch:
 
 
 def plan_prefill(prob, q_lens, qo_indptr, paged_kv_cache, causal,
-                 logits_soft_cap, window_left, sinks, k_scale, v_scale, cores) -> PrefillLaunch:
-    """Checked inputs (``prob``, ``q_lens``) -> work items, padded row maps, kernel arguments."""
+                 logits_soft_cap, window_left, sinks, k_scale, v_scale, cores,
+                 masks=None) -> PrefillLaunch:
+    """Checked inputs (``prob``, ``q_lens``; ``masks``: each request's custom mask, or None)
+    -> work items, padded row maps, kernel arguments."""
     qb = query_block(int(q_lens.max(initial=0)), prob.group, prob.geo.num_heads, prob.geo.head_dim)
-    items = query_blocks(prob.table.indptr, prob.kv_lens, q_lens, qb, window_left, causal,
-                         prob.geo.page_size)
+    items = query_blocks(prob.table.indptr, prob.kv_lens, q_lens, qb, window_left,
+                         causal and masks is None, prob.geo.page_size)
+    if masks is not None:
+        items = with_mask_free_chunks(items, masks, qb, prob.geo.page_size)
     n_items = items.L.size
     work = split_work(items, prob.geo.page_size, bucket(n_items), cores,
                       items_per_iteration(qb),
@@ -176,8 +183,11 @@ def plan_prefill(prob, q_lens, qo_indptr, paged_kv_cache, causal,
     scatter[gather[gather >= 0]] = np.flatnonzero(gather >= 0)
     row_tab = None if qb == 1 else (np.arange(prob.group * qb) // prob.group).astype(
         np.int32).reshape(-1, 1)
+    mask_bits = (None if masks is None else
+                 mask_table(masks, items, qb, gather.size, prob.geo.page_size))
     arrays, statics = kernel_arguments(prob, paged_kv_cache, work, row_tab,
-                                       sinks, soft_cap(logits_soft_cap), k_scale, v_scale)
+                                       sinks, soft_cap(logits_soft_cap), k_scale, v_scale,
+                                       mask_bits)
     return PrefillLaunch(arrays, statics, gather, scatter, prob.kv_lens)
 
 
@@ -192,7 +202,8 @@ class PrefillPart:
 
 
 def prefill_parts(prob, q_lens, qo_indptr, paged_kv_cache, causal,
-                  logits_soft_cap, window_left, sinks, k_scale, v_scale, cores) -> list:
+                  logits_soft_cap, window_left, sinks, k_scale, v_scale, cores,
+                  masks=None) -> list:
     """The launches of a prefill step (``PrefillPart``), planned (everything checked) before the
     first runs; the NumPy entry and the torch device path both run these.
 
@@ -205,13 +216,14 @@ def prefill_parts(prob, q_lens, qo_indptr, paged_kv_cache, causal,
                v_scale, cores)
     single = q_lens == 1
     if not (single.any() and (q_lens > 1).any()):
-        return [PrefillPart(None, plan_prefill(prob, q_lens, qo_indptr, *options), True)]
+        return [PrefillPart(None, plan_prefill(prob, q_lens, qo_indptr, *options, masks), True)]
     parts = []
     for group, writes in ((~single, True), (single, False)):
         idx = np.flatnonzero(group)
         rows, qo = _sub_queries(idx, qo_indptr)
         sub = dataclasses.replace(prob, batch=idx.size, table=prob.table.requests(idx))
-        parts.append(PrefillPart(rows, plan_prefill(sub, q_lens[idx], qo, *options),
+        sub_masks = None if masks is None else [masks[i] for i in idx]
+        parts.append(PrefillPart(rows, plan_prefill(sub, q_lens[idx], qo, *options, sub_masks),
                                  writes))
     return parts
 

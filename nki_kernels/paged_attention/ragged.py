@@ -16,6 +16,7 @@ from nki_kernels.paged_cache.checks import csr_counts, require_int32_vector
 
 from .api import batch_prefill
 from .checks import Q_DTYPES, check_qo_indptr
+from .custom_mask import request_masks
 
 MAX_PAGE = 128
 
@@ -66,7 +67,7 @@ def check_ragged_kv(q, k, v, qo_indptr, kv_indptr):
 
 def batch_prefill_ragged(q, k, v, qo_indptr, kv_indptr, causal=False, sm_scale=None,
                          logits_soft_cap=0.0, window_left=-1, sinks=None, return_lse=False,
-                         lnc=1):
+                         lnc=1, custom_mask=None, packed_custom_mask=None, mask_indptr=None):
     """Attention of ragged queries over ragged (unpaged) keys and values.
 
     Dimensions:  B requests, Q query tokens, N packed K/V rows, HQ / H query / kv heads, D
@@ -74,8 +75,9 @@ def batch_prefill_ragged(q, k, v, qo_indptr, kv_indptr, causal=False, sm_scale=N
         q: [Q, HQ, D] fp32 | fp16 | bf16; request b's tokens are rows qo_indptr[b]..[b+1]
         k, v: [N, H, D] in q's dtype family; request b's keys are rows kv_indptr[b]..[b+1]
         qo_indptr, kv_indptr: [B+1] int32 CSR offsets
-        causal, sm_scale, logits_soft_cap, window_left, sinks, return_lse, lnc: as
-            ``batch_prefill`` (causal: query i of q_len sees keys below kv_len - q_len + i + 1)
+        causal, sm_scale, logits_soft_cap, window_left, sinks, return_lse, lnc, custom_mask,
+            packed_custom_mask, mask_indptr: as ``batch_prefill`` (causal: query i of q_len sees
+            keys below kv_len - q_len + i + 1; a mask is [q_len, kv_len] per request)
     Returns out [Q, HQ, D] (and lse [Q, HQ] float32, base 2), equal to ``batch_prefill`` over a
     paged cache holding the same keys.
     """
@@ -90,15 +92,18 @@ def batch_prefill_ragged(q, k, v, qo_indptr, kv_indptr, causal=False, sm_scale=N
     table = ragged_page_table(kv_indptr, P)
     return batch_prefill(q, pages, qo_indptr, *table, "NHD", causal=causal, sm_scale=sm_scale,
                          logits_soft_cap=logits_soft_cap, window_left=window_left, sinks=sinks,
-                         return_lse=return_lse, lnc=lnc)
+                         return_lse=return_lse, lnc=lnc, custom_mask=custom_mask,
+                         packed_custom_mask=packed_custom_mask, mask_indptr=mask_indptr)
 
 
 def batch_prefill_ragged_ref(q, k, v, qo_indptr, kv_indptr, causal=False, sm_scale=None,
-                             logits_soft_cap=0.0, window_left=-1, sinks=None, return_lse=False):
+                             logits_soft_cap=0.0, window_left=-1, sinks=None, return_lse=False,
+                             custom_mask=None, packed_custom_mask=None, mask_indptr=None):
     """The float64 reference, written from FlashInfer's definition directly over the packed rows:
     query i of request b (q_len queries, kv_len keys) at position kv_len - q_len + i attends keys
     j < position + 1 (causal) or j < kv_len, and j >= position - window_left when
-    window_left >= 0; softmax of sm_scale * q . K[j] (soft-capped), sinks joining the
+    window_left >= 0, and only keys its custom mask row keeps when a mask is given (instead of
+    the causal bound); softmax of sm_scale * q . K[j] (soft-capped), sinks joining the
     denominator."""
     from .reference import LOG2E
     check_ragged_kv(q, k, v, qo_indptr, kv_indptr)
@@ -108,6 +113,9 @@ def batch_prefill_ragged_ref(q, k, v, qo_indptr, kv_indptr, causal=False, sm_sca
         raise ValueError(f"num_qo_heads={HQ} must be a multiple of num_kv_heads={H}")
     scale = 1.0 / np.sqrt(D) if sm_scale is None else float(sm_scale)
     cap = 0.0 if logits_soft_cap is None else float(logits_soft_cap)
+    masks = request_masks(custom_mask, packed_custom_mask, mask_indptr, np.diff(qo_indptr),
+                          np.diff(kv_indptr))
+    causal = causal and masks is None
     out = np.zeros((Q, HQ, D))
     lse = np.full((Q, HQ), -np.inf)
     for b in range(kv_indptr.shape[0] - 1):
@@ -120,8 +128,10 @@ def batch_prefill_ragged_ref(q, k, v, qo_indptr, kv_indptr, causal=False, sm_sca
             t, pos = int(qo_indptr[b]) + i, L - n + i
             lo = max(0, pos - window_left) if window_left >= 0 else 0
             hi = pos + 1 if causal else L
+            seen = np.arange(lo, hi) if masks is None else np.flatnonzero(masks[b][i, :hi]
+                                                                         & (np.arange(hi) >= lo))
             for h in range(HQ):
-                logits = keys[lo:hi, h // (HQ // H)] @ q[t, h].astype(np.float64) * scale
+                logits = keys[seen, h // (HQ // H)] @ q[t, h].astype(np.float64) * scale
                 if cap > 0:
                     logits = cap * np.tanh(logits / cap)
                 if sinks is not None:
@@ -130,7 +140,7 @@ def batch_prefill_ragged_ref(q, k, v, qo_indptr, kv_indptr, causal=False, sm_sca
                     continue
                 m = logits.max()
                 p = np.exp(logits - m)
-                out[t, h] = (p[:hi - lo] / p.sum()) @ values[lo:hi, h // (HQ // H)]
+                out[t, h] = (p[:seen.size] / p.sum()) @ values[seen, h // (HQ // H)]
                 lse[t, h] = (m + np.log(p.sum())) * LOG2E
     out = out.astype(q.dtype)
     return (out, lse.astype(np.float32)) if return_lse else out

@@ -8,6 +8,7 @@ import numpy as np
 from nki_kernels.paged_cache.layout import split_cache
 
 from .checks import check_batch_decode_inputs, check_batch_prefill_inputs, soft_cap
+from .custom_mask import request_masks
 
 LOG2E = 1.0 / np.log(2.0)
 
@@ -83,18 +84,24 @@ def attend(query, keys, values, scale, soft_cap, sink, v_scale):
 
 def batch_prefill_ref(q, paged_kv_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len,
                       kv_layout="NHD", causal=False, sm_scale=None, logits_soft_cap=0.0,
-                      window_left=-1, sinks=None, k_scale=1.0, v_scale=1.0, return_lse=False):
+                      window_left=-1, sinks=None, k_scale=1.0, v_scale=1.0, return_lse=False,
+                      custom_mask=None, packed_custom_mask=None, mask_indptr=None):
     """out[t, h] for query token t = qo_indptr[b] + i of request b (q_len queries, kv_len keys):
     softmax over keys j with j < kv_len - q_len + i + 1 if causal (else j < kv_len) and
     j >= kv_len - q_len + i - window_left if window_left >= 0, of k_scale * sm_scale * q . K[j]
-    (soft-capped), sinks[h] joining the denominator; times V[j] and v_scale.
+    (soft-capped), sinks[h] joining the denominator; times V[j] and v_scale. With a custom mask
+    (``custom_mask.request_masks``: FlashInfer's flattened or bit-packed layout) the keys are
+    those its row i keeps instead of the causal bound, the window still applying.
 
     Returns out [Q, HQ, D] in q's dtype and with return_lse lse [Q, HQ] float32 (base 2); a query
     that sees no key gives zeros and -inf (or the sink's term)."""
     logits_soft_cap = soft_cap(logits_soft_cap)
+    masked = custom_mask is not None or packed_custom_mask is not None
+    causal = bool(causal) and not masked
     prob, q_lens = check_batch_prefill_inputs(
         q, paged_kv_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, kv_layout, causal,
         sm_scale, logits_soft_cap, window_left, sinks, k_scale, v_scale)
+    masks = request_masks(custom_mask, packed_custom_mask, mask_indptr, q_lens, prob.kv_lens)
     Q, HQ, D = q.shape
     out = np.zeros((Q, HQ, D))
     lse = np.full((Q, HQ), -np.inf)
@@ -106,9 +113,12 @@ def batch_prefill_ref(q, paged_kv_cache, qo_indptr, kv_indptr, kv_indices, kv_la
             t, pos = int(qo_indptr[b]) + i, L - n + i
             hi = pos + 1 if causal else L
             lo = max(0, pos - window_left) if window_left >= 0 else 0
+            seen = np.arange(lo, hi)
+            if masks is not None:
+                seen = seen[masks[b][i, lo:hi]]
             for h in range(HQ):
                 kvh = h // prob.group
-                out[t, h], lse[t, h] = attend(q[t, h], keys[lo:hi, kvh], values[lo:hi, kvh],
+                out[t, h], lse[t, h] = attend(q[t, h], keys[seen, kvh], values[seen, kvh],
                                               prob.sm_scale * head_scale(k_scale, kvh),
                                               logits_soft_cap,
                                               None if sinks is None else sinks[h],

@@ -90,7 +90,8 @@ def decode_device(q, kv_cache, kv_indptr, kv_indices, kv_last_page_len, kv_layou
 
 def prefill_device(q, kv_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, kv_layout,
                    causal, sm_scale, logits_soft_cap, window_left, sinks, append_key,
-                   append_value, k_scale=1.0, v_scale=1.0):
+                   append_value, k_scale=1.0, v_scale=1.0, custom_mask=None,
+                   packed_custom_mask=None, mask_indptr=None):
     """batch_prefill on device tensors, through the NumPy entry's own plan and launches
     (``paged_attention.plan.prefill_parts``, ``api.run_prefill``): the host checks and plans
     (work items, row maps, the mixed-batch split), q is gathered into its padded blocks and the
@@ -99,17 +100,21 @@ def prefill_device(q, kv_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_l
     from nki_kernels.buckets import pad_rows
     from nki_kernels.paged_attention.api import run_prefill
     from nki_kernels.paged_attention.checks import check_batch_prefill_inputs
+    from nki_kernels.paged_attention.custom_mask import request_masks
     from nki_kernels.paged_attention.fused_write import append_plan
     from nki_kernels.paged_attention.plan import prefill_parts
     from nki_kernels.paged_kv_append.plan import bucket_tokens
     cache = _cache_meta(kv_cache)
     table = (_host(qo_indptr), _host(kv_indptr), _host(kv_indices))
     last, sinks = _host(kv_last_page_len), _host(sinks)
+    mask = (_host(custom_mask), _host(packed_custom_mask), _host(mask_indptr))
+    causal = causal and mask[0] is None and mask[1] is None
     prob, q_lens = check_batch_prefill_inputs(_meta(q), cache, *table, last, kv_layout, causal,
                                               sm_scale, logits_soft_cap, window_left, sinks,
                                               k_scale, v_scale)
+    masks = request_masks(*mask, q_lens, prob.kv_lens)
     parts = prefill_parts(prob, q_lens, table[0], cache, causal, logits_soft_cap, window_left,
-                          sinks, k_scale, v_scale, 1)
+                          sinks, k_scale, v_scale, 1, masks)
     writes = ()
     if append_key is not None or append_value is not None:
         slots, counts, quant, write = append_plan(

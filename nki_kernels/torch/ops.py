@@ -204,12 +204,16 @@ def batch_prefill(q: Tensor, kv_cache: Tensor, qo_indptr: Tensor, kv_indptr: Ten
                   sinks: Optional[Tensor] = None, append_key: Optional[Tensor] = None,
                   append_value: Optional[Tensor] = None, k_scale: float = 1.0,
                   v_scale: float = 1.0, k_scales: Optional[Tensor] = None,
-                  v_scales: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
+                  v_scales: Optional[Tensor] = None, custom_mask: Optional[Tensor] = None,
+                  packed_custom_mask: Optional[Tensor] = None,
+                  mask_indptr: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
     """Ragged queries (q [Q, HQ, D], request b's rows qo_indptr[b]..) over the paged cache; with
     append_key/append_value [Q, H, D] the step's K/V are written into ``kv_cache`` first by the
     same launch (the only case in which the op mutates it; wider rows into an fp8 cache are
     quantized with k_scale / v_scale, which attention reads back with; k_scales / v_scales [H]:
-    per kv head instead). Returns out [Q, HQ, D], lse [Q, HQ]."""
+    per kv head instead). custom_mask (bool) / packed_custom_mask (uint8) / mask_indptr: a
+    custom mask in FlashInfer's layout (``paged_attention.batch_prefill``; tree attention of
+    speculative decoding: ``paged_attention.tree_mask``). Returns out [Q, HQ, D], lse [Q, HQ]."""
     _prefill_checks(q, kv_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, sinks,
                     append_key, append_value)
     k_scale = _head_scales("k_scale", k_scale, k_scales, 1.0)
@@ -224,14 +228,16 @@ def batch_prefill(q: Tensor, kv_cache: Tensor, qo_indptr: Tensor, kv_indptr: Ten
         out, lse = prefill_on_neuron(q, kv_cache, qo_indptr, kv_indptr, kv_indices,
                                      kv_last_page_len, kv_layout, causal, sm_scale,
                                      logits_soft_cap, window_left, sinks, append_key,
-                                     append_value, k_scale, v_scale)
+                                     append_value, k_scale, v_scale, custom_mask,
+                                     packed_custom_mask, mask_indptr)
         return _unfold(out, post), lse
     from nki_kernels.paged_attention import batch_prefill as run, batch_prefill_ref
     np_ = lambda t: None if t is None else to_numpy(t)      # noqa: E731
     args = [np_(t) for t in (q, kv_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len)]
     options = dict(causal=causal, sm_scale=sm_scale, logits_soft_cap=logits_soft_cap,
                    window_left=window_left, sinks=np_(sinks), k_scale=k_scale,
-                   v_scale=v_scale, return_lse=True)
+                   v_scale=v_scale, return_lse=True, custom_mask=np_(custom_mask),
+                   packed_custom_mask=np_(packed_custom_mask), mask_indptr=np_(mask_indptr))
     if get_backend() == "ref":
         if append_key is not None:                  # the reference of the write: the append's
             _append_rows(append_key, append_value, kv_cache, qo_indptr, kv_indptr, kv_indices,
@@ -273,7 +279,7 @@ def _prefill_checks(q, kv_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_
 def _(q, kv_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, kv_layout="NHD",
       causal=True, sm_scale=None, logits_soft_cap=0.0, window_left=-1, sinks=None,
       append_key=None, append_value=None, k_scale=1.0, v_scale=1.0, k_scales=None,
-      v_scales=None):
+      v_scales=None, custom_mask=None, packed_custom_mask=None, mask_indptr=None):
     _prefill_checks(q, kv_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, sinks,
                     append_key, append_value)
     return torch.empty_like(q), q.new_empty(q.shape[:2], dtype=torch.float32)

@@ -1,5 +1,5 @@
-"""Properties of FlashInfer's ragged-KV and cascade layouts: random ragged batches against the
-reference written from the definition, random two-level prefix trees against flat attention over
+"""Properties of FlashInfer's ragged-KV and cascade layouts: random ragged batches (causal, or
+with a custom mask, flat or bit-packed) against the reference written from the definition, random two-level prefix trees against flat attention over
 each request's concatenated pages; inputs unchanged."""
 
 import numpy as np
@@ -7,7 +7,7 @@ import pytest
 from hypothesis import strategies as st
 
 from nki_kernels.paged_attention import (batch_prefill_ragged, batch_prefill_ragged_ref,
-                                         batch_prefill_ref, cascade_attention)
+                                         batch_prefill_ref, cascade_attention, segment_packbits)
 
 from .cases import BUDGETS, TARGETS, on_target, run, snapshot, unchanged
 
@@ -29,7 +29,12 @@ def ragged_cases(draw):
     kv = np.concatenate([[0], np.cumsum(kv_lens)]).astype(np.int32)
     qo = np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int32)
     rows = int(kv[-1]) + draw(st.sampled_from([0, 0, 3]))     # rows past kv_indptr[-1]: unread
-    return dict(target=draw(st.sampled_from(TARGETS)), causal=causal, qo=qo, kv=kv,
+    mask = None
+    if draw(st.booleans()):        # a custom mask instead (it overrides causal), some rows empty
+        keep = draw(st.sampled_from([0.0, 0.3, 0.9, 1.0]))
+        mask = rng.random(int(np.dot(q_lens, kv_lens))) < keep
+    return dict(target=draw(st.sampled_from(TARGETS)), causal=causal, qo=qo, kv=kv, mask=mask,
+                packed=draw(st.booleans()),
                 q=rng.standard_normal((int(qo[-1]), H * G, D)).astype(np.float32),
                 k=rng.standard_normal((rows, H, D)).astype(np.float32),
                 v=rng.standard_normal((rows, H, D)).astype(np.float32),
@@ -41,6 +46,12 @@ def test_ragged_equals_its_reference(budget):
     def prop(c):
         before = snapshot(c["q"], c["k"], c["v"])
         options = dict(causal=c["causal"], window_left=c["window"])
+        if c["mask"] is not None and c["packed"]:
+            sizes = np.diff(c["qo"]).astype(np.int64) * np.diff(c["kv"])
+            options["packed_custom_mask"], options["mask_indptr"] = segment_packbits(
+                c["mask"], np.concatenate([[0], np.cumsum(sizes)]), bitorder="little")
+        elif c["mask"] is not None:
+            options["custom_mask"] = c["mask"]
         with on_target(c):
             out = batch_prefill_ragged(c["q"], c["k"], c["v"], c["qo"], c["kv"], **options)
         want = batch_prefill_ragged_ref(c["q"], c["k"], c["v"], c["qo"], c["kv"], **options)

@@ -62,6 +62,26 @@ def test_prefill_device_path(rng, target, fused_write):
     np.testing.assert_array_equal(cache_t.numpy(), want_cache)
 
 
+def test_prefill_device_path_with_a_packed_mask(rng, target):
+    """A custom mask (bit-packed, FlashInfer's layout) through the device path: its table is
+    one more of the plan's arrays moved next to q."""
+    from nki_kernels.paged_attention import batch_prefill_ref, segment_packbits
+
+    from ..kernels.paged_attention.test_prefill import make_prefill_case
+    q_lens, kv_lens = [3, 1, 9], [3, 20, 40]
+    q, cache, qo, ptr, idx, last, layout = make_prefill_case(rng, q_lens, kv_lens, 8, 2, 2, 16)
+    bits = rng.random(int(np.dot(q_lens, kv_lens))) < 0.5
+    packed, mask_ptr = segment_packbits(bits, np.concatenate([[0], np.cumsum(
+        np.multiply(q_lens, kv_lens))]), bitorder="little")
+    out, lse = device.prefill_device(t(q), t(cache), t(qo), t(ptr), t(idx), t(last), layout, True,
+                                     None, 0.0, -1, None, None, None,
+                                     packed_custom_mask=t(packed), mask_indptr=t(mask_ptr))
+    ref, ref_lse = batch_prefill_ref(q, cache, qo, ptr, idx, last, layout, custom_mask=bits,
+                                     return_lse=True)
+    np.testing.assert_allclose(out.numpy(), ref, atol=2e-5)
+    np.testing.assert_allclose(lse.numpy(), ref_lse, atol=2e-4)
+
+
 def test_tensor_scatter_device_path(rng, target):
     from nki_kernels.tensor_scatter import tensor_scatter_ref
     cache = torch.randn(3, 2, 9, 4, dtype=torch.bfloat16)

@@ -70,6 +70,23 @@ def test_prefill_with_fused_write_matches_references(rng, backend):
     np.testing.assert_allclose(lse.numpy(), ref_lse, atol=2e-4)
 
 
+def test_prefill_with_a_tree_mask(rng, backend):
+    """Tree attention through the op: draft trees as a bool custom_mask tensor."""
+    from nki_kernels.paged_attention import batch_prefill_ref, tree_mask
+
+    from ..kernels.paged_attention.test_prefill import make_prefill_case
+    q, cache, qo, ptr, idx, last, layout = make_prefill_case(rng, [4, 3], [30, 9], 4, 2, 2, 8)
+    mask = np.concatenate([tree_mask([-1, 0, 0, 1], 26).reshape(-1),
+                           tree_mask([-1, -1, 1], 6).reshape(-1)])
+    out, lse = torch.ops.nki_kernels.batch_prefill(
+        *as_torch([q, cache, qo, ptr, idx, last]), layout, False,
+        custom_mask=torch.from_numpy(mask))
+    ref, ref_lse = batch_prefill_ref(q, cache, qo, ptr, idx, last, layout, custom_mask=mask,
+                                     return_lse=True)
+    np.testing.assert_allclose(out.numpy(), ref, atol=2e-5)
+    np.testing.assert_allclose(lse.numpy(), ref_lse, atol=2e-4)
+
+
 def test_bf16_tensors_round_trip(rng):
     args = make_decode_case(rng, [12], 4, 1, 2, 16, q_dtype=np.float32)
     q = torch.from_numpy(args[0]).to(torch.bfloat16)
