@@ -28,6 +28,14 @@ def _real_nki():
 
 
 def _select():
+    if os.environ.get("NKI_KERNELS_REHEARSE", "0") not in ("", "0"):
+        # the Trainium path rehearsed on a CPU (nki_kernels/device/rehearse.py)
+        from nki_kernels import simulate
+        from nki_kernels.device.launches import DeviceNki
+        from nki_kernels.device.rehearse import benchmark_with
+        modules = simulate.build_modules()
+        return ("rehearsal", DeviceNki(modules["nki"], benchmark_with(modules["nki"].jit)),
+                simulate.nl, simulate.nisa)
     choice = os.environ.get(BACKEND_ENV, "auto").lower()
     if choice not in ("auto", "sim", "nki"):
         raise ValueError(f"{BACKEND_ENV}={choice!r} must be auto, sim or nki")
@@ -39,7 +47,8 @@ def _select():
                           f"(the PyPI 'nki' is a placeholder); install it from the Neuron pip "
                           f"repository on a trn/inf instance")
     if real is not None:
-        return "nki", real, real.language, real.isa
+        from nki_kernels.device.launches import DeviceNki
+        return "nki", DeviceNki(real), real.language, real.isa
     from nki_kernels import simulate
     modules = simulate.build_modules()
     return "sim", modules["nki"], simulate.nl, simulate.nisa
@@ -47,11 +56,13 @@ def _select():
 
 BACKEND, nki, nl, nisa = _select()
 ON_HARDWARE = BACKEND == "nki"
+ON_DEVICE = BACKEND in ("nki", "rehearsal")     # the device path (real, or rehearsed on a CPU)
 
 
 def require_hardware(what: str) -> None:
-    """Raise a clear error when ``what`` needs the real Neuron stack and it is absent."""
-    if not ON_HARDWARE:
+    """Raise a clear error when ``what`` needs the real Neuron stack (or its rehearsal,
+    NKI_KERNELS_REHEARSE=1) and it is absent."""
+    if not ON_DEVICE:
         raise RuntimeError(f"{what} needs the Neuron SDK (nki, neuronx-cc) on a Trainium/"
-                           f"Inferentia instance; it is not installed here. On a CPU, use the "
-                           f"simulator path.")
+                           f"Inferentia instance; it is not installed here (on a CPU: the simulator, or "
+                           f"NKI_KERNELS_REHEARSE=1 to rehearse the device path)")

@@ -6,6 +6,12 @@
     nki-kernels bench [--out benchmarks/results]
     nki-kernels serve --steps 64 --max-batch 8 [--target trn1] [--png serve.png] [--out DIR]
     nki-kernels demo                     # the README's main job: every kernel checked and costed
+
+On a Trainium instance (docs/hardware.md; NKI_KERNELS_REHEARSE=1 rehearses it on a CPU):
+    nki-kernels validate --device trn [--quick]
+    nki-kernels bench --device trn --out DIR [--quick]      # DIR/measured.json, NEFF/NTFF files
+    nki-kernels calibrate --fit DIR/measured.json           # DIR/calibration.json
+    nki-kernels bench|profile|serve ... --calibration DIR/calibration.json
 """
 
 from __future__ import annotations
@@ -43,6 +49,83 @@ def _device_check(device):
             require_hardware("--device trn")
         except RuntimeError as err:
             raise SystemExit(f"error: {err}") from None
+
+
+def _calibrated(args):
+    """The cost-model overrides of ``--calibration FILE`` (and ``--set``), or {}."""
+    overrides = {}
+    if getattr(args, "calibration", None):
+        from .device.fit import load_calibration
+        try:
+            overrides.update(load_calibration(args.calibration))
+        except (OSError, ValueError) as err:
+            raise SystemExit(f"error: --calibration: {err}") from None
+    return overrides
+
+
+def _device_target(args):
+    """The instance generation of a device command, refused in one line when the installed SDK
+    cannot run the kernels on it (``device/sdk.py``)."""
+    from .backend import BACKEND, nki
+    from .device.sdk import rehearsal_note, sdk_problem
+    target = args.target
+    if BACKEND == "rehearsal":
+        from .device.rehearse import rehearsal_target
+        target = rehearsal_target()
+    problem = sdk_problem(BACKEND, nki, target)
+    if problem:
+        raise SystemExit(f"error: {problem}")
+    note = rehearsal_note(BACKEND, target)
+    if note:
+        print(note)
+    return target
+
+
+def cmd_validate(args):
+    from .device.validate import validate
+    ok, table = validate(_device_target(args), quick=args.quick)
+    print("\n" + table)
+    print("\nall kernels pass on the device" if ok else "\nSOME KERNELS FAIL ON THE DEVICE")
+    return 0 if ok else 1
+
+
+def cmd_device_bench(args):
+    from .device.measure import measure
+    data, path = measure(_device_target(args), args.out, quick=args.quick, warmup=args.warmup,
+                         iters=args.iters)
+    lines = ["| kernel | sizes | launches | p50 us | p90 us | p99 us | ok |", "|" + "---|" * 7]
+    for r in data["rows"]:
+        sizes = ", ".join(f"{k}={v}" for k, v in r["sizes"].items())
+        lines.append(f"| {r['kernel']} | {sizes} | {r['launches']} | {r['p50_us']:.1f} "
+                     f"| {r['p90_us']:.1f} | {r['p99_us']:.1f} | {'yes' if r['ok'] else 'NO'} |")
+    print("\n" + "\n".join(lines))
+    print(f"\nwrote {path} (modelled beside measured: nki-kernels calibrate --fit {path})")
+    return 0 if all(r["ok"] for r in data["rows"]) else 1
+
+
+def cmd_fit(args):
+    from .backend import BACKEND
+    if BACKEND == "nki":       # the fit re-runs the rows in the simulator: a process of its own
+        import subprocess
+        env = dict(os.environ, NKI_KERNELS_BACKEND="sim", NKI_KERNELS_REHEARSE="0")
+        return subprocess.call([sys.executable, "-m", "nki_kernels", "calibrate", "--fit",
+                                args.fit] + (["--out", args.out] if args.out else []), env=env)
+    from .device.fit import fit, markdown
+    with open(args.fit) as f:
+        measured = json.load(f)
+    calibration = fit(measured)
+    table = markdown(calibration)
+    print("\n" + table)
+    out = args.out or os.path.dirname(os.path.abspath(args.fit))
+    os.makedirs(out, exist_ok=True)
+    path = os.path.join(out, "calibration.json")
+    with open(path, "w") as f:
+        json.dump(calibration, f, indent=1, default=float)
+    with open(os.path.join(out, "calibration.md"), "w") as f:
+        f.write(table + "\n")
+    print(f"\nloss {calibration['loss_default']:.3g} with the default constants, "
+          f"{calibration['loss_fitted']:.3g} fitted; wrote {path}")
+    return 0
 
 
 def _simulate(spec, inputs, target):
@@ -162,7 +245,8 @@ def cmd_profile_file(args):
         kwargs[name] = parse_arg(spec)
     kernel = load_kernel(args.kernel)
     _, estimates = cost_kernel(kernel, target=args.target, lnc=args.lnc,
-                               overrides=_parse_overrides(args.set), **kwargs)
+                               overrides={**_calibrated(args), **_parse_overrides(args.set)},
+                               **kwargs)
     argument_bytes = sum(a.nbytes for a in kwargs.values() if isinstance(a, np.ndarray))
     print(report(args.kernel.rpartition(":")[2], estimates, argument_bytes))
     for est in estimates:
@@ -188,7 +272,7 @@ def cmd_profile(args):
     if row["trace"] is None:
         print("on a NeuronCore: profile with neuron-explorer (NEURON_FRAMEWORK_DEBUG=1 saves the NEFF)")
         return 0 if row["ok"] else 1
-    table, est = cost_row(row, _parse_overrides(args.set))
+    table, est = cost_row(row, {**_calibrated(args), **_parse_overrides(args.set)})
     print(markdown([table]))
     print("\n" + explain(est))
     from .profile import chrome_trace, png_timeline
@@ -201,7 +285,9 @@ def cmd_profile(args):
     return 0 if row["ok"] else 1
 
 
-def cmd_calibrate():
+def cmd_calibrate(args=None):
+    if args is not None and args.fit:
+        return cmd_fit(args)
     from .profile.calibration.published import markdown as calibration_markdown, run_all
     results = run_all()
     print(calibration_markdown(results))
@@ -220,7 +306,7 @@ def cmd_suite(args, which):
                 ok &= row["ok"]
                 if row["trace"] is not None:
                     label = name + "".join(f" {v}" for v in variant.values())
-                    table_row = dict(cost_row(row)[0], kernel=label)
+                    table_row = dict(cost_row(row, _calibrated(args))[0], kernel=label)
                     rows.append(table_row)
                     if which == "bench":
                         from .profile.sensitivity import sensitivity
@@ -257,7 +343,7 @@ def cmd_serve(args):
     cfg = dataclasses.replace(base, lnc=args.lnc, **given)
     if cfg.lnc == 2 and args.target == "trn1":
         raise SystemExit("error: --lnc 2 needs --target trn2 (trn1 has one core per logical core)")
-    trace = replay(cfg, args.target)
+    trace = replay(cfg, args.target, overrides=_calibrated(args))
     table = summary_markdown(trace)
     print(table)
     if args.png:
@@ -295,6 +381,7 @@ def main(argv=None):
         s.add_argument("--target", default="trn2", choices=("trn1", "trn2"))
         s.add_argument("--device", default="sim", choices=("sim", "trn"))
         s.add_argument("--set", action="append", help="override a cost-model constant, name=value")
+        s.add_argument("--calibration", help="calibration.json of calibrate --fit")
         s.add_argument("--trace-json")
         s.add_argument("--png")
     for cmd in ("demo", "bench"):
@@ -302,7 +389,22 @@ def main(argv=None):
         s.add_argument("--targets", nargs="+", default=["trn1", "trn2"] if cmd == "demo" else ["trn2"])
         s.add_argument("--device", default="sim", choices=("sim", "trn"))
         s.add_argument("--out", default=os.path.join("benchmarks", "results"))
-    sub.add_parser("calibrate", help="the cost model against figures AWS publishes")
+        if cmd == "bench":
+            s.add_argument("--quick", action="store_true",
+                           help="--device trn: each kernel at its demo sizes")
+            s.add_argument("--warmup", type=int, default=10)
+            s.add_argument("--iters", type=int, default=100)
+            s.add_argument("--target", default="trn2", choices=("trn1", "trn2"),
+                           help="--device trn: the instance's generation")
+            s.add_argument("--calibration", help="calibration.json of calibrate --fit")
+    s = sub.add_parser("validate", help="every kernel on the device against its reference")
+    s.add_argument("--device", default="trn", choices=("trn",))
+    s.add_argument("--target", default="trn2", choices=("trn1", "trn2"))
+    s.add_argument("--quick", action="store_true", help="small sizes only")
+    s = sub.add_parser("calibrate", help="the cost model against figures AWS publishes, or "
+                                         "(--fit) its assumed constants fitted to measurements")
+    s.add_argument("--fit", help="measured.json of bench --device trn")
+    s.add_argument("--out", help="where calibration.json goes (default: beside --fit)")
     s = sub.add_parser("serve", help="replay a continuous-batching trace: compiles, time per step")
     s.add_argument("--preset", default="small", choices=("small", "llama8b"),
                    help="model shape and trace (serve.PRESETS); the flags below override it")
@@ -318,6 +420,7 @@ def main(argv=None):
     s.add_argument("--target", default="trn2", choices=("trn1", "trn2"))
     s.add_argument("--png", help="write the per-step plot here")
     s.add_argument("--out", help="write serve_<target>.md and .json here")
+    s.add_argument("--calibration", help="calibration.json of calibrate --fit")
     args = p.parse_args(argv)
     _device_check(getattr(args, "device", "sim"))
     if args.cmd in ("demo", "bench") and _on_hardware():
@@ -332,7 +435,11 @@ def main(argv=None):
     if args.cmd == "profile":
         return cmd_profile(args)
     if args.cmd == "calibrate":
-        return cmd_calibrate()
+        return cmd_calibrate(args)
+    if args.cmd == "validate":
+        return cmd_validate(args)
+    if args.cmd == "bench" and args.device == "trn":
+        return cmd_device_bench(args)
     if args.cmd == "serve":
         return cmd_serve(args)
     return cmd_suite(args, args.cmd)

@@ -79,6 +79,7 @@ class ServeTrace:
     steps: List[StepRecord] = field(default_factory=list)
     compilations: dict = field(default_factory=dict)      # kernel -> compiles
     max_error: float = 0.0
+    overrides: dict = field(default_factory=dict)         # cost-model constants (calibration)
 
     @property
     def tokens_per_second(self) -> float:
@@ -95,7 +96,8 @@ def _kv_bytes(tokens, cfg):
     return tokens * 2 * cfg.kv_heads * cfg.head_dim * _np_dtype(cfg.dtype).itemsize
 
 
-def replay(cfg: ServeConfig = ServeConfig(), target: str = "trn2", check=True) -> ServeTrace:
+def replay(cfg: ServeConfig = ServeConfig(), target: str = "trn2", check=True,
+           overrides=None) -> ServeTrace:
     from nki_kernels import simulate
     from nki_kernels.paged_attention import batch_decode, batch_decode_kernel, batch_decode_ref
     from nki_kernels.paged_kv_append import paged_kv_scatter_kernel
@@ -108,7 +110,7 @@ def replay(cfg: ServeConfig = ServeConfig(), target: str = "trn2", check=True) -
     cache = PagedKVCache(cfg.pages, cfg.page_size, H, D, dtype=dt)
     kernels = (paged_kv_scatter_kernel, batch_decode_kernel)
     simulate.reset_compile_stats()
-    out = ServeTrace(cfg, target)
+    out = ServeTrace(cfg, target, overrides=dict(overrides or {}))
     remaining, next_id, prompt_left = {}, 0, {}
     for step in range(cfg.steps):
         arrivals = rng.poisson(cfg.arrival_per_step) if step else max(1, cfg.max_batch // 2)
@@ -149,7 +151,7 @@ def replay(cfg: ServeConfig = ServeConfig(), target: str = "trn2", check=True) -
         decode = traces[-1]
         kv_tokens = sum(cache.seq_len(r) for r in rids)
         appended = sum(prompts) + len(rids)
-        costs = [estimate(t, target) for t in traces]
+        costs = [estimate(t, target, **out.overrides) for t in traces]
         out.steps.append(StepRecord(
             step, len(rids), appended, kv_tokens,
             sum(simulate.compile_stats(k)["compilations"] for k in kernels) - before,
@@ -213,7 +215,7 @@ def _mixed_step(step, cfg, target, cache, rids, prompt_left, rng, out, check):
         out.max_error = max(out.max_error, float(np.abs(o.astype(np.float64) - ref).max()))
     for r, n in zip(rids, counts):
         prompt_left[r] = max(0, prompt_left[r] - n)
-    costs = [estimate(t, target) for t in traces]
+    costs = [estimate(t, target, **out.overrides) for t in traces]
     cost = costs[-1]
     kv_tokens = int(kv_lens.sum())
     visible = causal_pairs(counts, kv_lens)

@@ -50,6 +50,8 @@ class Hardware:
     swdge_cycles_per_descriptor: int = 8  # GpSimd cycles per descriptor (assumed: [DGE] says
                                           # software DGE "consumes GpSimd cycles", no figure)
     loop_iteration_s: float = 9e-6        # barrier per device-loop iteration [LIB]
+    launch_overhead_s: float = 0.0        # per kernel launch, host to device and back: no public
+                                          # figure, 0 here; ``calibrate --fit`` measures it
 
     def assumed(self) -> Dict[str, float]:
         """The constants no public source gives a figure for, with their values."""

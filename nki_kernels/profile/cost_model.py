@@ -89,8 +89,9 @@ class Estimate:
 
     @property
     def seconds(self) -> float:
-        """The scheduled estimate: the makespan."""
-        return self.schedule.makespan
+        """The scheduled estimate: the makespan (plus the launch overhead, 0 unless
+        calibrated)."""
+        return self.schedule.makespan + self.hw.launch_overhead_s
 
     def core_seconds(self, core: int) -> float:
         """When ``core``'s last instruction ends in the schedule."""

@@ -190,6 +190,7 @@ def test_ragged_with_mask_equals_paged(rng, target):
     np.testing.assert_allclose(out, paged, atol=1e-6)
 
 
+@pytest.mark.sim_only
 def test_one_compile_serves_every_mask_of_a_bucket(rng):
     q_lens, kv_lens = [6, 3], [50, 41]
     args = make_prefill_case(rng, q_lens, kv_lens, 16, 2, 4, 64)
