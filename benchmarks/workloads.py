@@ -7,7 +7,8 @@ One Llama-3-8B attention layer (8 kv / 32 query heads, head_dim 128, bf16, pages
 row: the step's launches modelled (scheduled, the estimate), the floor (the bytes that must move
 over HBM bandwidth, or the FLOPs over TensorE peak, whichever is larger) and their ratio.
 Correctness is the tests' (these shapes run the kernels only, no reference). trn2 at LNC=1 and
-LNC=2 (the floor then of both cores), trn1.
+LNC=2 (the floor then of both cores), trn1. Each ratio has its band: the same trace with every
+uncertain constant at its fastest and slowest plausible value (profile/constants.BANDS).
 """
 
 from __future__ import annotations
@@ -66,17 +67,21 @@ def run_case(kernel: str, sizes: dict, target: str, lnc: int = 1) -> dict:
     floor = max(spec.min_bytes(inputs) / (hw.hbm_bytes_per_s * cores),
                 spec.flops(inputs) / (hw.tensor_peak_bf16 * cores))
     seconds = sum(e.seconds for e in ests)
-    return dict(us=seconds * 1e6, floor_us=floor * 1e6, ratio=seconds / floor,
-                launches=len(ests), instructions=sum(sum(e.instructions.values()) for e in ests))
+    from nki_kernels.profile.sensitivity import band
+    low, high = band(list(traces), target, floor)
+    return dict(us=seconds * 1e6, floor_us=floor * 1e6, ratio=seconds / floor, low=low,
+                high=high, launches=len(ests),
+                instructions=sum(sum(e.instructions.values()) for e in ests))
 
 
 def markdown(rows) -> str:
     lines = ["| workload | target | launches | instructions | modelled us | floor us | "
-             "modelled / floor |", "|" + "---|" * 7]
+             "modelled / floor | band over assumed constants |", "|" + "---|" * 8]
     for r in rows:
         where = r["target"] + (" LNC=2" if r.get("lnc", 1) > 1 else "")
         lines.append(f"| {r['workload']} | {where} | {r['launches']} | {r['instructions']} "
-                     f"| {r['us']:.1f} | {r['floor_us']:.1f} | {r['ratio']:.2f} |")
+                     f"| {r['us']:.1f} | {r['floor_us']:.1f} | {r['ratio']:.2f} "
+                     f"| {r['low']:.2f}-{r['high']:.2f} |")
     return "\n".join(lines)
 
 

@@ -187,7 +187,9 @@ def cost_row(row, overrides=None):
     floor = max(min_bytes / (est.hw.hbm_bytes_per_s * est.cores),
                 spec.flops(inputs) / (est.hw.tensor_peak_bf16 * est.cores))
     seconds, lower = total(lambda e: e.seconds), total(lambda e: e.lower_seconds)
-    return dict(kernel=row["kernel"], target=row["target"], ok=row["ok"],
+    from .profile.sensitivity import band
+    low, high = band(row["traces"], row["target"], floor, overrides) if floor else (0.0, 0.0)
+    return dict(band_low=low, band_high=high, kernel=row["kernel"], target=row["target"], ok=row["ok"],
                 instructions=total(lambda e: sum(e.instructions.values())),
                 dma=total(lambda e: e.dma_count), hbm_bytes=total(lambda e: e.hbm_bytes),
                 min_bytes=min_bytes, bytes_ratio=total(lambda e: e.hbm_bytes) / max(1, min_bytes),
@@ -200,14 +202,15 @@ def cost_row(row, overrides=None):
 
 def markdown(rows):
     head = ("| kernel | target | ok | instr | DMAs | HBM bytes | min bytes | bytes/min "
-            "| scheduled us | lower us | serial us | floor us | scheduled/floor | lower/floor "
-            "| sim/ref time |")
+            "| scheduled us | lower us | serial us | floor us | scheduled/floor (band) "
+            "| lower/floor | sim/ref time |")
     lines = [head, "|" + "---|" * 15]
     for r in rows:
         lines.append(f"| {r['kernel']} | {r['target']} | {'yes' if r['ok'] else 'NO'} | {r['instructions']} "
                      f"| {r['dma']} | {r['hbm_bytes']} | {r['min_bytes']} | {r['bytes_ratio']:.2f} "
                      f"| {r['est_us']:.1f} | {r['lower_us']:.1f} | {r['serial_us']:.1f} "
-                     f"| {r['floor_us']:.1f} | {r['vs_floor']:.1f} | {r['lower_vs_floor']:.1f} "
+                     f"| {r['floor_us']:.1f} | {r['vs_floor']:.2f} ({r['band_low']:.2f}-"
+                     f"{r['band_high']:.2f}) | {r['lower_vs_floor']:.1f} "
                      f"| {r['sim_vs_ref']:.1f} |")
     return "\n".join(lines)
 

@@ -70,6 +70,7 @@ class StepRecord:
     hbm_bytes: int
     min_hbm_bytes: int
     floor_seconds: float = 0.0         # minimum bytes at the HBM bandwidth of the cores used
+    band_seconds: tuple = (0.0, 0.0)   # modelled with the uncertain constants fastest / slowest
 
 
 @dataclass
@@ -103,6 +104,7 @@ def replay(cfg: ServeConfig = ServeConfig(), target: str = "trn2", check=True,
     from nki_kernels.paged_kv_append import paged_kv_scatter_kernel
     from nki_kernels.paged_kv_append.page_table import PagedKVCache
     from nki_kernels.profile.cost_model import estimate
+    from nki_kernels.profile.sensitivity import band
 
     rng = np.random.default_rng(cfg.seed)
     H, HQ, D = cfg.kv_heads, cfg.kv_heads * cfg.group, cfg.head_dim
@@ -160,6 +162,7 @@ def replay(cfg: ServeConfig = ServeConfig(), target: str = "trn2", check=True,
             _kv_bytes(kv_tokens, cfg) + 2 * _kv_bytes(appended, cfg) + 2 * q.nbytes))
         rec = out.steps[-1]
         rec.floor_seconds = rec.min_hbm_bytes / (costs[-1].hw.hbm_bytes_per_s * costs[-1].cores)
+        rec.band_seconds = band(list(traces), target, 1.0, out.overrides)
         for r in rids:
             remaining[r] -= 1
             if remaining[r] == 0:
@@ -189,6 +192,7 @@ def _mixed_step(step, cfg, target, cache, rids, prompt_left, rng, out, check):
     from nki_kernels.paged_attention.work import causal_pairs
     from nki_kernels.paged_kv_append import append_paged_kv_cache_ref, get_batch_indices_positions
     from nki_kernels.profile.cost_model import estimate
+    from nki_kernels.profile.sensitivity import band
     H, HQ, D = cfg.kv_heads, cfg.kv_heads * cfg.group, cfg.head_dim
     dt = _np_dtype(cfg.dtype)
     counts = [min(prompt_left[r], cfg.prefill_chunk) if prompt_left[r] else 1 for r in rids]
@@ -226,7 +230,7 @@ def _mixed_step(step, cfg, target, cache, rids, prompt_left, rng, out, check):
                       sum(simulate.compile_stats(x)["compilations"] for x in kernels) - before,
                       max(t.program_instructions for t in traces), sum(len(t) for t in traces),
                       sum(c.seconds for c in costs), sum(t.hbm_bytes for t in traces), min_bytes,
-                      floor)
+                      floor, band(list(traces), target, 1.0, out.overrides))
 
 
 def _kv(rng, tokens, H, D, dtype):
@@ -261,8 +265,10 @@ def summary_markdown(trace: ServeTrace) -> str:
         ("modelled time per step (mean / max)", f"{1e6 * total / len(s):.1f} / "
                                                 f"{1e6 * max(x.seconds for x in s):.1f} us"),
         ("HBM bytes / minimum", f"{hbm / floor:.3f}"),
-        ("modelled time / floor (mean over steps)",
-         f"{np.mean([x.seconds / x.floor_seconds for x in s if x.floor_seconds]):.2f}"),
+        ("modelled time / floor (mean over steps; band over the uncertain constants)",
+         f"{np.mean([x.seconds / x.floor_seconds for x in s if x.floor_seconds]):.2f} ("
+         f"{np.mean([x.band_seconds[0] / x.floor_seconds for x in s if x.floor_seconds]):.2f}-"
+         f"{np.mean([x.band_seconds[1] / x.floor_seconds for x in s if x.floor_seconds]):.2f})"),
         ("decode tokens per second (modelled)", f"{trace.tokens_per_second:,.0f}"),
         ("max |out - reference|", f"{trace.max_error:.2e}"),
     ]

@@ -4,10 +4,13 @@ Sources (see ../shared/reference/nki-api.md): [ARCH] NKI architecture guides (tr
 neuron-core-v2/v3 pages, [ISA] Beta 1 ISA "estimated instruction cost", [DMA] NKI DMA overview and
 bandwidth guide, [CHIP] Trainium/Trainium2 chip pages, [DGE] the NKI DGE reference
 (``nki/deep-dives/nki-dge.rst``), [LIB] nki-library's dynamic flash-attention design notes
-(``dynamic_fa_design_spec.md``: "~9 us/iter" of scheduling barrier, ~4 us double-buffered).
-"(derived)" = our arithmetic; "(assumed)" = our modelling choice where no source gives a number
-(listed in ``ASSUMED``). Override any field:
-``hardware("trn2", hbm_bytes_per_s=3.0e11)`` or ``nki-kernels profile ... --set hbm_bytes_per_s=3e11``.
+(``dynamic_fa_design_spec.md``: "~9 us/iter" of scheduling barrier, ~4 us double-buffered),
+[DMA-OV] the NKI DMA overview (``nki/get-started/about/nki-dma-overview.rst``) and its profiles,
+[PERF] the NKI performance guide (``nki/deep-dives/nki_perf_guide.rst``).
+"(derived)" = our arithmetic on a source's figure; "(assumed)" = our modelling choice where no
+source gives a number (listed in ``ASSUMED``; ``BANDS`` gives each uncertain one's range).
+Override any field: ``hardware("trn2", hbm_bytes_per_s=3.0e11)``, ``nki-kernels profile ...
+--set hbm_bytes_per_s=3e11``, or a fitted ``--calibration FILE`` (``nki_kernels/device/fit.py``).
 """
 
 from __future__ import annotations
@@ -15,9 +18,19 @@ from __future__ import annotations
 from dataclasses import dataclass, fields, replace
 from typing import Dict
 
-# constants with no public figure: the benchmark reports how the headline moves when each is
-# halved and doubled (benchmarks/sensitivity.py)
-ASSUMED = ("dma_queues_in_flight", "dma_descriptor_bytes", "swdge_cycles_per_descriptor")
+# constants with no public figure (the loop barrier: one kernel's design notes): the benchmark
+# reports how the headline moves when each is halved and doubled (profile/sensitivity.py)
+ASSUMED = ("dma_queues_in_flight", "swdge_cycles_per_descriptor", "loop_iteration_s")
+
+# The plausible range of each constant no source pins down (or pins only roughly), as (its
+# fastest value, its slowest): ``bench``, ``serve`` and ``profile`` print each headline ratio
+# with its low and high over these (``sensitivity.band``).
+BANDS = {
+    "dma_queues_in_flight": (16, 8),            # up to the 16 queues [DMA-OV]
+    "swdge_cycles_per_descriptor": (0, 8),      # the overview's trigger bounds direct DMAs only
+    "loop_iteration_s": (4e-6, 9e-6),           # [LIB]: ~9 us a barrier, ~4 us double-buffered
+    "dma_descriptor_bytes": (24, 256),          # derived from one profile; 256 the old guess
+}
 
 
 @dataclass(frozen=True)
@@ -35,8 +48,10 @@ class Hardware:
     partitions_per_dma_engine: int = 8    # a 128-partition transfer uses all 16 engines [DMA]
     dma_fixed_s: float = 1.3e-6   # semaphore-to-start overhead per DMA instruction [ISA]
     dma_queues_in_flight: int = 16        # DMAs whose fixed overhead overlaps (assumed: 16 queues [DMA])
-    dma_descriptor_bytes: int = 256       # per contiguous run overhead, in bytes-equivalent (assumed,
-                                          # fits [DMA]: <256 B runs overhead-bound, >= 2 KiB efficient)
+    dma_descriptor_bytes: int = 32        # per contiguous run overhead, in bytes-equivalent (derived
+                                          # from [DMA-OV]: an engine moves 8 rows x 256 B in ~97 ns,
+                                          # 2 KiB at 23 B/ns being 89 ns: 24-32 B; 32 keeps [DMA-BW]'s
+                                          # 128 B runs below half of peak)
     min_ii_cycles: int = 64       # minimum initiation interval, Vector/Scalar [ISA]
     static_overhead_cycles: int = 60      # SBUF/PSUM access overhead per instruction [ISA]
     gpsimd_start_cycles: int = 150        # GpSimd start-up [ISA]
@@ -44,11 +59,16 @@ class Hardware:
     fp32_matmul_factor: int = 4   # fp32 matmul is 4x slower than bf16 [ISA]
     reciprocal_factor: int = 8    # VectorE reciprocal ~8 N cycles [ISA]
     dependent_vector_cycles: int = 100    # a VectorE instruction reading the one just before [ISA]
+    dependent_scalar_cycles: int = 140    # the same on ScalarE (derived from [PERF]: dependent
+                                          # one-element activations issue every 264 cycles, 124
+                                          # of them static overhead and MIN_II)
     hwdge_units: int = 2          # hardware DGE instances per NeuronCore-v3 [DGE]; none on v2
     hwdge_instruction_s: float = 600e-9   # per hardware-DGE DMA instruction [DGE]
-    swdge_fixed_cycles: int = 150         # GpSimd start-up per software-DGE DMA [ISA]
-    swdge_cycles_per_descriptor: int = 8  # GpSimd cycles per descriptor (assumed: [DGE] says
-                                          # software DGE "consumes GpSimd cycles", no figure)
+    swdge_fixed_cycles: int = 10          # GpSimd trigger of a software-DGE DMA: ~8 ns in the
+                                          # [DMA-OV] profile of a 128-row load (derived)
+    swdge_cycles_per_descriptor: int = 8  # GpSimd cycles per row descriptor of an indirect
+                                          # (vector_offset) DMA (assumed: [DGE] says software DGE
+                                          # "consumes GpSimd cycles", no figure)
     loop_iteration_s: float = 9e-6        # barrier per device-loop iteration [LIB]
     launch_overhead_s: float = 0.0        # per kernel launch, host to device and back: no public
                                           # figure, 0 here; ``calibrate --fit`` measures it

@@ -3,8 +3,8 @@
 Rules (per physical core; the cores of an LNC=2 launch share nothing but HBM, and order each
 other only at their synchronising instructions):
 - Each compute engine (tensor, vector, scalar, gpsimd) runs its instructions in program order,
-  one at a time; a VectorE instruction that reads the result of the one just before it pays
-  ``dependent_vector_cycles`` more.
+  one at a time; a VectorE (ScalarE) instruction that reads the result of the one just before
+  it pays ``dependent_vector_cycles`` (``dependent_scalar_cycles``) more.
 - An instruction starts when its engine is free and every earlier instruction it depends on has
   ended: it reads memory an earlier one wrote (read after write), or writes memory an earlier
   one read or wrote (write after read / write). Memory is tracked as boxes of partitions x
@@ -168,9 +168,12 @@ def dma_transfer_seconds(e, hw: Hardware) -> float:
 
 
 def descriptor_seconds(e, hw: Hardware, mode: str) -> float:
+    """GpSimd (software DGE) or DGE-unit (hardware DGE) time before a DMA can start. A software-
+    DGE DMA triggers in ``swdge_fixed_cycles`` (the DMA overview's profile); an indirect one
+    (``vector_offset``) also makes a descriptor per row from its offsets."""
     if mode == "swdge":
-        return (hw.swdge_fixed_cycles + hw.swdge_cycles_per_descriptor * max(1, e.dma_runs)) \
-            / hw.gpsimd_hz
+        rows = max(1, e.dma_runs) if any(o.indirect == "vector" for o in e.operands) else 0
+        return (hw.swdge_fixed_cycles + hw.swdge_cycles_per_descriptor * rows) / hw.gpsimd_hz
     if mode == "hwdge":
         return hw.hwdge_instruction_s
     return 0.0
@@ -337,16 +340,18 @@ class _Scheduler:
         return k
 
     def place_compute(self, e, core, ready) -> int:
-        """A compute instruction on its engine, in program order; a VectorE instruction that
-        reads the result of the one just before it pays the dependency latency."""
+        """A compute instruction on its engine, in program order; a VectorE or ScalarE
+        instruction that reads the result of the one just before it pays the dependency
+        latency."""
         lane = (core, e.engine)
         previous = self.free.get(lane, (0.0, None))
         start = _later(ready, (*previous, "engine"))
         cost = self.compute_seconds(e)
         end = start[0] + cost
-        if (e.engine == "vector" and previous[1] is not None and ready[1] == previous[1]
-                and ready[2] == "data"):      # reads the result of the one just before
-            end += self.hw.dependent_vector_cycles / self.hw.vector_hz
+        if (e.engine in ("vector", "scalar") and previous[1] is not None
+                and ready[1] == previous[1] and ready[2] == "data"):   # reads the one just before
+            end += (self.hw.dependent_vector_cycles / self.hw.vector_hz if e.engine == "vector"
+                    else self.hw.dependent_scalar_cycles / self.hw.scalar_hz)
         k = self.add(Slot(e.index, core, e.engine, e.name or e.op, start[0], end, start[1],
                           start[2], work=cost))
         self.free[lane] = (end, k)

@@ -1,17 +1,30 @@
-"""How the scheduled estimate moves when an uncertain constant is halved and doubled.
-
-Uncertain: every constant no public source gives (``constants.ASSUMED``) and the loop-iteration
-barrier, which comes from one kernel's design notes. The trace is re-scheduled, not re-simulated.
+"""How the scheduled estimate moves with the constants no source pins down: each halved and
+doubled (``sensitivity``), and all at once over their plausible ranges (``band``: the low and
+high printed beside every headline ratio). The trace is re-scheduled, not re-simulated.
 """
 
 from __future__ import annotations
 
 from typing import Dict, Tuple
 
-from .constants import ASSUMED, hardware
+from .constants import BANDS, hardware
 from .cost_model import estimate
 
-UNCERTAIN = ASSUMED + ("loop_iteration_s",)
+UNCERTAIN = tuple(BANDS)
+
+
+def band(traces, target: str, floor_seconds: float, overrides=None) -> Tuple[float, float]:
+    """(low, high) of scheduled/floor with every uncertain constant at its fastest, then its
+    slowest value (``constants.BANDS``; each moves the estimate one way). ``overrides``: other
+    constants held (e.g. a calibration's), which also pin any uncertain one they name."""
+    traces = traces if isinstance(traces, (list, tuple)) else [traces]
+    held = dict(overrides or {})
+    corners = []
+    for k in (0, 1):
+        change = {name: ends[k] for name, ends in BANDS.items() if name not in held}
+        corners.append(sum(estimate(t, target=target, **held, **change).seconds
+                           for t in traces) / floor_seconds)
+    return min(corners), max(corners)
 
 
 def sensitivity(traces, target: str, floor_seconds: float) -> Dict[str, Tuple[float, float]]:
