@@ -68,8 +68,14 @@ def engine_name(requested, default: str, allowed, op: str) -> str:
     return name
 
 
-def on_chip(t, op: str, role: str, buffers=("sbuf", "psum")) -> Resolved:
-    """Resolve a compute-engine operand: on chip, <= pmax partitions, legal start partition."""
+# MX scale tiles may start at partition 0, 4, 8 or 12 (one quadrant's scales packed beside
+# another tensor's: the SDK's mxfp-matmul deep dive, "Packing Scale Values")
+MX_SCALE_STARTS = (0, 4, 8, 12)
+
+
+def on_chip(t, op: str, role: str, buffers=("sbuf", "psum"), mx_scale=False) -> Resolved:
+    """Resolve a compute-engine operand: on chip, <= pmax partitions, legal start partition
+    (``mx_scale``: an MX scale view, which may also start at 4, 8 or 12)."""
     r = resolve(t, op, role)
     if r.buffer not in buffers:
         fail(f"operand is in {r.buffer}; this instruction accepts {' or '.join(buffers)}", op, role)
@@ -83,6 +89,8 @@ def on_chip(t, op: str, role: str, buffers=("sbuf", "psum")) -> Resolved:
     free = aps.reinterpret_count(free, t._storage.dtype, t.dtype)
     start = t.offset // free if free else 0
     legal = (0,) if parts > 64 else (0, 64) if parts > 32 else (0, 32, 64, 96)
+    if mx_scale:
+        legal = tuple(sorted(set(legal) | set(MX_SCALE_STARTS)))
     if start not in legal:
         fail(f"access of {parts} partitions starts at partition {start}; compute engines "
              f"start such an access at partition {' or '.join(map(str, legal))}", op, role)

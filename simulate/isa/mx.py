@@ -78,7 +78,7 @@ def quantize_mx(dst, src, dst_scale, name=None):
     _need_v4(op)
     s = on_chip(src, op, "src", ("sbuf",))
     d = on_chip(dst, op, "dst", ("sbuf",))
-    sc = on_chip(dst_scale, op, "dst_scale", ("sbuf",))
+    sc = on_chip(dst_scale, op, "dst_scale", ("sbuf",), mx_scale=True)
     if src.dtype not in (dtypes.float16, dtypes.bfloat16):
         fail(f"src dtype {src.dtype.name} must be float16 or bfloat16", op, "src")
     if dst.dtype not in EMAX:
@@ -113,8 +113,8 @@ def nc_matmul_mx(dst, stationary, moving, stationary_scale, moving_scale, tile_p
     target = _need_v4(op)
     s = on_chip(stationary, op, "stationary", ("sbuf",))
     m = on_chip(moving, op, "moving", ("sbuf",))
-    ss = on_chip(stationary_scale, op, "stationary_scale", ("sbuf",))
-    ms = on_chip(moving_scale, op, "moving_scale", ("sbuf",))
+    ss = on_chip(stationary_scale, op, "stationary_scale", ("sbuf",), mx_scale=True)
+    ms = on_chip(moving_scale, op, "moving_scale", ("sbuf",), mx_scale=True)
     d = on_chip(dst, op, "dst", ("psum",))
     for role, t in (("stationary", stationary), ("moving", moving)):
         if t.dtype not in dtypes.PACKED_X4:

@@ -130,3 +130,39 @@ def test_matmul_mx_reads_fp4_nibbles_low_first_and_applies_scales(rng):
     weight[8:16] = 2.0
     want = np.einsum("k,kni->n", weight, fp4)
     np.testing.assert_allclose(got, np.broadcast_to(want, (M, N)), rtol=1e-6)
+
+
+@pytest.mark.parametrize("offset", [4, 8, 12])
+def test_scales_packed_at_a_quadrant_offset(rng, offset):
+    """Quantize-MX and Matmul-MX read and write scales at offset 0, 4, 8 or 12 of each quadrant
+    (the SDK's mxfp-matmul deep dive, "Packing Scale Values"): two tensors' scales share one
+    tile, and the product equals the one with scales of their own; other offsets are refused."""
+    K, M, N = 128, 16, 24
+    xs = rng.standard_normal((K, 4 * M)).astype(ml_dtypes.bfloat16)
+    ys = rng.standard_normal((K, 4 * N)).astype(ml_dtypes.bfloat16)
+
+    def body(x, y, packed):
+        qx = sb((K, M), nl.float8_e4m3fn_x4, "qx")
+        qy = sb((K, N), nl.float8_e4m3fn_x4, "qy")
+        if packed:
+            shared = sb((K, N), nl.uint8, "scales")
+            sx, sy = shared[0:, 0:M], shared[offset:, :]
+        else:
+            sx, sy = sb((K, M), nl.uint8, "sx"), sb((K, N), nl.uint8, "sy")
+        nisa.quantize_mx(dst=qx, src=x, dst_scale=sx)
+        nisa.quantize_mx(dst=qy, src=y, dst_scale=sy)
+        acc = nl.ndarray((M, N), nl.float32, buffer=nl.psum, name="acc")
+        nisa.nc_matmul_mx(dst=acc, stationary=qx, moving=qy, stationary_scale=sx,
+                          moving_scale=sy)
+        return acc
+    packed = run(lambda x, y: body(x, y, True), xs, ys, target="trn3")
+    alone = run(lambda x, y: body(x, y, False), xs, ys, target="trn3")
+    np.testing.assert_array_equal(packed, alone)
+
+    def odd(src):
+        q = sb((128, 2), nl.float8_e4m3fn_x4, "q")
+        s = sb((128, 2), nl.uint8, "s")
+        nisa.quantize_mx(dst=q, src=src, dst_scale=s[offset + 2:, :])
+        return q
+    with pytest.raises(simulate.ValidationError, match="starts at partition"):
+        run(odd, rng.standard_normal((128, 8)).astype(ml_dtypes.bfloat16), target="trn3")
