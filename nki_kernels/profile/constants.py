@@ -30,6 +30,7 @@ BANDS = {
     "swdge_cycles_per_descriptor": (0, 8),      # the overview's trigger bounds direct DMAs only
     "loop_iteration_s": (4e-6, 9e-6),           # [LIB]: ~9 us a barrier, ~4 us double-buffered
     "dma_descriptor_bytes": (24, 256),          # derived from one profile; 256 the old guess
+    "dma_fixed_s": (0.8e-6, 1.3e-6),            # [DMA-OV] trn2 ~0.8-1.0 us; [ISA] 1.3 us
 }
 
 
@@ -91,6 +92,8 @@ TRN1 = Hardware("trn1", tensor_hz=2.8e9, vector_hz=1.12e9, scalar_hz=1.4e9, gpsi
                 dma_bytes_per_s=17e9 * 16)          # 17 B/ns per engine x 16 = 272 GB/s
 TRN2 = Hardware("trn2", tensor_hz=2.4e9, vector_hz=0.96e9, scalar_hz=1.2e9, gpsimd_hz=1.2e9,
                 tensor_peak_bf16=79e12, tensor_peak_fp32=20e12,
+                dma_fixed_s=1.0e-6,                 # [DMA-OV] trn2 profiles: a static DMA's data
+                                                    # starts ~0.8-1.0 us after its trigger
                 hbm_bytes_per_s=2.9e12 / 8,         # 2.9 TB/s per chip, 8 NeuronCores
                 dma_bytes_per_s=23e9 * 16)          # 23 B/ns per engine x 16 = 368 GB/s
 HARDWARE = {"trn1": TRN1, "trn2": TRN2}

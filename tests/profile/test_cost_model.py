@@ -23,13 +23,13 @@ def test_dma_cost_hand_computed():
                   dma_bytes=128 * 4096, dma_runs=128, hbm_read_bytes=128 * 4096)
     rate = 368e9 * 4096 / (4096 + 32)                       # B/s
     # never faster than HBM (2.9 TB/s over 8 cores), which binds here; fixed latency over 16 queues
-    expected = max(128 * 4096 / rate, 128 * 4096 / (2.9e12 / 8)) + 1.3e-6 / 16
+    expected = max(128 * 4096 / rate, 128 * 4096 / (2.9e12 / 8)) + TRN2.dma_fixed_s / 16
     assert instruction_seconds(e, TRN2) == pytest.approx(expected)
     # 4 rows use a single engine: 1/16 of the bandwidth
     e4 = trace.add(op="dma_copy", engine="dma", program_id=(0,),
                    operands=(op("sbuf", (4, 1024)), op("shared_hbm", (4, 1024))),
                    dma_bytes=4 * 4096, dma_runs=4)
-    assert instruction_seconds(e4, TRN2) == pytest.approx(4 * 4096 / (rate / 16) + 1.3e-6 / 16)
+    assert instruction_seconds(e4, TRN2) == pytest.approx(4 * 4096 / (rate / 16) + TRN2.dma_fixed_s / 16)
 
 
 def test_compute_costs_hand_computed():

@@ -49,7 +49,7 @@ def test_read_after_write_waits_for_the_dma():
     v = vector(trace, tile("dst", ident=3), tile("data"))
     est = estimate(trace)
     dma, vec = slot_of(est, d.index), slot_of(est, v.index)
-    assert dma.start == 0 and dma.end == pytest.approx(1.3e-6 + dma_transfer_seconds(d, TRN2))
+    assert dma.start == 0 and dma.end == pytest.approx(TRN2.dma_fixed_s + dma_transfer_seconds(d, TRN2))
     assert vec.start == dma.end and vec.reason == "data"
     assert est.seconds == pytest.approx(vec.end)
     assert [est.schedule.slots[k].index for k in est.schedule.critical] == [d.index, v.index]

@@ -5,7 +5,8 @@ Sources:
 - [DMA-OV] the NKI DMA overview (``nki/get-started/about/nki-dma-overview.rst``), trn2 profiles:
   A[4, 4096] bf16 HBM->SBUF, the one active engine busy 1416 ns; A[128, 128] bf16, each of the
   16 engines one 2 KiB read in ~97 ns; the same load on the software DGE (qGpSimdDynamic): its
-  GpSimd trigger ~8 ns and the DMA done ~1.2 us after it (read off the profile screenshots).
+  GpSimd trigger ~8 ns and the DMA done ~1.2 us after it; a static DMA's data starting ~0.8-1.0
+  us after its trigger (read off the profile screenshots).
 - [PERF] the NKI performance guide (``nki/deep-dives/nki_perf_guide.rst``): back-to-back
   dependent ScalarE ``activation`` instructions on one element per partition issue every ~189 ns
   (264 ScalarE cycles) on NeuronCore-v2.
@@ -65,6 +66,12 @@ def overview_load(P, F, dge=None, what="transfer", target="trn2"):
     if what == "trigger":
         return sum(s.end - s.start for s in slots if s.lane in ("gpsimd", "dge"))
     return max(s.end for s in slots) - min(s.start for s in slots)
+
+
+def hardware_constant(target, name):
+    """A constant of the model as it stands (for figures that are its source)."""
+    from ..constants import hardware
+    return getattr(hardware(target), name)
 
 
 def dependent_scalar_interval(n=32, target="trn1"):
@@ -162,6 +169,8 @@ def figures(Figure):
                lambda: overview_load(128, 128) , 0.15),
         Figure("trn2 A[128, 128] bf16 software-DGE load: trigger to done", "[DMA-OV]", 1.2e-6,
                "s", lambda: overview_load(128, 128, "swdge", "total"), 0.5),
+        Figure("trn2 static DMA: trigger to first data (source of trn2 dma_fixed_s)",
+               "[DMA-OV]", 0.9e-6, "s", lambda: hardware_constant("trn2", "dma_fixed_s"), 0.15),
         Figure("trn2 software-DGE trigger on GpSimd (source of swdge_fixed_cycles)", "[DMA-OV]",
                8e-9, "s", lambda: overview_load(128, 128, "swdge", "trigger"), 0.5),
         Figure("trn1 dependent ScalarE activations, 1 element: issue interval", "[PERF]",
