@@ -64,9 +64,9 @@ from nki_kernels.kernel_dtypes import dtype_bytes
 from nki_kernels.launch_options import program_cores
 from nki_kernels.paged_kv_append.kernel import scatter_rows
 
-from .kernel_cursor import Geometry, query_of_row
-from .kernel_items import (finish, fold, gathered, loader, merge_split, prepare, unit,
-                           write)
+from .kernel_cursor import Geometry, partition_iota, query_of_row
+from .kernel_items import (finish, fold_items, gathered, item_row, loader, merge_split,
+                           prepare, unit, write)
 from .kernel_load import PSUM_BANK_BYTES, ROW_LIMIT, group_entry_rows
 from .kernel_mask import custom_mask
 from .kernel_softmax import load_state, state_tile
@@ -195,7 +195,8 @@ def make_step(q, k_rows, v_rows, meta, kv_indices, tok_tab, row_tab, sinks, mask
               v_scale=v_scale, mm_dtype=mm_dtype, whole=whole_units(Qb),
               p=nl.program_id(0), cores=program_cores(), entry_rows={}, scratch=None,
               keep_all=keep_all, mask=mask,
-              exp_scale=float(scale) if keep_all is not None else 1.0)
+              exp_scale=float(scale) if keep_all is not None else 1.0,
+              iota_t=partition_iota(T))
     if st.blocked and st.indirect:     # by f"{group}" (NKI dict keys are strings), ascending
         groups = []
         for size in CHUNK_BLOCKS:
@@ -250,21 +251,25 @@ def run_item_loops(st, span, span_cols):
 def items_iteration(st, count, masked, width):
     """The body of a loop over ``width`` items of one kind: every item's setup first, a masked
     kind's first gathers before any softmax (each one's addresses on VectorE never wait behind
-    another's softmax), then each item's chunks; an item finishes inside the next one's chunks,
-    after that one's first softmax step, so its DMAs sit behind gathers already issued."""
+    another's softmax), then all the items' chunks as one software pipeline (the next item's
+    scores are made while this one's softmax runs); an item finishes inside the next one's
+    chunks, after that one's first softmax step, so its DMAs sit behind gathers already
+    issued."""
     def iteration(i):
+        rows = []                  # every item's table row first: the DMAs that depend on one
+        for k in range(width):     # (queries, page ids) then never queue behind another's
+            rows.append(item_row(st, i + k, count))
         batch = []
         for k in range(width):
-            batch.append(prepare(st, i + k, count, masked))
+            batch.append(prepare(st, i + k, count, masked, rows[k]))
         if masked:
             for item in batch:
                 item.loads = {"0": loader(st, item, count, masked)(0)}
-        for k in range(len(batch)):
-            before = batch[k - 1] if k else None
-            if count:
-                fold(st, batch[k], count, masked, before)
-            elif before is not None:
-                finish(st, before)
+        if count:
+            fold_items(st, batch, count, masked)     # finishes each item but the last
+        else:
+            for k in range(1, len(batch)):
+                finish(st, batch[k - 1])
         finish(st, batch[-1])
     return iteration
 

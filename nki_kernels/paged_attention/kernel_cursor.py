@@ -90,14 +90,23 @@ def _add_tiles(dst, a, b):
     nisa.tensor_tensor(dst=dst, data1=a, data2=b, op=nl.add)
 
 
-def start_cursor(cols, tok_sb, R, mask=None):
+def partition_iota(T):
+    """[T, 1] int32 holding t on partition t."""
+    iota_t = nl.ndarray((T, 1), nl.int32, buffer=nl.sbuf, name="iota_t")
+    nisa.iota(dst=iota_t, pattern=[[1, 1]], offset=0, channel_multiplier=1)
+    return iota_t
+
+
+def start_cursor(cols, tok_sb, R, mask=None, iota_t=None):
     """The cursor at the item's first chunk: pos = POS0 + t, slot = SLOT0 + slot(t),
     entry = ENTRY0 + entry(t), start = POS0 (``cols``: ``item_columns``; tok_sb: the [T, 2]
     chunk-local token table), in tiles of its own (the loop advances them); with a custom mask
-    (``kernel_mask.CustomMask``) also mrow, its table row (``kernel_mask.mask_start``)."""
+    (``kernel_mask.CustomMask``) also mrow, its table row (``kernel_mask.mask_start``).
+    ``iota_t``: [T, 1] int32 holding t (``partition_iota``, made once a launch; here if not
+    given)."""
     T = tok_sb.shape[0]
-    iota_t = nl.ndarray((T, 1), nl.int32, buffer=nl.sbuf, name="iota_t")
-    nisa.iota(dst=iota_t, pattern=[[1, 1]], offset=0, channel_multiplier=1)
+    if iota_t is None:
+        iota_t = partition_iota(T)
     cursor = {}
     for field in (("pos", POS0, iota_t), ("slot", SLOT0, tok_sb[:, 0:1]),
                   ("entry", ENTRY0, tok_sb[:, 1:2])):

@@ -67,12 +67,13 @@ def set_cache_rows(st, item, count, masked):
         item.pids = block_page_ids(st.kv_indices, item.cursor, count, st.geo)
 
 
-def prepare(st, i, count, masked):
+def prepare(st, i, count, masked, cols=None):
     """Work item i's setup, issued for all items of a loop iteration before any of their
-    chunks: its table row, queries, bounds, cursor and a mask-free block's cache rows, so the
-    next item's first gather never waits behind this one's chunks (the state slots it chains
-    through: flat list only)."""
-    cols = item_columns(st.meta, i, max(st.T, st.R) if count else 1)
+    chunks: its table row (``cols``, when the caller loaded it: ``item_row``), queries, bounds,
+    cursor and a mask-free block's cache rows, so the next item's first gather never waits
+    behind this one's chunks (the state slots it chains through: flat list only)."""
+    if cols is None:
+        cols = item_row(st, i, count)
     states = []
     for tile in st.tiles:
         states.append(state_tile(tile[1] * st.GQ, st.D))
@@ -95,9 +96,14 @@ def prepare(st, i, count, masked):
     # per tile of query tokens: the item's bounds (the token-level ones are common)
     item.bounds = ([request_bounds(cols, st.T, st.R)] if st.Qb == 1
                    else block_bounds(cols, st.T, st.row_q))
-    item.cursor = start_cursor(cols, st.tok_sb, st.R, st.mask)
+    item.cursor = start_cursor(cols, st.tok_sb, st.R, st.mask, st.iota_t)
     set_cache_rows(st, item, count, masked)
     return item
+
+
+def item_row(st, i, count):
+    """Work item i's table row on the partitions its setup reads (one DMA)."""
+    return item_columns(st.meta, i, max(st.T, st.R) if count else 1)
 
 
 def fold_shape(st, count, masked):
@@ -143,70 +149,87 @@ def blocks(st, item, count, masked):
     return body
 
 
-def fold(st, item, count, masked, finish_first=None):
-    """The item's ``count`` chunks, ``width`` per softmax step (one [rows, width*T] score tile),
-    software-pipelined in program order: gathers run two steps ahead and scores up to
-    SCORES_AHEAD tiles ahead of the softmax (a whole step when it has no more tiles), so
-    TensorE makes the next scores while VectorE and ScalarE finish these, and the DMAs overlap
-    both. A mask-free block's gathers take ``group`` tokens per partition, folded ``width``
-    chunks per softmax step (``per_load`` steps per gather). ``finish_first``: an item to
-    ``finish`` after the first softmax step; ``item.loads``: gathers issued before."""
+def fold(st, item, count, masked):
+    """The item's ``count`` chunks folded into its states (``fold_items`` of one item)."""
+    fold_items(st, [item], count, masked)
+
+
+def fold_items(st, items, count, masked):
+    """The ``count`` chunks of each of ``items`` (one loop iteration's items of one kind),
+    ``width`` per softmax step (one [rows, width*T] score tile), software-pipelined in program
+    order across the items: gathers run two steps ahead and scores up to SCORES_AHEAD tiles
+    ahead of the softmax (a whole step when it has no more tiles), the next item's first
+    gathers and scores included, so TensorE makes the next scores while VectorE and ScalarE
+    finish these, and the DMAs overlap both. A mask-free block's gathers take ``group`` tokens
+    per partition, folded ``width`` chunks per softmax step (``per_load`` steps per gather).
+    Item k-1 is ``finish``ed after item k's first softmax step (its DMAs then sit behind
+    gathers already issued); ``item.loads``: gathers issued before."""
     group, width, steps = fold_shape(st, count, masked)
     per_load = max(1, group // width)          # softmax steps per load
     tiles = st.tiles
-    states = []
-    for t in item.states:
-        states.append(state_views(t))
-    load = loader(st, item, count, masked)
-    loads = item.loads if item.loads is not None else {}
-    kts = {}                                   # K^T by f"{step},{first kv head}"
+    per_item = steps * len(tiles)              # units (step, tile) of one item
+    states, loaders, loads = [], [], []
+    for item in items:
+        views = []
+        for t in item.states:
+            views.append(state_views(t))
+        states.append(views)
+        loaders.append(loader(st, item, count, masked))
+        loads.append(item.loads if item.loads is not None else {})
+    kts = {}                                   # K^T by f"{item},{step},{first kv head}"
 
-    def step(s):
-        """The chunks of softmax step s, loading them on first use."""
+    def step(i, s):
+        """The chunks of item i's softmax step s, loading them on first use."""
         key = f"{s // per_load}"
-        if key not in loads:
-            loads[key] = load(s // per_load)
+        if key not in loads[i]:
+            loads[i][key] = loaders[i](s // per_load)
         k = (s % per_load) * width
-        return loads[key][k:k + width]
+        return loads[i][key][k:k + width]
 
-    def score(u):
-        """Scores of unit u = (step, tile); K^T of a step's chunks made once per kv heads, at
-        their first tile, dropped after their last."""
+    def score(v):
+        """Scores of unit v = (item, step, tile); K^T of a step's chunks made once per kv
+        heads, at their first tile, dropped after their last."""
+        i, u = v // per_item, v % per_item
         s, t = u // len(tiles), u % len(tiles)
         h0, n, q0 = tiles[t]
-        loaded = step(s)
-        key = f"{s},{h0}"
+        loaded = step(i, s)
+        key = f"{i},{s},{h0}"
         if key not in kts:
             kts[key] = []
             for chunk in loaded:
                 kts[key].append(k_transposed(chunk[0][0], h0, n, st.D, st.mm_dtype))
         keep = loaded[0][1]               # masked chunks are folded one at a time
-        tile_rows = item.q[t][0][0].shape[1]
-        scores = chunk_scores(item.q[t], kts[key], st.T,
+        tile_rows = items[i].q[t][0][0].shape[1]
+        scores = chunk_scores(items[i].q[t], kts[key], st.T,
                               None if keep is None else keep[q0 // st.Qt][0:tile_rows, :],
                               st.scale, st.soft_cap, st.mm_dtype, st.keep_all)
         if t + 1 == len(tiles) or tiles[t + 1][0] != h0:
             kts.pop(key)                  # its tiles are free from here on
         return scores
 
-    units_, ahead = steps * len(tiles), min(len(tiles), SCORES_AHEAD)
-    for s in range(min(2, steps)):
-        step(s)
+    total, ahead = per_item * len(items), min(len(tiles), SCORES_AHEAD)
+    order = []                                 # (item, step) in unit order, for the prefetch
+    for i in range(len(items)):
+        for s in range(steps):
+            order.append((i, s))
+    for j in range(min(2, len(order))):
+        step(order[j][0], order[j][1])
     pending = []
-    for u in range(min(ahead, units_)):
-        pending.append(score(u))
-    for u in range(units_):
+    for v in range(min(ahead, total)):
+        pending.append(score(v))
+    for v in range(total):
+        i, u = v // per_item, v % per_item
         s, t = u // len(tiles), u % len(tiles)
-        if t == 0 and s + 2 < steps:
-            step(s + 2)
-        if u + ahead < units_:
-            pending.append(score(u + ahead))
-        softmax_step(states[t], pending.pop(0), tiles[t][1], _v_views(step(s)), tiles[t][0],
-                     st.D, st.mm_dtype)
+        if t == 0 and i * steps + s + 2 < len(order):
+            step(order[i * steps + s + 2][0], order[i * steps + s + 2][1])
+        if v + ahead < total:
+            pending.append(score(v + ahead))
+        softmax_step(states[i][t], pending.pop(0), tiles[t][1], _v_views(step(i, s)),
+                     tiles[t][0], st.D, st.mm_dtype)
         if t + 1 == len(tiles) and s % per_load == per_load - 1:
-            loads.pop(f"{s // per_load}")    # its tiles are free from here on
-        if u + 1 == len(tiles) and finish_first is not None:
-            finish(st, finish_first)         # the previous item (see items_iteration)
+            loads[i].pop(f"{s // per_load}")     # its tiles are free from here on
+        if u + 1 == len(tiles) and i > 0:
+            finish(st, items[i - 1])             # the previous item (see items_iteration)
 
 
 def finish(st, item):
