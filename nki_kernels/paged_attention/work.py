@@ -236,9 +236,11 @@ class DecodeWork:
 
 # Work items per iteration of the kernel's loops over items. A decode item (one query token) is
 # a few chunks of work, less than a loop iteration's barrier and pipeline fill, so DECODE_ITEMS
-# share one. Measured (cost model, trn2, bf16 8 kv x 32 q heads, D 128): see
-# benchmarks/loop_blocks.py.
-DECODE_ITEMS_PER_ITERATION = 8
+# share one, software-pipelined as one stream (kernel_items.fold_items). Measured (cost model,
+# trn2, bf16 8 kv x 32 q heads, D 128; short-chat decode 32 x 256 / 8 x 1024 / long 32 x 4096):
+# 4 items 368 / 170 / 1800 us, 8: 313 / 158 / 1749, 16: 286 / 153 / 1685, 32: 272 / 153 / 1666
+# (32 doubles the unrolled program for 5%); benchmarks/loop_blocks.py has the older sweep.
+DECODE_ITEMS_PER_ITERATION = 16
 
 
 # Units of query blocks (speculative verification, chunked prefill) are whole work items instead:

@@ -167,7 +167,7 @@ def test_layout_rows_address_every_token(layout, fused):
 def test_items_per_iteration_by_bucket():
     """Eight decode items share a loop iteration whatever the batch (a lone request's chunk
     blocks are items too); a block of queries is a whole unit, an iteration of its own."""
-    assert items_per_iteration(1) == DECODE_ITEMS_PER_ITERATION == 8
+    assert items_per_iteration(1) == DECODE_ITEMS_PER_ITERATION == 16
     assert [items_per_iteration(q) for q in (2, 8, 16, 128)] == [1, 1, 1, 1]
     assert [whole_units(q) for q in (1, 2, 8, 128)] == [False, True, True, True]
 

@@ -99,8 +99,8 @@ def test_padded_batch_rows_do_no_work(rng):
     trace = simulate.last_trace()
     loops = [l["iterations"] for l in trace.loops]
     widths = loop_widths(items_per_iteration(1))
-    assert widths == [8, 4, 2, 1] and len(loops) == 8 * 4     # 8 kinds of item x 4 widths
-    assert loops[4:8] == [0, 1, 0, 1] and sum(loops) == 2     # masked chunks: 4 + 1
+    assert widths == [16, 8, 4, 2, 1] and len(loops) == 8 * 5     # 8 kinds x 5 widths
+    assert loops[5:10] == [0, 0, 1, 0, 1] and sum(loops) == 2      # masked chunks: 4 + 1
 
 
 def test_long_requests_take_mask_free_chunks_in_blocks(rng, target):
@@ -114,8 +114,8 @@ def test_long_requests_take_mask_free_chunks_in_blocks(rng, target):
     trace = simulate.last_trace()
     loops = [l["iterations"] for l in trace.loops]
     # one iteration of width 1 (the last of each kind's loops) for kinds masked, 32, 8, 1
-    widths_1 = loops[3::4]                          # empty, masked, 32, 16, 8, 4, 2, 1
-    assert len(loops) == 8 * 4 and widths_1 == [0, 1, 1, 0, 1, 0, 0, 1] and sum(loops) == 4
+    widths_1 = loops[4::5]                          # empty, masked, 32, 16, 8, 4, 2, 1
+    assert len(loops) == 8 * 5 and widths_1 == [0, 1, 1, 0, 1, 0, 0, 1] and sum(loops) == 4
     ref, ref_lse = batch_decode_ref(*args, return_lse=True)
     np.testing.assert_allclose(out, ref, rtol=2e-5, atol=2e-5)
     np.testing.assert_allclose(lse, ref_lse, rtol=2e-5, atol=2e-5)
