@@ -16,7 +16,9 @@ other only at their synchronising instructions):
   Descriptor generation reads the DMA's offset tables (``<role>_offsets`` operands), so they
   may be overwritten once it is done. The DMA then takes one of ``dma_queues_in_flight``
   slots, waits the fixed semaphore-to-start latency, and moves its bytes on ``ceil(rows / 8)``
-  of the 16 DMA engines (the ones free first). DMAs are ordered only by their data and by these resources.
+  of the 16 DMA engines, at the first time that many are idle for the whole transfer (a DMA
+  triggered later may use engines idle before one triggered earlier: an engine is held only
+  while it moves data). DMAs are ordered only by their data and by these resources.
 - An explicit ``depends_on`` edge holds an instruction until its producer ends (``runtime``,
   the default) or starts (``schedule``: issue order only).
 - The two cores' memory dependencies are not tracked against each other (no semaphore joins
@@ -34,6 +36,7 @@ for (its engine, the data it needed, a DMA resource, a loop barrier).
 
 from __future__ import annotations
 
+import bisect
 import math
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
@@ -317,26 +320,25 @@ class _Scheduler:
         return made
 
     def place_transfer(self, e, core, ready) -> int:
-        """A DMA's transfer: a queue in flight, then its engines after the fixed latency."""
+        """A DMA's transfer: a queue in flight, then its engines after the fixed latency, at
+        the first time ``ceil(rows / 8)`` engines are all idle for the whole transfer (a DMA
+        triggered later in program order may use engines idle before one triggered earlier:
+        no DMA holds an engine before it is triggered)."""
         hw = self.hw
         q = self.queues.setdefault(core, [(0.0, None)] * hw.dma_queues_in_flight)
         qi = _earliest(q)
         start = _later(ready, (*q[qi], "dma queue"))
         used = dma_engines_used(e, hw)
-        pool = self.engines.setdefault(core, [(0.0, None)] * hw.dma_engines)
-        order = sorted(range(len(pool)), key=lambda i: pool[i][0])[:used]
-        gate = max((pool[i] for i in order), key=lambda x: x[0])
-        move = start[0] + hw.dma_fixed_s
-        waited = start
-        if gate[0] > move:
-            move, waited = gate[0], (gate[0], gate[1], "dma engines")
+        pool = self.engines.setdefault(core, [_EngineTimeline() for _ in range(hw.dma_engines)])
         transfer = dma_transfer_seconds(e, hw)
+        move, chosen, blocker = _engine_window(pool, start[0] + hw.dma_fixed_s, transfer, used)
+        waited = start if blocker is None else (move, blocker, "dma engines")
         end = move + transfer
         k = self.add(Slot(e.index, core, "dma", e.name or e.op, start[0], end, waited[1],
                           waited[2], work=transfer, fixed=hw.dma_fixed_s, engines=used))
         q[qi] = (end, k)
-        for i in order:
-            pool[i] = (end, k)
+        for i in chosen:
+            pool[i].book(move, end, k)
         return k
 
     def place_compute(self, e, core, ready) -> int:
@@ -376,6 +378,50 @@ class _Scheduler:
                 end = self.slots[self.slot_of[e.index]]
                 self.floor[core] = _later(self.floor.get(core, (0.0, None, "start")),
                                           (end.end, self.slot_of[e.index], "core barrier"))
+
+
+class _EngineTimeline:
+    """One DMA engine's booked transfers (start, end, slot), sorted by start; beyond HISTORY
+    of them the oldest merge into ``floor``, before which the engine is taken as busy."""
+
+    def __init__(self):
+        self.busy: List[Tuple[float, float, int]] = []
+        self.floor: Tuple[float, Optional[int]] = (0.0, None)
+
+    def idle_from(self, t: float, duration: float):
+        """(t, None) when the engine is idle over [t, t + duration), else (the end of the
+        transfer in the way, its slot)."""
+        if t < self.floor[0]:
+            return self.floor
+        for b0, b1, k in self.busy:
+            if b0 < t + duration and t < b1:
+                return b1, k
+        return t, None
+
+    def book(self, start: float, end: float, slot: int):
+        bisect.insort(self.busy, (start, end, slot))
+        if len(self.busy) > HISTORY:
+            old = self.busy.pop(0)
+            if old[1] > self.floor[0]:
+                self.floor = (old[1], old[2])
+
+
+def _engine_window(pool, earliest: float, duration: float, used: int):
+    """(start, engines, slot that delayed it or None): the first time from ``earliest`` at
+    which ``used`` engines of ``pool`` are idle for ``duration``; the candidates are
+    ``earliest`` and the ends of the transfers in the way."""
+    t, blocker = earliest, None
+    while True:
+        free, later = [], []
+        for i, engine in enumerate(pool):
+            at, k = engine.idle_from(t, duration)
+            if k is None:
+                free.append(i)
+            else:
+                later.append((at, k))
+        if len(free) >= used:
+            return t, free[:used], blocker
+        t, blocker = min(later)
 
 
 def _later(a, b):

@@ -14,12 +14,14 @@ UNCERTAIN = tuple(BANDS)
 
 
 def band(traces, target: str, floor_seconds: float, overrides=None) -> Tuple[float, float]:
-    """(low, high) of scheduled/floor with every uncertain constant at its fastest, then its
-    slowest value (``constants.BANDS``; each moves the estimate one way). ``overrides``: other
-    constants held (e.g. a calibration's), which also pin any uncertain one they name."""
+    """(low, high) of scheduled/floor over the uncertain constants: the estimate with every one
+    at its fastest value, with every one at its slowest (``constants.BANDS``), and as given
+    (a list schedule is not monotone in its costs, so the point can sit past a corner).
+    ``overrides``: other constants held (e.g. a calibration's), which also pin any uncertain
+    one they name."""
     traces = traces if isinstance(traces, (list, tuple)) else [traces]
     held = dict(overrides or {})
-    corners = []
+    corners = [sum(estimate(t, target=target, **held).seconds for t in traces) / floor_seconds]
     for k in (0, 1):
         change = {name: ends[k] for name, ends in BANDS.items() if name not in held}
         corners.append(sum(estimate(t, target=target, **held, **change).seconds
