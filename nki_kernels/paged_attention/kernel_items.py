@@ -149,6 +149,16 @@ def blocks(st, item, count, masked):
     return body
 
 
+# Decode items of at most this many chunks evict K^T on ScalarE alone (VectorE is their busiest
+# engine); larger ones and blocks of queries split it between ScalarE and VectorE.
+KT_SCALAR_CHUNKS = 2
+
+
+def kt_vector_share(st, count):
+    """VectorE's share of a K^T eviction for an item of ``count`` chunks."""
+    return 0.0 if st.Qb == 1 and count <= KT_SCALAR_CHUNKS else 0.5
+
+
 def fold(st, item, count, masked):
     """The item's ``count`` chunks folded into its states (``fold_items`` of one item)."""
     fold_items(st, [item], count, masked)
@@ -177,6 +187,7 @@ def fold_items(st, items, count, masked):
         loaders.append(loader(st, item, count, masked))
         loads.append(item.loads if item.loads is not None else {})
     kts = {}                                   # K^T by f"{item},{step},{first kv head}"
+    share = kt_vector_share(st, count)
 
     def step(i, s):
         """The chunks of item i's softmax step s, loading them on first use."""
@@ -197,7 +208,7 @@ def fold_items(st, items, count, masked):
         if key not in kts:
             kts[key] = []
             for chunk in loaded:
-                kts[key].append(k_transposed(chunk[0][0], h0, n, st.D, st.mm_dtype))
+                kts[key].append(k_transposed(chunk[0][0], h0, n, st.D, st.mm_dtype, share))
         keep = loaded[0][1]               # masked chunks are folded one at a time
         tile_rows = items[i].q[t][0][0].shape[1]
         scores = chunk_scores(items[i].q[t], kts[key], st.T,

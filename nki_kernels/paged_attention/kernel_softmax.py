@@ -122,7 +122,7 @@ def _scores(q_pads, kTs, T, mm_dtype):
     return s_ps
 
 
-def k_transposed(k_sb, h0, n, D, mm_dtype):
+def k_transposed(k_sb, h0, n, D, mm_dtype, vector_share=0.5):
     """{(j, k): K^T [dp, T] in SBUF} of heads h0..h0+n-1 and 128-row pieces k of the head dim,
     made on TensorE in <= 128-row pieces: the transposes of as many heads as fill one PSUM bank
     go side by side into one tile, evicted by two instructions (ScalarE and VectorE halves)
@@ -143,8 +143,8 @@ def k_transposed(k_sb, h0, n, D, mm_dtype):
                 nisa.nc_transpose(dst=kT_ps[:, i * T:(i + 1) * T],
                                   data=k_sb.head(h0 + j0 + i, d0, dp))
             kT_sb = nl.ndarray((dp, m * T), mm_dtype, buffer=nl.sbuf, name="kT")
-            half = m // 2 * T
-            if half:
+            half = int(m * (1 - vector_share)) * T
+            if half and half < m * T:
                 nisa.tensor_copy(dst=kT_sb[:, half:], src=kT_ps[:, half:])
             nisa.activation(dst=kT_sb[:, 0:half or m * T], op=nl.copy,
                             data=kT_ps[:, 0:half or m * T])
