@@ -196,7 +196,10 @@ def make_step(q, k_rows, v_rows, meta, kv_indices, tok_tab, row_tab, sinks, mask
               p=nl.program_id(0), cores=program_cores(), entry_rows={}, scratch=None,
               keep_all=keep_all, mask=mask,
               exp_scale=float(scale) if keep_all is not None else 1.0,
-              iota_t=partition_iota(T))
+              iota_t=partition_iota(T),
+              # blocks of queries: the running max's copy on GpSimd (VectorE is their busiest
+              # engine); decode keeps it on VectorE (GpSimd makes its gathers' descriptors)
+              state_copy_engine=nisa.engine.gpsimd if Qb > 1 else None)
     if st.blocked and st.indirect:     # by f"{group}" (NKI dict keys are strings), ascending
         groups = []
         for size in CHUNK_BLOCKS:

@@ -236,7 +236,7 @@ def fold_items(st, items, count, masked):
         if v + ahead < total:
             pending.append(score(v + ahead))
         softmax_step(states[i][t], pending.pop(0), tiles[t][1], _v_views(step(i, s)),
-                     tiles[t][0], st.D, st.mm_dtype)
+                     tiles[t][0], st.D, st.mm_dtype, st.state_copy_engine)
         if t + 1 == len(tiles) and s % per_load == per_load - 1:
             loads[i].pop(f"{s // per_load}")     # its tiles are free from here on
         if u + 1 == len(tiles) and i > 0:

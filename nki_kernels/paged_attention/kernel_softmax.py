@@ -181,7 +181,7 @@ def chunk_scores(q_pads, kTs, T, keep, scale, soft_cap, mm_dtype, keep_all=None)
     return s, None, 1.0
 
 
-def softmax_step(state, scores, heads, v_tiles, h0, D, p_dtype):
+def softmax_step(state, scores, heads, v_tiles, h0, D, p_dtype, copy_engine=None):
     """Fold ``scores`` (``chunk_scores``: tile [R, W*T], row max or None, exponent scale) of W
     chunks with V tiles [T, H*D] into the state of a group of ``heads`` kv heads (rows R),
     updating the state tiles in place (a device loop's body reuses its own buffers every
@@ -217,7 +217,10 @@ def softmax_step(state, scores, heads, v_tiles, h0, D, p_dtype):
     pv = (_pv_one_head if heads == 1 else _pv_heads)(pTs, v_tiles, h0, D, R // heads)
     nisa.scalar_tensor_tensor(dst=acc, data=acc, op0=nl.multiply, operand0=alpha, op1=nl.add,
                               operand1=pv)
-    nisa.tensor_copy(dst=negm, src=negm_new)   # state lives in tiles made before the loop
+    if copy_engine is None:                    # state lives in tiles made before the loop
+        nisa.tensor_copy(dst=negm, src=negm_new)
+    else:
+        nisa.tensor_copy(dst=negm, src=negm_new, engine=copy_engine)
 
 
 def _pv_one_head(pTs, v_tiles, h0, D, rows):
