@@ -1,7 +1,8 @@
 """Stand in for the ``nki`` package: ``import nki`` then finds this simulator.
 
 ``install()`` puts module objects named ``nki``, ``nki.language``, ``nki.isa`` (a package with
-``nki.isa.constants``), ``nki.collectives`` and ``nki.simulator`` into ``sys.modules`` so kernels
+``nki.isa.constants``), ``nki.collectives``, ``nki.simulator``, ``nki.typing`` and
+``nki.compiler.kernel_builder`` into ``sys.modules`` so kernels
 written for NKI Beta 2 run unchanged; ``uninstall()`` restores what was there; ``patched()`` does
 both around a block.
 """
@@ -13,13 +14,13 @@ import sys
 import types
 
 _NAMES = ("nki", "nki.language", "nki.isa", "nki.isa.constants", "nki.collectives",
-          "nki.simulator", "nki.typing")
+          "nki.simulator", "nki.typing", "nki.compiler", "nki.compiler.kernel_builder")
 _saved = None
 
 
 def build_modules() -> dict:
     """Fresh ``nki*`` module objects backed by the simulator."""
-    from . import collectives, isa, language
+    from . import collectives, isa, kernel_builder, language
     from .isa import constants
     from .launch import jit, simulate, simulate_kernel
     from .errors import NkiValidationError
@@ -44,12 +45,17 @@ def build_modules() -> dict:
     # give kernel parameters (``def kernel(x: tensor)``), is the tensor class
     typing_module = module("nki.typing", "nki.typing (simulated): kernel parameter annotations")
     typing_module.tensor = language.ndarray
+    compiler = module("nki.compiler", "nki.compiler (simulated)", package=True)
+    builder = module("nki.compiler.kernel_builder", "nki.compiler.kernel_builder (simulated)")
+    builder.compile_kernel = kernel_builder.compile_kernel
+    compiler.kernel_builder = builder
     nki.__dict__.update(language=nl, isa=nisa, collectives=ncc, simulator=simulator, jit=jit,
-                        typing=typing_module,
+                        typing=typing_module, compiler=compiler,
                         simulate=simulate, dtype=language.dtype,
                         NkiValidationError=NkiValidationError, __nki_kernels_simulator__=True)
     return {"nki": nki, "nki.language": nl, "nki.isa": nisa, "nki.isa.constants": nisa_constants,
-            "nki.collectives": ncc, "nki.simulator": simulator, "nki.typing": typing_module}
+            "nki.collectives": ncc, "nki.simulator": simulator, "nki.typing": typing_module,
+            "nki.compiler": compiler, "nki.compiler.kernel_builder": builder}
 
 
 def install() -> None:
