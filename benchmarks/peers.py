@@ -8,7 +8,8 @@ over block KV, the kv heads folded into its batch) run unchanged in the simulato
 ``tools/third_party_kernels.py``'s harness; nothing of them is copied here. Each row: one Llama-3
 8B attention layer (8 kv / 32 q heads, D 128, bf16), ours and the peer's modelled time, each
 over the step's floor (bytes over HBM bandwidth, or causal FLOPs over TensorE peak), and the
-ratio ours / peer. Writes ``peers.md``. ``--quick``: smaller shapes (a minute).
+ratio ours / peer; each x-floor figure with its band over the uncertain constants
+(``profile/sensitivity.band``). Writes ``peers.md``. ``--quick``: smaller shapes (a minute).
 """
 
 from __future__ import annotations
@@ -37,9 +38,23 @@ def _harness():
     return module
 
 
+class Timed(float):
+    """Modelled seconds of a step, with its traces (for the band over the uncertain constants)."""
+
+    traces: list = []
+
+
 def _seconds(traces, target="trn2"):
     from nki_kernels.profile import estimate
-    return sum(estimate(t, target=target).seconds for t in traces)
+    out = Timed(sum(estimate(t, target=target).seconds for t in traces))
+    out.traces = list(traces)
+    return out
+
+
+def _band(timed, floor):
+    from nki_kernels.profile.sensitivity import band
+    low, high = band(timed.traces, "trn2", floor)
+    return f"{low:.1f}-{high:.1f}"
 
 
 def floor_seconds(kv_tokens, q_tokens, pairs, cores=1, target="trn2"):
@@ -128,12 +143,12 @@ def rows(tp, quick):
 
 
 def markdown(table):
-    lines = ["| step (Llama-3-8B layer, trn2) | peer | floor us | ours us (x floor) | "
-             "peer us (x floor) | ours / peer |", "|" + "---|" * 6]
+    lines = ["| step (Llama-3-8B layer, trn2) | peer | floor us | ours us (x floor; band) | "
+             "peer us (x floor; band) | ours / peer |", "|" + "---|" * 6]
     for name, peer_name, floor, ours, peer in table:
         lines.append(f"| {name} | {peer_name} | {floor * 1e6:.1f} | {ours * 1e6:.1f} "
-                     f"({ours / floor:.1f}x) | {peer * 1e6:.1f} ({peer / floor:.1f}x) | "
-                     f"{ours / peer:.2f} |")
+                     f"({ours / floor:.1f}x; {_band(ours, floor)}) | {peer * 1e6:.1f} "
+                     f"({peer / floor:.1f}x; {_band(peer, floor)}) | {ours / peer:.2f} |")
     return "\n".join(lines)
 
 
