@@ -288,3 +288,44 @@ def test_bad_masks_refused_by_name_before_any_write(rng, kwargs, error, rule):
 def test_request_masks_unpack_little_order():
     masks = request_masks(None, np.array([0b00000101, 0b1], np.uint8), None, [1, 1], [3, 1])
     assert masks[0].tolist() == [[True, False, True]] and masks[1].tolist() == [[True]]
+
+
+def test_edges_of_the_mask_helpers():
+    """A tree over no prefix, a batch of no segments, empty requests beside packed ones."""
+    from nki_kernels.paged_attention import tree_mask
+    m = tree_mask([-1, 0], 0)
+    assert m.dtype == np.bool_ and m.tolist() == [[True, False], [True, True]]
+    packed, ptr = segment_packbits(np.zeros(0, bool), np.array([0]))
+    assert packed.dtype == np.uint8 and packed.size == 0 and ptr.tolist() == [0]
+    packed, ptr = segment_packbits(np.ones(3, bool), np.array([0, 0, 3]), "little")
+    assert ptr.dtype == np.int32 and ptr.tolist() == [0, 0, 1] and packed.tolist() == [7]
+    masks = request_masks(None, np.array([5], np.uint8), np.array([0, 0, 1], np.int32),
+                          [0, 1], [4, 3])
+    assert masks[0].shape == (0, 4) and masks[1].tolist() == [[True, False, True]]
+
+
+@pytest.mark.parametrize("kwargs, error, rule", [
+    ({"packed_custom_mask": [1, 2, 3]}, TypeError, "got list"),
+    ({"custom_mask": np.ones(18, np.int64)}, TypeError, r"got int64 array of shape \(18,\)"),
+    ({"custom_mask": np.ones(11, bool)}, ValueError, "add up to 18"),
+    ({"packed_custom_mask": np.ones(4, np.uint8)}, ValueError, "add up to 3"),
+    ({"packed_custom_mask": np.ones(3, np.uint8), "mask_indptr": np.array([0, 3], np.int32)},
+     ValueError, r"mask_indptr.*batch \+ 1"),
+])
+def test_mask_refusals_say_what_they_got(rng, kwargs, error, rule):
+    q, cache, qo, kv_indptr, kv_indices, last, _ = make_prefill_case(rng, [2, 3], [3, 4], 4, 1, 1,
+                                                                    8)
+    with pytest.raises(error, match=rule):
+        batch_prefill(q, cache, qo, kv_indptr, kv_indices, last, **kwargs)
+
+
+def test_blocks_of_a_long_request_read_their_own_rows(rng):
+    """300 queries of one request make several work items; each item's mask rows start at its
+    first query (q0 > 0), and the request's other blocks are not confused with them."""
+    q_lens, kv_lens = [300, 2], [420, 9]
+    args = make_prefill_case(rng, q_lens, kv_lens, 16, 2, 4, 32)
+    masks = random_masks(rng, q_lens, kv_lens, 0.7)
+    masks[0][:, :256] = True                      # whole chunks, mask-free in some blocks
+    masks[0][250, 100] = False                    # ... but not in the block of query 250
+    with simulate.use_target("trn2"):
+        check(args, masks)
