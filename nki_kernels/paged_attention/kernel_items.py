@@ -17,7 +17,7 @@ from .kernel_mask import masked_keep
 from .kernel_queries import group_queries
 from .kernel_softmax import (chunk_scores, finalize, forget_unseen, k_transposed, load_state,
                              mask_keep, merge_states, merge_with_partner, poison_state,
-                             softmax_step, state_tile, state_views, store_state)
+                             softmax_begin, softmax_end, state_tile, state_views, store_state)
 from .work import C0, C1, CHUNK_BLOCKS, FULL_HI, FULL_LO, LOAD, OUT, STORE
 
 
@@ -28,6 +28,10 @@ from .work import C0, C1, CHUNK_BLOCKS, FULL_HI, FULL_LO, LOAD, OUT, STORE
 # HND); chunks gathered one at a time (masked chunks, NeuronCore-v2, pages over 128) fold
 # FOLD_WIDTH per step only when blocks of queries fill several tiles per chunk (prefill), else one.
 FOLD_WIDTH = 4
+
+
+# Largest V tile (bytes per partition) a softmax step's end may hold one unit past its begin
+LAG_TILE_BYTES = 16 * 1024
 
 
 # Tiles of query rows whose scores are made ahead of the softmax (a step ahead when a step has
@@ -228,6 +232,12 @@ def fold_items(st, items, count, masked):
     pending = []
     for v in range(min(ahead, total)):
         pending.append(score(v))
+    # blocks of queries end each softmax step one unit behind its begin (VectorE then never
+    # waits on this unit's exp), unless a gather's V tile is large: it is not held past its own
+    # step. Decode keeps them together (measured slower: the PV of an item then waits behind
+    # the next item's P^T on TensorE, delaying the item's finish).
+    held = group * st.geo.H * st.D * st.k_bytes
+    halves, lag = [], 1 if st.Qb > 1 and held <= LAG_TILE_BYTES else 0
     for v in range(total):
         i, u = v // per_item, v % per_item
         s, t = u // len(tiles), u % len(tiles)
@@ -235,12 +245,19 @@ def fold_items(st, items, count, masked):
             step(order[i * steps + s + 2][0], order[i * steps + s + 2][1])
         if v + ahead < total:
             pending.append(score(v + ahead))
-        softmax_step(states[i][t], pending.pop(0), tiles[t][1], _v_views(step(i, s)),
-                     tiles[t][0], st.D, st.mm_dtype, st.state_copy_engine)
+        halves.append(softmax_begin(states[i][t], pending.pop(0), tiles[t][1],
+                                    _v_views(step(i, s)), tiles[t][0], st.D, st.mm_dtype,
+                                    st.state_copy_engine))
+        if len(halves) > lag:
+            softmax_end(halves.pop(0))
         if t + 1 == len(tiles) and s % per_load == per_load - 1:
             loads[i].pop(f"{s // per_load}")     # its tiles are free from here on
         if u + 1 == len(tiles) and i > 0:
-            finish(st, items[i - 1])             # the previous item (see items_iteration)
+            while len(halves) > lag:             # the previous item's last step, ended
+                softmax_end(halves.pop(0))
+            finish(st, items[i - 1])             # (see items_iteration)
+    for half in halves:
+        softmax_end(half)
 
 
 def finish(st, item):

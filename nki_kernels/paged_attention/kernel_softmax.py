@@ -185,10 +185,24 @@ def softmax_step(state, scores, heads, v_tiles, h0, D, p_dtype, copy_engine=None
     """Fold ``scores`` (``chunk_scores``: tile [R, W*T], row max or None, exponent scale) of W
     chunks with V tiles [T, H*D] into the state of a group of ``heads`` kv heads (rows R),
     updating the state tiles in place (a device loop's body reuses its own buffers every
-    iteration). P is ``p_dtype`` (the matmul dtype). One softmax step for all W chunks:
-    VectorE: the running max (and the row max when the scores have none), two rescales;
-    ScalarE: exp of the scaled scores with the row sum, alpha, the P^T evictions; the fixed
-    cost of each instruction is paid once per W chunks."""
+    iteration). P is ``p_dtype`` (the matmul dtype); ``copy_engine``: where the new running max
+    is copied into the state (default VectorE). One softmax step for all W chunks:
+    ``softmax_begin`` then ``softmax_end``."""
+    softmax_end(softmax_begin(state, scores, heads, v_tiles, h0, D, p_dtype, copy_engine))
+
+
+class SoftmaxHalf(nl.NKIObject):
+    """What ``softmax_begin`` leaves for ``softmax_end``: the state, alpha, the row sums, P^T
+    per chunk, the V tiles and the tile's kv heads."""
+
+
+def softmax_begin(state, scores, heads, v_tiles, h0, D, p_dtype, copy_engine=None):
+    """The first half of a softmax step (arguments as ``softmax_step``): VectorE the running
+    max, ScalarE exp of the scaled scores with the row sum and alpha = e^(m_old - m_new), the
+    new max copied into the state, P^T on TensorE evicted by ScalarE. The state's max is
+    current when it returns, so the next step of the same state may begin before this one's
+    ``softmax_end``: issuing the next tile's begin first keeps VectorE from waiting on this
+    tile's exp."""
     s, row_max, scale = scores
     negm, l, acc = state
     T = v_tiles[0].tile.shape[0]
@@ -205,8 +219,10 @@ def softmax_step(state, scores, heads, v_tiles, h0, D, p_dtype, copy_engine=None
     nisa.activation(dst=p, op=nl.exp, data=s, bias=negm_new, scale=scale, reduce_op=nl.add,
                     reduce_res=row_sum, reduce_cmd=nisa.reduce_cmd.reset_reduce)
     nisa.activation(dst=alpha, op=nl.exp, data=negm, bias=negm_new, scale=-1.0)  # e^(m_old - m_new)
-    nisa.scalar_tensor_tensor(dst=l, data=l, op0=nl.multiply, operand0=alpha, op1=nl.add,
-                              operand1=row_sum)
+    if copy_engine is None:                    # state lives in tiles made before the loop
+        nisa.tensor_copy(dst=negm, src=negm_new)
+    else:
+        nisa.tensor_copy(dst=negm, src=negm_new, engine=copy_engine)
     pTs = []
     for c in range(len(v_tiles)):
         pT_ps = nl.ndarray((T, R), transpose_dtype(p_dtype), buffer=nl.psum, name="pT_ps")
@@ -214,13 +230,21 @@ def softmax_step(state, scores, heads, v_tiles, h0, D, p_dtype, copy_engine=None
         pT = nl.ndarray((T, R), p_dtype, buffer=nl.sbuf, name="pT")
         nisa.activation(dst=pT, op=nl.copy, data=pT_ps)
         pTs.append(pT)
-    pv = (_pv_one_head if heads == 1 else _pv_heads)(pTs, v_tiles, h0, D, R // heads)
-    nisa.scalar_tensor_tensor(dst=acc, data=acc, op0=nl.multiply, operand0=alpha, op1=nl.add,
-                              operand1=pv)
-    if copy_engine is None:                    # state lives in tiles made before the loop
-        nisa.tensor_copy(dst=negm, src=negm_new)
-    else:
-        nisa.tensor_copy(dst=negm, src=negm_new, engine=copy_engine)
+    return SoftmaxHalf(state=state, alpha=alpha, row_sum=row_sum, pTs=pTs, v_tiles=v_tiles,
+                       heads=heads, h0=h0, D=D)
+
+
+def softmax_end(half):
+    """The second half of a softmax step (``softmax_begin``'s result): P @ V on TensorE, and on
+    VectorE l = l alpha + row sum and acc = acc alpha + P @ V."""
+    negm, l, acc = half.state
+    nisa.scalar_tensor_tensor(dst=l, data=l, op0=nl.multiply, operand0=half.alpha, op1=nl.add,
+                              operand1=half.row_sum)
+    R = half.pTs[0].shape[1]
+    pv = (_pv_one_head if half.heads == 1 else _pv_heads)(half.pTs, half.v_tiles, half.h0,
+                                                          half.D, R // half.heads)
+    nisa.scalar_tensor_tensor(dst=acc, data=acc, op0=nl.multiply, operand0=half.alpha,
+                              op1=nl.add, operand1=pv)
 
 
 def _pv_one_head(pTs, v_tiles, h0, D, rows):
