@@ -19,16 +19,16 @@ S <- S + k_t delta^T; o_t = S^T q_t. Prints ran / matched per case and ``N passe
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import os
 import sys
-import traceback
 from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from harness_common import load_file, verdict  # noqa: E402  (tools/, beside this script)
 
 QWEN = "contrib/models/Qwen3.5-2B/src/nki_kernels"
 D = 128
@@ -43,15 +43,6 @@ class Case:
     target: str = "trn2"
     atol: float = 2e-3
     rtol: float = 2e-3
-
-
-def _load(root, path):
-    full = os.path.join(root, path)
-    name = "nxdi_" + path.replace("/", "_").replace("-", "_").replace(".", "_")
-    spec = importlib.util.spec_from_file_location(name, full)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def recurrence(q, k, v, g, beta, state=None):
@@ -260,34 +251,15 @@ def cases():
     ]
 
 
-def _compare(got, want, case):
-    if isinstance(want, tuple):
-        assert isinstance(got, (tuple, list)) and len(got) == len(want), \
-            f"{len(got) if isinstance(got, (tuple, list)) else 1} outputs, expected {len(want)}"
-        for g, w in zip(got, want):
-            _compare(g, w, case)
-        return
-    np.testing.assert_allclose(np.asarray(got, np.float64).reshape(np.shape(want)), want,
-                               atol=case.atol, rtol=case.rtol)
-
-
 def run_case(root, case):
     from nki_kernels import simulate
     rng = np.random.default_rng(0)
+
+    def run():
+        module = load_file(root, case.path, "nxdi_")
+        return case.run(getattr(module, case.kernel), module, rng)
     with simulate.use_target(case.target):
-        try:
-            module = _load(root, case.path)
-            got, want = case.run(getattr(module, case.kernel), module, rng)
-        except simulate.SimulationError as err:
-            return "error", f"{type(err).__name__}: {str(err).splitlines()[0][:200]}"
-        except Exception as err:                          # noqa: BLE001 - reported per case
-            return "error", (f"{type(err).__name__}: {err}"[:200] + "\n"
-                             + traceback.format_exc(limit=-3))
-    try:
-        _compare(got, want, case)
-    except AssertionError as err:
-        return "mismatch", str(err).strip().splitlines()[-1][:200]
-    return "matched", ""
+        return verdict(run, case.atol, case.rtol)
 
 
 def main(argv=None) -> int:

@@ -21,10 +21,8 @@ listed as skipped with that reason.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import os
 import sys
-import traceback
 from dataclasses import dataclass
 from typing import Callable, Optional
 
@@ -32,6 +30,8 @@ import ml_dtypes
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from harness_common import load_file, verdict  # noqa: E402  (tools/, beside this script)
 
 BF16 = ml_dtypes.bfloat16
 EXAMPLES = "nki/examples"
@@ -52,18 +52,7 @@ class Case:
 
 
 def _load(sdk, path):
-    """Import an SDK file by path (its directory first on sys.path, for its sibling imports)."""
-    full = os.path.join(sdk, path)
-    folder = os.path.dirname(full)
-    sys.path.insert(0, folder)
-    try:
-        name = "sdk_" + path.replace("/", "_").replace("-", "_").removesuffix(".py")
-        spec = importlib.util.spec_from_file_location(name, full)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        return module
-    finally:
-        sys.path.remove(folder)
+    return load_file(sdk, path, "sdk_", with_folder=True)
 
 
 def _randn(rng, *shape, dtype=np.float32):
@@ -215,39 +204,14 @@ def cases(sdk):
     return out + _mx_cases(sdk)
 
 
-def _compare(got, want, case):
-    if isinstance(want, tuple):
-        assert isinstance(got, (tuple, list)) and len(got) == len(want), "output count differs"
-        for g, w in zip(got, want):
-            _compare(g, w, case)
-        return
-    np.testing.assert_allclose(np.asarray(got, np.float64), np.asarray(want, np.float64),
-                               atol=case.atol, rtol=case.rtol)
-
-
 def run_case(sdk, case, target):
     from nki_kernels import simulate
     if case.skip:
         return "skipped", case.skip
     rng = np.random.default_rng(0)
     with simulate.use_target(case.target or target):
-        try:
-            kernel = getattr(_load(sdk, case.path), case.kernel)
-            got, want = case.run(kernel, rng)
-        except simulate.SimulationError as err:
-            if case.refused and case.refused in str(err):
-                return "refused as documented", str(err).splitlines()[0][:120]
-            return "error", f"{type(err).__name__}: {str(err).splitlines()[0][:160]}"
-        except Exception as err:                         # noqa: BLE001 - reported per case
-            return "error", f"{type(err).__name__}: {err}"[:200] + "\n" + traceback.format_exc(
-                limit=-3)
-    if case.refused:
-        return "not refused", "expected a refusal"
-    try:
-        _compare(got, want, case)
-    except AssertionError as err:
-        return "mismatch", str(err).strip().splitlines()[-1][:160]
-    return "matched", ""
+        return verdict(lambda: case.run(getattr(_load(sdk, case.path), case.kernel), rng),
+                       case.atol, case.rtol, case.refused)
 
 
 def main(argv=None) -> int:
