@@ -93,7 +93,7 @@ def batch_prefill(q, paged_kv_cache, qo_indptr, kv_indptr, kv_indices, kv_last_p
             position kv_len - q_len + i) by the same launch before attention reads them; wider
             rows into an fp8 cache are quantized on write with k_scale / v_scale (the scales
             attention reads back with; numbers or float arrays [H] per kv head)
-        custom_mask: bool [sum(q_len * kv_len)], each request's [q_len, kv_len] mask (True:
+        custom_mask: bool (or 0/1) [sum(q_len * kv_len)], each request's [q_len, kv_len] mask (True:
             the query sees the key) flattened row-major and concatenated (FlashInfer's layout),
             or None; packed_custom_mask: the same bit-packed per request (``segment_packbits``
             with bitorder="little"), uint8, taken over custom_mask when both are given;

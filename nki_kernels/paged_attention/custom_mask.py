@@ -87,16 +87,35 @@ def request_masks(custom_mask, packed_custom_mask, mask_indptr, q_lens, kv_lens)
                 for b in range(q_lens.size)]
     if custom_mask is None:
         return None
-    if not isinstance(custom_mask, np.ndarray) or custom_mask.ndim != 1 \
-            or custom_mask.dtype != np.bool_:
-        raise TypeError(f"custom_mask must be a 1-D bool array (each request's [q_len, kv_len] "
-                        f"mask flattened row-major, concatenated), got {_describe(custom_mask)}")
+    custom_mask = _bool_mask(custom_mask)
     starts = np.concatenate([[0], np.cumsum(sizes)])
     if custom_mask.size != starts[-1]:
         raise ValueError(f"custom_mask has {custom_mask.size} elements; the requests' q_len * "
                          f"kv_len (qo_indptr, kv lengths) add up to {starts[-1]}")
     return [custom_mask[starts[b]:starts[b + 1]].reshape(q_lens[b], kv_lens[b])
             for b in range(q_lens.size)]
+
+
+def _bool_mask(mask):
+    """``custom_mask`` as a 1-D bool array: bool, or integers that are all 0 or 1 (array-likes
+    taken as NumPy would); anything else refused by name."""
+    rule = ("custom_mask must be a 1-D bool array (each request's [q_len, kv_len] mask "
+            "flattened row-major, concatenated; integer 0/1 also taken)")
+    if not isinstance(mask, np.ndarray):
+        try:
+            mask = np.asarray(mask)
+        except (TypeError, ValueError):
+            raise TypeError(f"{rule}, got {type(mask).__name__}") from None
+    if mask.ndim != 1:
+        raise TypeError(f"{rule}, got {_describe(mask)}")
+    if mask.dtype == np.bool_:
+        return mask
+    if np.issubdtype(mask.dtype, np.integer) and (mask.size == 0 or (
+            (mask == 0) | (mask == 1)).all()):
+        return mask.astype(bool)
+    raise TypeError(f"{rule}, got {_describe(mask)}"
+                    + (" holding values other than 0 and 1"
+                       if np.issubdtype(mask.dtype, np.integer) else ""))
 
 
 def _describe(a):

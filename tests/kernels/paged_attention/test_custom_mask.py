@@ -259,7 +259,8 @@ def test_mask_free_chunks_follow_the_mask():
 
 
 @pytest.mark.parametrize("kwargs, error, rule", [
-    ({"custom_mask": np.ones(10, np.uint8)}, TypeError, "custom_mask must be a 1-D bool"),
+    ({"custom_mask": np.full(18, 2, np.uint8)}, TypeError, "values other than 0 and 1"),
+    ({"custom_mask": np.ones(18, np.float32)}, TypeError, "custom_mask must be a 1-D bool"),
     ({"custom_mask": np.ones((2, 5), bool)}, TypeError, "custom_mask must be a 1-D bool"),
     ({"custom_mask": np.ones(11, bool)}, ValueError, "custom_mask has 11 elements"),
     ({"packed_custom_mask": np.ones(3, np.int32)}, TypeError, "packed_custom_mask must be"),
@@ -285,6 +286,15 @@ def test_bad_masks_refused_by_name_before_any_write(rng, kwargs, error, rule):
     np.testing.assert_array_equal(cache, before)
 
 
+def test_integer_and_list_masks_are_taken_as_bool(rng):
+    q_lens, kv_lens = [2, 3], [5, 9]
+    args = make_prefill_case(rng, q_lens, kv_lens, 4, 1, 2, 8)
+    flat = flatten(random_masks(rng, q_lens, kv_lens))
+    want = batch_prefill(*args, custom_mask=flat)
+    np.testing.assert_array_equal(batch_prefill(*args, custom_mask=flat.astype(np.uint8)), want)
+    np.testing.assert_array_equal(batch_prefill(*args, custom_mask=flat.tolist()), want)
+
+
 def test_request_masks_unpack_little_order():
     masks = request_masks(None, np.array([0b00000101, 0b1], np.uint8), None, [1, 1], [3, 1])
     assert masks[0].tolist() == [[True, False, True]] and masks[1].tolist() == [[True]]
@@ -306,7 +316,7 @@ def test_edges_of_the_mask_helpers():
 
 @pytest.mark.parametrize("kwargs, error, rule", [
     ({"packed_custom_mask": [1, 2, 3]}, TypeError, "got list"),
-    ({"custom_mask": np.ones(18, np.int64)}, TypeError, r"got int64 array of shape \(18,\)"),
+    ({"custom_mask": np.ones((3, 6), np.int64)}, TypeError, r"got int64 array of shape \(3, 6\)"),
     ({"custom_mask": np.ones(11, bool)}, ValueError, "add up to 18"),
     ({"packed_custom_mask": np.ones(4, np.uint8)}, ValueError, "add up to 3"),
     ({"packed_custom_mask": np.ones(3, np.uint8), "mask_indptr": np.array([0, 3], np.int32)},
