@@ -157,10 +157,12 @@ def _whole_requests(req: _Requests, rows: int, page_size: int) -> np.ndarray:
 # a core does: a work item's fixed cost (its table row, q load, the softmax state it loads,
 # stores and finalizes) and each device-loop iteration (the barrier and the pipeline's fill).
 # Least-squares fit to the dependency-aware schedule on trn2 (benchmarks/decode_two_cores.py
-# fit over nine batches, eight items per iteration; bf16, 8 kv heads, G 4, D 128, pages of 16):
-# an item 5.76 chunks, an iteration 6.02.
-ITEM_COST_CHUNKS = 5.76
-ITERATION_COST_CHUNKS = 6.02
+# fit over nine batches, 16 items per iteration as one software pipeline; bf16, 8 kv heads, G 4,
+# D 128, pages of 16): an item 3.02 chunks, an iteration 8.31 (5.76 / 6.02 at 8 items an
+# iteration before the pipeline; the cuts of benchmarks/decode_two_cores.py's cases and the
+# workload suite's LNC=2 rows came out the same either way).
+ITEM_COST_CHUNKS = 3.02
+ITERATION_COST_CHUNKS = 8.31
 # Mask-free chunks of one work item, largest first (a request's mask-free chunks: as many
 # blocks of 32 as fit, then at most one of each smaller size); chosen with benchmarks/loop_blocks.py
 CHUNK_BLOCKS = (32, 16, 8, 4, 2, 1)
