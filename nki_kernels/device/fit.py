@@ -51,7 +51,7 @@ def _loss(all_traces, measured, target, constants):
                for tr, m in zip(all_traces, measured))
 
 
-def _search(f, low, high, integer, current):
+def _search(f, low, high, integer):
     """The argmin of f over [low, high]: a log-spaced scan (linear from 0 for a band starting
     at 0), refined by golden section around the best point."""
     if low == 0:
@@ -170,7 +170,7 @@ def fit(measured: dict, names=None, samples=64, starts=3, seed=0, log=print):
     for name in names:                          # polish: each constant alone over its band
         low, high, integer = BANDS[name]
         value, new = _search(lambda x: _loss(traces, seconds, target, {**constants, name: x}),
-                             low, high, integer, constants[name])
+                             low, high, integer)
         if new < best:
             constants[name], best = value, new
     log("fit: loss " + f"{best:.3g}: " + ", ".join(f"{n}={constants[n]:.4g}" for n in names))

@@ -15,11 +15,10 @@ import json
 import os
 import time
 
-import numpy as np
-
-from nki_kernels.registry import KERNELS, compare
+from nki_kernels.registry import KERNELS
 
 from .launches import recording
+from .validate import run_case
 
 PERCENTILES = (50, 90, 99)
 
@@ -53,11 +52,8 @@ def bench_rows(quick: bool):
 def measure_row(name, sizes, warmup, iters, out_dir, tag):
     """One row on the device: checked once, then each launch benchmarked."""
     from nki_kernels.backend import nki
-    spec = KERNELS[name]
-    inputs = spec.make(sizes, np.random.default_rng(0))
     with recording() as launches:
-        out = spec.run(inputs)
-    ok, err = compare(spec, inputs, out, spec.ref(spec.make(sizes, np.random.default_rng(0))))
+        ok, err = run_case(name, sizes)
     per_launch = []
     for k, launch in enumerate(launches):
         if launch.grid is not None:

@@ -97,16 +97,13 @@ def partition_iota(T):
     return iota_t
 
 
-def start_cursor(cols, tok_sb, R, mask=None, iota_t=None):
+def start_cursor(cols, tok_sb, R, mask, iota_t):
     """The cursor at the item's first chunk: pos = POS0 + t, slot = SLOT0 + slot(t),
     entry = ENTRY0 + entry(t), start = POS0 (``cols``: ``item_columns``; tok_sb: the [T, 2]
     chunk-local token table), in tiles of its own (the loop advances them); with a custom mask
-    (``kernel_mask.CustomMask``) also mrow, its table row (``kernel_mask.mask_start``).
-    ``iota_t``: [T, 1] int32 holding t (``partition_iota``, made once a launch; here if not
-    given)."""
+    (``kernel_mask.CustomMask``, or None) also mrow, its table row (``kernel_mask.mask_start``).
+    ``iota_t``: [T, 1] int32 holding t (``partition_iota``, made once a launch)."""
     T = tok_sb.shape[0]
-    if iota_t is None:
-        iota_t = partition_iota(T)
     cursor = {}
     for field in (("pos", POS0, iota_t), ("slot", SLOT0, tok_sb[:, 0:1]),
                   ("entry", ENTRY0, tok_sb[:, 1:2])):

@@ -122,11 +122,11 @@ def _scores(q_pads, kTs, T, mm_dtype):
     return s_ps
 
 
-def k_transposed(k_sb, h0, n, D, mm_dtype, vector_share=0.5):
+def k_transposed(k_sb, h0, n, D, mm_dtype, vector_share):
     """{(j, k): K^T [dp, T] in SBUF} of heads h0..h0+n-1 and 128-row pieces k of the head dim,
     made on TensorE in <= 128-row pieces: the transposes of as many heads as fill one PSUM bank
-    go side by side into one tile, evicted by two instructions (ScalarE and VectorE halves)
-    instead of one per head. Made once per chunk and kv heads, shared by every tile of query
+    go side by side into one tile, evicted by two instructions (ScalarE and VectorE parts,
+    ``vector_share`` of it on VectorE: 0 or 0.5) instead of one per head. Made once per chunk and kv heads, shared by every tile of query
     rows of those heads, and all of a step's before its first matmul, so TensorE transposes the
     next chunk while the last one's K^T is evicted."""
     T = k_sb.tile.shape[0]
@@ -155,9 +155,9 @@ def k_transposed(k_sb, h0, n, D, mm_dtype, vector_share=0.5):
 
 def chunk_scores(q_pads, kTs, T, keep, scale, soft_cap, mm_dtype, keep_all=None):
     """The scores of W chunks (``kTs``: each chunk's ``k_transposed``) for a tile of query rows,
-    as (SBUF [n*G, W*T] fp32, row max or None, exponent scale): the first half of a softmax step,
-    issued ahead of the second (``softmax_step``) so TensorE makes the next scores while VectorE
-    and ScalarE work on these.
+    as (SBUF [n*G, W*T] fp32, row max or None, exponent scale), issued ahead of the softmax
+    (``softmax_begin``) so TensorE makes the next scores while VectorE and ScalarE work on
+    these.
 
     Without a soft cap, one VectorE pass (``select_reduce``) evicts the raw PSUM scores, puts
     NEG_BIG where ``keep`` (``mask_keep``; ``keep_all``, a tile of ones, for a mask-free chunk)
@@ -181,28 +181,22 @@ def chunk_scores(q_pads, kTs, T, keep, scale, soft_cap, mm_dtype, keep_all=None)
     return s, None, 1.0
 
 
-def softmax_step(state, scores, heads, v_tiles, h0, D, p_dtype, copy_engine=None):
-    """Fold ``scores`` (``chunk_scores``: tile [R, W*T], row max or None, exponent scale) of W
-    chunks with V tiles [T, H*D] into the state of a group of ``heads`` kv heads (rows R),
-    updating the state tiles in place (a device loop's body reuses its own buffers every
-    iteration). P is ``p_dtype`` (the matmul dtype); ``copy_engine``: where the new running max
-    is copied into the state (default VectorE). One softmax step for all W chunks:
-    ``softmax_begin`` then ``softmax_end``."""
-    softmax_end(softmax_begin(state, scores, heads, v_tiles, h0, D, p_dtype, copy_engine))
-
-
 class SoftmaxHalf(nl.NKIObject):
     """What ``softmax_begin`` leaves for ``softmax_end``: the state, alpha, the row sums, P^T
     per chunk, the V tiles and the tile's kv heads."""
 
 
 def softmax_begin(state, scores, heads, v_tiles, h0, D, p_dtype, copy_engine=None):
-    """The first half of a softmax step (arguments as ``softmax_step``): VectorE the running
+    """Fold ``scores`` (``chunk_scores``: tile [R, W*T], row max or None, exponent scale) of W
+    chunks with V tiles [T, H*D] into the state of a group of ``heads`` kv heads (rows R), in
+    place (a device loop's body reuses its own buffers every iteration), P in ``p_dtype`` (the
+    matmul dtype); the fixed cost of each instruction is paid once per W chunks. This first
+    half of the step (``softmax_end`` the second): VectorE the running
     max, ScalarE exp of the scaled scores with the row sum and alpha = e^(m_old - m_new), the
     new max copied into the state, P^T on TensorE evicted by ScalarE. The state's max is
     current when it returns, so the next step of the same state may begin before this one's
     ``softmax_end``: issuing the next tile's begin first keeps VectorE from waiting on this
-    tile's exp."""
+    tile's exp. ``copy_engine``: where the new max is copied (default VectorE)."""
     s, row_max, scale = scores
     negm, l, acc = state
     T = v_tiles[0].tile.shape[0]
