@@ -7,7 +7,8 @@
 over block KV, the kv heads folded into its batch) run unchanged in the simulator through
 ``tools/third_party_kernels.py``'s harness; nothing of them is copied here. Each row: one Llama-3
 8B attention layer (8 kv / 32 q heads, D 128, bf16), ours and the peer's modelled time, each
-over the step's floor (bytes over HBM bandwidth, or causal FLOPs over TensorE peak), and the
+over the step's floor (profile/floor.py: bytes over HBM bandwidth, causal FLOPs over TensorE
+peak, one ScalarE and one VectorE pass over the scores, the largest), and the
 ratio ours / peer; each x-floor figure with its band over the uncertain constants
 (``profile/sensitivity.band``). Writes ``peers.md``. ``--quick``: smaller shapes (a minute).
 """
@@ -58,13 +59,12 @@ def _band(timed, floor):
 
 
 def floor_seconds(kv_tokens, q_tokens, pairs, cores=1, target="trn2"):
-    """Bytes (K/V read once, q read and out written) over HBM bandwidth, or causal FLOPs over
-    TensorE peak, whichever is larger."""
+    """The step's floor (``profile/floor.py``): K/V read once, q read and out written over HBM
+    bandwidth; the causal scores' FLOPs over TensorE peak, one ScalarE and one VectorE pass."""
     from nki_kernels.profile.constants import hardware
-    hw = hardware(target)
+    from nki_kernels.profile.floor import attention_floor
     nbytes = 2 * kv_tokens * H * D * 2 + 2 * q_tokens * H * G * D * 2
-    return max(nbytes / (hw.hbm_bytes_per_s * cores),
-               4 * pairs * H * G * D / (hw.tensor_peak_bf16 * cores))
+    return attention_floor(hardware(target), nbytes, pairs * H * G, D, cores).seconds
 
 
 def ours_prefill(q_len, prior, lnc=1):

@@ -4,8 +4,9 @@ set against its floor, instead of one benchmark shape.
     python3 benchmarks/workloads.py [--targets trn2 trn2-lnc2 trn1] [--out benchmarks/results]
 
 One Llama-3-8B attention layer (8 kv / 32 query heads, head_dim 128, bf16, pages of 16). Each
-row: the step's launches modelled (scheduled, the estimate), the floor (the bytes that must move
-over HBM bandwidth, or the FLOPs over TensorE peak, whichever is larger) and their ratio.
+row: the step's launches modelled (scheduled, the estimate) and how many compiled, the floor
+(``profile/floor.py``: the largest of the bytes that must move over HBM bandwidth, the FLOPs over
+TensorE peak, one ScalarE and one VectorE pass over the scores; each term shown) and the ratio.
 Correctness is the tests' (these shapes run the kernels only, no reference). trn2 at LNC=1 and
 LNC=2 (the floor then of both cores), trn1. Each ratio has its band: the same trace with every
 uncertain constant at its fastest and slowest plausible value (profile/constants.BANDS).
@@ -63,25 +64,27 @@ def run_case(kernel: str, sizes: dict, target: str, lnc: int = 1) -> dict:
     with simulate.use_target(target), simulate.tracing() as traces:
         spec.run(inputs)
     ests = [estimate(t, target=target) for t in traces]
-    hw, cores = ests[-1].hw, max(e.cores for e in ests)
-    floor = max(spec.min_bytes(inputs) / (hw.hbm_bytes_per_s * cores),
-                spec.flops(inputs) / (hw.tensor_peak_bf16 * cores))
+    from nki_kernels.registry import step_floor
+    terms = step_floor(spec, inputs, ests[-1].hw, max(e.cores for e in ests))
+    floor = terms.seconds
     seconds = sum(e.seconds for e in ests)
     from nki_kernels.profile.sensitivity import band
     low, high = band(list(traces), target, floor)
     return dict(us=seconds * 1e6, floor_us=floor * 1e6, ratio=seconds / floor, low=low,
-                high=high, launches=len(ests),
+                high=high, launches=len(ests), terms=terms.terms_us(), bound=terms.bound,
+                compilations=sum(1 for t in traces if t.compiled),
                 instructions=sum(sum(e.instructions.values()) for e in ests))
 
 
 def markdown(rows) -> str:
-    lines = ["| workload | target | launches | instructions | modelled us | floor us | "
-             "modelled / floor | band over assumed constants |", "|" + "---|" * 8]
+    lines = ["| workload | target | launches (compiled) | instructions | modelled us | "
+             "floor us | floor terms us: bytes / FLOPs / ScalarE / VectorE | modelled / floor | "
+             "band over assumed constants |", "|" + "---|" * 9]
     for r in rows:
         where = r["target"] + (" LNC=2" if r.get("lnc", 1) > 1 else "")
-        lines.append(f"| {r['workload']} | {where} | {r['launches']} | {r['instructions']} "
-                     f"| {r['us']:.1f} | {r['floor_us']:.1f} | {r['ratio']:.2f} "
-                     f"| {r['low']:.2f}-{r['high']:.2f} |")
+        lines.append(f"| {r['workload']} | {where} | {r['launches']} ({r['compilations']}) "
+                     f"| {r['instructions']} | {r['us']:.1f} | {r['floor_us']:.1f} ({r['bound']}) "
+                     f"| {r['terms']} | {r['ratio']:.2f} | {r['low']:.2f}-{r['high']:.2f} |")
     return "\n".join(lines)
 
 

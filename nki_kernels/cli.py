@@ -183,9 +183,9 @@ def cost_row(row, overrides=None):
     spec, inputs = row["spec"], row["inputs"]
     total = lambda f: sum(f(e) for e in ests)      # noqa: E731
     min_bytes = spec.min_bytes(inputs)
-    # the floor of the cores the launch used (two under LNC=2): their HBM bandwidth and TensorE peak
-    floor = max(min_bytes / (est.hw.hbm_bytes_per_s * est.cores),
-                spec.flops(inputs) / (est.hw.tensor_peak_bf16 * est.cores))
+    # the floor of the cores the launch used (two under LNC=2): bytes, FLOPs, elementwise passes
+    from .registry import step_floor
+    floor = step_floor(spec, inputs, est.hw, est.cores).seconds
     seconds, lower = total(lambda e: e.seconds), total(lambda e: e.lower_seconds)
     from .profile.sensitivity import band
     low, high = band(row["traces"], row["target"], floor, overrides) if floor else (0.0, 0.0)

@@ -285,6 +285,16 @@ KERNELS = {
 }
 
 
+def step_floor(spec: KernelSpec, inputs, hw, cores: int = 1):
+    """The run's floor (``profile.floor``) on ``cores`` cores of ``hw``: its minimum bytes and,
+    for attention (FLOPs = 4 x head_dim per score), its scores' FLOPs and elementwise passes."""
+    from nki_kernels.profile.floor import attention_floor
+    flops = int(spec.flops(inputs))
+    head_dim = int(inputs["q"].shape[-1]) if flops else 1
+    return attention_floor(hw, int(spec.min_bytes(inputs)), flops // (4 * head_dim), head_dim,
+                           cores)
+
+
 def compare(spec: KernelSpec, inputs, out, ref):
     """(ok, max abs error) of a kernel result against the reference."""
     atol = spec.tolerance(inputs)

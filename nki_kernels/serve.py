@@ -22,6 +22,8 @@ from typing import List
 
 import numpy as np
 
+from nki_kernels.profile.floor import attention_floor
+
 
 @dataclass(frozen=True)
 class ServeConfig:
@@ -69,7 +71,7 @@ class StepRecord:
     seconds: float                     # modelled, append + decode
     hbm_bytes: int
     min_hbm_bytes: int
-    floor_seconds: float = 0.0         # minimum bytes at the HBM bandwidth of the cores used
+    floor_seconds: float = 0.0         # profile/floor.py on the cores used: bytes, FLOPs, passes
     band_seconds: tuple = (0.0, 0.0)   # modelled with the uncertain constants fastest / slowest
 
 
@@ -161,7 +163,9 @@ def replay(cfg: ServeConfig = ServeConfig(), target: str = "trn2", check=True,
             sum(c.seconds for c in costs), sum(t.hbm_bytes for t in traces),
             _kv_bytes(kv_tokens, cfg) + 2 * _kv_bytes(appended, cfg) + 2 * q.nbytes))
         rec = out.steps[-1]
-        rec.floor_seconds = rec.min_hbm_bytes / (costs[-1].hw.hbm_bytes_per_s * costs[-1].cores)
+        rec.floor_seconds = attention_floor(costs[-1].hw, rec.min_hbm_bytes,
+                                            kv_tokens * cfg.kv_heads * cfg.group, cfg.head_dim,
+                                            costs[-1].cores).seconds
         rec.band_seconds = band(list(traces), target, 1.0, out.overrides)
         for r in rids:
             remaining[r] -= 1
@@ -224,8 +228,7 @@ def _mixed_step(step, cfg, target, cache, rids, prompt_left, rng, out, check):
     kv_tokens = int(kv_lens.sum())
     visible = causal_pairs(counts, kv_lens)
     min_bytes = _kv_bytes(kv_tokens, cfg) + 2 * _kv_bytes(Q, cfg) + 2 * q.nbytes
-    floor = max(min_bytes / (cost.hw.hbm_bytes_per_s * cost.cores),
-                4 * visible * HQ * D / (cost.hw.tensor_peak_bf16 * cost.cores))
+    floor = attention_floor(cost.hw, min_bytes, visible * HQ, D, cost.cores).seconds
     return StepRecord(step, len(rids), Q, kv_tokens,
                       sum(simulate.compile_stats(x)["compilations"] for x in kernels) - before,
                       max(t.program_instructions for t in traces), sum(len(t) for t in traces),
@@ -292,7 +295,7 @@ def plot_steps(trace: ServeTrace, path: str) -> None:
     twin.step(steps, [x.batch for x in trace.steps], color="gray", alpha=0.5, where="mid")
     twin.set_ylabel("batch", color="gray")
     ax.plot(steps, [1e6 * x.floor_seconds for x in trace.steps], color="green", lw=0.8,
-            ls="--", label="HBM floor (minimum bytes)")
+            ls="--", label="floor (bytes, FLOPs, elementwise passes)")
     ax.legend(loc="upper left", fontsize=8)
     ax.set_title(f"continuous-batching replay on {trace.target}, LNC={trace.config.lnc} "
                  f"(simulated, cost-modelled)")

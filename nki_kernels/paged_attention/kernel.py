@@ -39,7 +39,7 @@ folds its chunks into a fresh state, merges the state its unit's earlier items l
 items of its own units and of its part of the one unit split between the two (the host cuts the
 step's chunks into equal halves, work.decode_work); the two parts' states are exchanged with
 ``nisa.sendrecv`` and merged, and program 0 writes that unit.
-Blocks of several queries (verification, chunked prefill) run as whole units instead
+Blocks of more than work.FLAT_LIST_MAX_QUERIES queries (chunked prefill) run as whole units instead
 (work.whole_units): one loop over the core's units, each folding all its chunks in loops nested
 in it (masked chunks one at a time, mask-free ones in blocks of 32, 16, ..., 1), its state in
 SBUF from first chunk to output: a prefill block's state (2 MB at 8 kv heads, D 128) chained
@@ -52,7 +52,11 @@ accumulate one matmul per head in PSUM fp32 (stationary = that head's qT zero-pa
 moving = K^T made on TensorE, D > 128 in 128-row K-tiles), one online softmax for the whole group
 (VectorE max, ScalarE exp with fused row sum, running rescale), and P @ V per head as
 (V_j stationary, head j's columns of P^T moving) into head j's columns of a [D, R] PSUM tile,
-transposed back once per step. Each item is software-pipelined in program order (gathers
+transposed back once per step. Whole units keep their tiles' states side by side (one
+``state_bank``): the one-element statistics (running max, rescale, row sums) of up to 8 tiles of
+a step take one instruction each, all tiles are finalized at once, and on NeuronCore-v3+ P^T
+comes by DMA transpose (no TensorE transpose, no ScalarE eviction), the softmax step's end
+lagging its begin by DMA_PT_LAG units. Each item is software-pipelined in program order (gathers
 two steps ahead, scores up to 8 tiles ahead, the cache rows of a whole block of chunks made up
 front), so every engine has the next step's work queued while the current one finishes.
 """
@@ -65,8 +69,8 @@ from nki_kernels.launch_options import program_cores
 from nki_kernels.paged_kv_append.kernel import scatter_rows
 
 from .kernel_cursor import Geometry, partition_iota, query_of_row
-from .kernel_items import (finish, fold_items, gathered, item_row, loader, merge_split,
-                           prepare, unit, write)
+from .kernel_items import (SCORES_AHEAD, finish, fold_items, gathered, item_row, loader,
+                           merge_split, prepare, unit, write)
 from .kernel_load import PSUM_BANK_BYTES, ROW_LIMIT, group_entry_rows
 from .kernel_mask import custom_mask
 from .kernel_softmax import load_state, state_tile
@@ -199,7 +203,13 @@ def make_step(q, k_rows, v_rows, meta, kv_indices, tok_tab, row_tab, sinks, mask
               iota_t=partition_iota(T),
               # blocks of queries: the running max's copy on GpSimd (VectorE is their busiest
               # engine); decode keeps it on VectorE (GpSimd makes its gathers' descriptors)
-              state_copy_engine=nisa.engine.gpsimd if Qb > 1 else None)
+              state_copy_engine=nisa.engine.gpsimd if Qb > 1 else None,
+              group=state_group(whole_units(Qb), keep_all is not None, tiles),
+              # whole units on NeuronCore-v3+ transpose P by DMA (2-byte matmul dtype): their
+              # DMA engines are idle; verification items keep TensorE (their gathers bind:
+              # 16 x 4 drafts x 1024 670 us, 681 with P^T by DMA)
+              dma_pT=(whole_units(Qb) and nisa.get_nc_version() >= nisa.nc_version.gen3
+                      and dtype_bytes(mm_dtype) == 2))
     if st.blocked and st.indirect:     # by f"{group}" (NKI dict keys are strings), ascending
         groups = []
         for size in CHUNK_BLOCKS:
@@ -218,17 +228,35 @@ def make_step(q, k_rows, v_rows, meta, kv_indices, tok_tab, row_tab, sinks, mask
     return st
 
 
+# Tiles of score rows whose one-element softmax statistics (running max, rescale factor, row
+# sums) take one instruction per group instead of one per tile (whole units: their states are
+# one ``state_bank``); at most SCORES_AHEAD, the tiles whose scores are made ahead.
+STATE_GROUP = SCORES_AHEAD
+
+
+def state_group(whole, row_max, tiles):
+    """Tiles per group of softmax statistics: STATE_GROUP (or all tiles, when fewer) for whole
+    units whose scores come with their row max (no soft cap) and whose tiles all have the same
+    rows; 1 (one tile at a time) otherwise."""
+    if not whole or not row_max or len(tiles) < 2:
+        return 1
+    for tile in tiles:
+        if tile[1] != tiles[0][1]:
+            return 1
+    return min(STATE_GROUP, len(tiles))
+
+
 def run_whole_units(st, span):
-    """Blocks of queries: one loop over the core's whole units, each written when complete;
+    """Large blocks of queries: one loop over the core's whole units, each written when complete;
     under LNC=2 then the core's part of the split unit, merged with the other core's."""
     def whole_unit(i):
         item = unit(st, i)
-        write(st, item.states, item.b)
+        write(st, item.states, item.b, item.bank)
     first, end = nisa.scalar_load(span[0:1, 0:1]), nisa.scalar_load(span[0:1, 1:2])
     nl.fori_loop(first, end, whole_unit)
     if st.cores == 2:
         item = unit(st, nisa.scalar_load(span[0:1, 2:3]))
-        merge_split(st, item.states, item.b)
+        merge_split(st, item.states, item.b, item.bank)
 
 
 def run_item_loops(st, span, span_cols):

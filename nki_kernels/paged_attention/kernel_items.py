@@ -15,9 +15,10 @@ from .kernel_load import (KVTile, block_page_ids, block_rows, converted_v, group
                           load_group_pages, step_chunks)
 from .kernel_mask import masked_keep
 from .kernel_queries import group_queries
-from .kernel_softmax import (chunk_scores, finalize, forget_unseen, k_transposed, load_state,
-                             mask_keep, merge_states, merge_with_partner, poison_state,
-                             softmax_begin, softmax_end, state_tile, state_views, store_state)
+from .kernel_softmax import (bank_column, chunk_scores, finalize, finalize_bank, forget_unseen,
+                             group_stats, group_sums, k_transposed, load_state, mask_keep,
+                             merge_states, merge_with_partner, poison_state, softmax_begin,
+                             softmax_end, state_bank, state_tile, state_views, store_state)
 from .work import C0, C1, CHUNK_BLOCKS, FULL_HI, FULL_LO, LOAD, OUT, STORE
 
 
@@ -34,6 +35,12 @@ FOLD_WIDTH = 4
 LAG_TILE_BYTES = 16 * 1024
 
 
+# Units a softmax step's end lags its begin when P^T comes by DMA transpose (the transpose's
+# ~1 us latency then hides behind the next units' exponentials; cost model, trn2, prefill 1k:
+# lag 1 1188 us, 2 1143, 4 1095, 8 1075 with P^T held 4x as long).
+DMA_PT_LAG = 4
+
+
 # Tiles of query rows whose scores are made ahead of the softmax (a step ahead when a step has
 # no more tiles than this; each is an [R, <= 512] fp32 tile in SBUF).
 SCORES_AHEAD = 8
@@ -44,13 +51,14 @@ class WorkItem(nl.NKIObject):
     ``states`` (one tile per tile of score rows), the state slots it chains through (``load``,
     ``store``: flat list only), its queries ``q`` (per tile), ``bounds`` and ``cursor``, a
     mask-free block's cache ``rows`` or page ids ``pids``, and gathers issued ahead
-    (``loads``, by f"{gather}": NKI dict keys are strings)."""
+    (``loads``, by f"{gather}": NKI dict keys are strings); ``bank``: the ``state_bank`` its
+    states are views of (whole units with grouped softmax statistics), else None."""
 
     def copy(self):
         """A shallow copy (a nested loop's body sets its own rows / pids on it)."""
         return WorkItem(cols=self.cols, b=self.b, states=self.states, load=self.load,
                         store=self.store, q=self.q, bounds=self.bounds, cursor=self.cursor,
-                        rows=self.rows, pids=self.pids, loads=self.loads)
+                        rows=self.rows, pids=self.pids, loads=self.loads, bank=self.bank)
 
 
 def gathered(st, count):
@@ -78,12 +86,16 @@ def prepare(st, i, count, masked, cols=None):
     behind this one's chunks (the state slots it chains through: flat list only)."""
     if cols is None:
         cols = item_row(st, i, count)
-    states = []
-    for tile in st.tiles:
-        states.append(state_tile(tile[1] * st.GQ, st.D))
+    bank = None
+    if st.group > 1:
+        bank, states = state_bank(st.R, st.D, len(st.tiles))
+    else:
+        states = []
+        for tile in st.tiles:
+            states.append(state_tile(tile[1] * st.GQ, st.D))
     item = WorkItem(cols=cols, b=nisa.scalar_load(cols[0:1, OUT:OUT + 1]), states=states,
                     load=None, store=None, q=None, bounds=None, cursor=None, rows=None,
-                    pids=None, loads=None)
+                    pids=None, loads=None, bank=bank)
     if not st.whole:
         item.load = nisa.scalar_load(cols[0:1, LOAD:LOAD + 1])
         item.store = nisa.scalar_load(cols[0:1, STORE:STORE + 1])
@@ -192,6 +204,8 @@ def fold_items(st, items, count, masked):
         loads.append(item.loads if item.loads is not None else {})
     kts = {}                                   # K^T by f"{item},{step},{first kv head}"
     share = kt_vector_share(st, count)
+    K = st.group                               # tiles per group of softmax statistics
+    maxima = {}                                # [R, K] row maxima by f"{item},{step},{group}"
 
     def step(i, s):
         """The chunks of item i's softmax step s, loading them on first use."""
@@ -215,9 +229,15 @@ def fold_items(st, items, count, masked):
                 kts[key].append(k_transposed(chunk[0][0], h0, n, st.D, st.mm_dtype, share))
         keep = loaded[0][1]               # masked chunks are folded one at a time
         tile_rows = items[i].q[t][0][0].shape[1]
+        row_max = None
+        if K > 1:                         # into its column of the group's row maxima
+            if t % K == 0:
+                maxima[f"{i},{s},{t // K}"] = nl.ndarray(
+                    (st.R, min(K, len(tiles) - t)), nl.float32, buffer=nl.sbuf, name="row_max_g")
+            row_max = maxima[f"{i},{s},{t // K}"][:, t % K:t % K + 1]
         scores = chunk_scores(items[i].q[t], kts[key], st.T,
                               None if keep is None else keep[q0 // st.Qt][0:tile_rows, :],
-                              st.scale, st.soft_cap, st.mm_dtype, st.keep_all)
+                              st.scale, st.soft_cap, st.mm_dtype, st.keep_all, row_max)
         if t + 1 == len(tiles) or tiles[t + 1][0] != h0:
             kts.pop(key)                  # its tiles are free from here on
         return scores
@@ -232,12 +252,14 @@ def fold_items(st, items, count, masked):
     pending = []
     for v in range(min(ahead, total)):
         pending.append(score(v))
-    # blocks of queries end each softmax step one unit behind its begin (VectorE then never
-    # waits on this unit's exp), unless a gather's V tile is large: it is not held past its own
-    # step. Decode keeps them together (measured slower: the PV of an item then waits behind
+    # blocks of queries end each softmax step one unit (DMA_PT_LAG with P^T by DMA) behind its
+    # begin (VectorE then never waits on this unit's exp), unless a gather's V tile is large:
+    # it is not held past its own step. Decode keeps them together (measured slower: the PV of an item then waits behind
     # the next item's P^T on TensorE, delaying the item's finish).
     held = group * st.geo.H * st.D * st.k_bytes
-    halves, lag = [], 1 if st.Qb > 1 and held <= LAG_TILE_BYTES else 0
+    halves, owners, lag = [], [], 0                # begun steps not yet ended, their items
+    if st.Qb > 1 and held <= LAG_TILE_BYTES:
+        lag = DMA_PT_LAG if st.dma_pT else 1
     for v in range(total):
         i, u = v // per_item, v % per_item
         s, t = u // len(tiles), u % len(tiles)
@@ -245,15 +267,30 @@ def fold_items(st, items, count, masked):
             step(order[i * steps + s + 2][0], order[i * steps + s + 2][1])
         if v + ahead < total:
             pending.append(score(v + ahead))
+        column = None
+        if K > 1:                         # the group's running max at its first tile
+            n = min(K, len(tiles) - t // K * K)
+            if t % K == 0:
+                stats = group_stats(bank_column(items[i].bank, st.D, 0, t, n),
+                                    maxima.pop(f"{i},{s},{t // K}"), st.scale,
+                                    st.state_copy_engine)
+            column = []
+            for part in stats:
+                column.append(part[:, t % K:t % K + 1])
+        owners.append(i)
         halves.append(softmax_begin(states[i][t], pending.pop(0), tiles[t][1],
                                     _v_views(step(i, s)), tiles[t][0], st.D, st.mm_dtype,
-                                    st.state_copy_engine))
+                                    st.state_copy_engine, column, st.dma_pT))
+        if K > 1 and t % K == n - 1:      # every tile of the group begun: its sums
+            group_sums(bank_column(items[i].bank, st.D, 1, t - n + 1, n), stats)
         if len(halves) > lag:
+            owners.pop(0)
             softmax_end(halves.pop(0))
         if t + 1 == len(tiles) and s % per_load == per_load - 1:
             loads[i].pop(f"{s // per_load}")     # its tiles are free from here on
         if u + 1 == len(tiles) and i > 0:
-            while len(halves) > lag:             # the previous item's last step, ended
+            while owners and owners[0] < i:      # the previous item's last steps, ended
+                owners.pop(0)
                 softmax_end(halves.pop(0))
             finish(st, items[i - 1])             # (see items_iteration)
     for half in halves:
@@ -272,8 +309,12 @@ def finish(st, item):
     write(st, item.states, item.b)
 
 
-def write(st, states, b):
-    """Output rows and LSE of unit output row ``b`` from its states (one per tile)."""
+def write(st, states, b, bank=None):
+    """Output rows and LSE of unit output row ``b`` from its states (one per tile; ``bank``:
+    the ``state_bank`` they are views of, finalized at once when there are no sinks or mask)."""
+    if bank is not None and st.sinks is None and st.mask is None:
+        finalize_bank(bank, st.tiles, st.out, st.lse, b, st.G, st.Qt, st.v_scale)
+        return
     for t in range(len(st.tiles)):
         h0, n, q0 = st.tiles[t]
         if st.mask is not None:
@@ -282,13 +323,13 @@ def write(st, states, b):
                  st.v_scale, q0)
 
 
-def merge_split(st, states, b):
+def merge_split(st, states, b, bank=None):
     """LNC=2: this core's part of the unit split between the cores merged with the other's
     (both end with the merged states); program 0 writes the unit."""
     for tile in states:
         merge_with_partner(tile, st.p)
     if st.p == 0:
-        write(st, states, b)
+        write(st, states, b, bank)
 
 
 def unit(st, i):

@@ -33,6 +33,27 @@ def state_tile(rows, D):
     return st
 
 
+def state_bank(rows, D, tiles):
+    """[rows, tiles * (D + 2)] fp32 SBUF tile of ``tiles`` softmax states side by side, each
+    holding the identity, and its per-tile ``state_tile``-shaped views: the one-element state
+    columns of several tiles (negm, l at a stride of D + 2) then take one instruction
+    (``group_stats``, ``group_sums``, ``finalize_bank``) instead of one per tile."""
+    E = D + 2
+    bank = _f32((rows, tiles * E), "states")
+    nisa.memset(dst=bank, value=0.0, engine=nisa.engine.gpsimd)
+    nisa.memset(dst=bank[:, 0:tiles * E:E], value=-NEG_BIG, engine=nisa.engine.gpsimd)
+    views = []
+    for t in range(tiles):
+        views.append(bank[:, t * E:(t + 1) * E])
+    return bank, views
+
+
+def bank_column(bank, D, column, t0, n):
+    """[rows, n] view of ``column`` (0 negm, 1 l) of the bank's tiles t0..t0+n-1."""
+    E = D + 2
+    return bank[:, t0 * E + column:(t0 + n) * E:E]
+
+
 def poison_state(st, poison):
     """Add ``poison`` [rows, 1] (0, or NaN for a query row that held a non-finite element: see
     ``kernel_queries``) to a state's l and acc, so the row's output and LSE end NaN whatever its
@@ -153,7 +174,7 @@ def k_transposed(k_sb, h0, n, D, mm_dtype, vector_share):
     return kT
 
 
-def chunk_scores(q_pads, kTs, T, keep, scale, soft_cap, mm_dtype, keep_all=None):
+def chunk_scores(q_pads, kTs, T, keep, scale, soft_cap, mm_dtype, keep_all=None, row_max=None):
     """The scores of W chunks (``kTs``: each chunk's ``k_transposed``) for a tile of query rows,
     as (SBUF [n*G, W*T] fp32, row max or None, exponent scale), issued ahead of the softmax
     (``softmax_begin``) so TensorE makes the next scores while VectorE and ScalarE work on
@@ -167,7 +188,8 @@ def chunk_scores(q_pads, kTs, T, keep, scale, soft_cap, mm_dtype, keep_all=None)
     R, WT = s_ps.shape
     s = _f32((R, WT), "s")
     if soft_cap <= 0 and keep_all is not None:
-        row_max = _f32((R, 1), "row_max")
+        if row_max is None:                    # else a column of its group's [R, K] tile
+            row_max = _f32((R, 1), "row_max")
         nisa.select_reduce(dst=s, predicate=keep_all[0:R, 0:WT] if keep is None else keep,
                            on_true=s_ps, on_false=NEG_BIG, reduce_res=row_max,
                            reduce_cmd=nisa.reduce_cmd.reset_reduce, reduce_op=nl.maximum)
@@ -186,7 +208,35 @@ class SoftmaxHalf(nl.NKIObject):
     per chunk, the V tiles and the tile's kv heads."""
 
 
-def softmax_begin(state, scores, heads, v_tiles, h0, D, p_dtype, copy_engine=None):
+def group_stats(negm, row_max, scale, copy_engine=None):
+    """The running-max step of a group of K tiles of one softmax step at once: ``negm`` the
+    tiles' state column [R, K] (``bank_column``), ``row_max`` [R, K] their scores' row maxima.
+    Returns ([R, K] new -max, [R, K] alpha = e^(m_old - m_new), [R, K] row sums to fill) for
+    ``softmax_begin(group=...)`` column by column; the state's max is current on return."""
+    R, K = row_max.shape
+    negm_new = _f32((R, K), "neg_m_g")
+    nisa.scalar_tensor_tensor(dst=negm_new, data=row_max, op0=nl.multiply, operand0=-scale,
+                              op1=nl.minimum, operand1=negm)
+    alpha = _f32((R, K), "alpha_g")
+    nisa.tensor_tensor(dst=alpha, data1=negm_new, data2=negm, op=nl.subtract)
+    nisa.activation(dst=alpha, op=nl.exp, data=alpha)
+    if copy_engine is None:
+        nisa.tensor_copy(dst=negm, src=negm_new)
+    else:
+        nisa.tensor_copy(dst=negm, src=negm_new, engine=copy_engine)
+    return negm_new, alpha, _f32((R, K), "row_sum_g")
+
+
+def group_sums(l, stats):
+    """l = l alpha + row sum for the group's tiles at once (``l``: [R, K] ``bank_column``, after
+    every tile's ``softmax_begin``)."""
+    _, alpha, row_sum = stats
+    nisa.tensor_tensor(dst=l, data1=l, data2=alpha, op=nl.multiply)
+    nisa.tensor_tensor(dst=l, data1=l, data2=row_sum, op=nl.add)
+
+
+def softmax_begin(state, scores, heads, v_tiles, h0, D, p_dtype, copy_engine=None, group=None,
+                  dma_pT=False):
     """Fold ``scores`` (``chunk_scores``: tile [R, W*T], row max or None, exponent scale) of W
     chunks with V tiles [T, H*D] into the state of a group of ``heads`` kv heads (rows R), in
     place (a device loop's body reuses its own buffers every iteration), P in ``p_dtype`` (the
@@ -196,44 +246,57 @@ def softmax_begin(state, scores, heads, v_tiles, h0, D, p_dtype, copy_engine=Non
     new max copied into the state, P^T on TensorE evicted by ScalarE. The state's max is
     current when it returns, so the next step of the same state may begin before this one's
     ``softmax_end``: issuing the next tile's begin first keeps VectorE from waiting on this
-    tile's exp. ``copy_engine``: where the new max is copied (default VectorE)."""
+    tile's exp. ``copy_engine``: where the new max is copied (default VectorE). ``group``:
+    this tile's columns (new -max, alpha, row sum) of its group's ``group_stats``, which did the
+    running max; its l is then updated by ``group_sums``, not by ``softmax_end``. ``dma_pT``:
+    P^T by a DMA transpose (2-byte P, NeuronCore-v3+) instead of TensorE and a ScalarE
+    eviction: the DMA engines are the idlest when blocks of queries make many scores per key."""
     s, row_max, scale = scores
     negm, l, acc = state
     T = v_tiles[0].tile.shape[0]
     R, WT = s.shape
-    negm_new = _f32((R, 1), "neg_m")
-    if row_max is None:
-        nisa.tensor_reduce(dst=negm_new, op=nl.maximum, data=s, axis=1, negate=True)
-        nisa.tensor_tensor(dst=negm_new, data1=negm_new, data2=negm, op=nl.minimum)
-    else:                                      # -(scale * row max), then the running minimum
-        nisa.scalar_tensor_tensor(dst=negm_new, data=row_max, op0=nl.multiply, operand0=-scale,
-                                  op1=nl.minimum, operand1=negm)
     p = nl.ndarray((R, WT), p_dtype, buffer=nl.sbuf, name="p")
-    row_sum, alpha = _f32((R, 1), "row_sum"), _f32((R, 1), "alpha")
-    nisa.activation(dst=p, op=nl.exp, data=s, bias=negm_new, scale=scale, reduce_op=nl.add,
-                    reduce_res=row_sum, reduce_cmd=nisa.reduce_cmd.reset_reduce)
-    nisa.activation(dst=alpha, op=nl.exp, data=negm, bias=negm_new, scale=-1.0)  # e^(m_old - m_new)
-    if copy_engine is None:                    # state lives in tiles made before the loop
-        nisa.tensor_copy(dst=negm, src=negm_new)
+    if group is not None:
+        negm_new, alpha, row_sum = group
+        nisa.activation(dst=p, op=nl.exp, data=s, bias=negm_new, scale=scale, reduce_op=nl.add,
+                        reduce_res=row_sum, reduce_cmd=nisa.reduce_cmd.reset_reduce)
     else:
-        nisa.tensor_copy(dst=negm, src=negm_new, engine=copy_engine)
+        negm_new = _f32((R, 1), "neg_m")
+        if row_max is None:
+            nisa.tensor_reduce(dst=negm_new, op=nl.maximum, data=s, axis=1, negate=True)
+            nisa.tensor_tensor(dst=negm_new, data1=negm_new, data2=negm, op=nl.minimum)
+        else:                                  # -(scale * row max), then the running minimum
+            nisa.scalar_tensor_tensor(dst=negm_new, data=row_max, op0=nl.multiply,
+                                      operand0=-scale, op1=nl.minimum, operand1=negm)
+        row_sum, alpha = _f32((R, 1), "row_sum"), _f32((R, 1), "alpha")
+        nisa.activation(dst=p, op=nl.exp, data=s, bias=negm_new, scale=scale, reduce_op=nl.add,
+                        reduce_res=row_sum, reduce_cmd=nisa.reduce_cmd.reset_reduce)
+        nisa.activation(dst=alpha, op=nl.exp, data=negm, bias=negm_new, scale=-1.0)
+        if copy_engine is None:                # state lives in tiles made before the loop
+            nisa.tensor_copy(dst=negm, src=negm_new)
+        else:
+            nisa.tensor_copy(dst=negm, src=negm_new, engine=copy_engine)
     pTs = []
     for c in range(len(v_tiles)):
-        pT_ps = nl.ndarray((T, R), transpose_dtype(p_dtype), buffer=nl.psum, name="pT_ps")
-        nisa.nc_transpose(dst=pT_ps, data=p[:, c * T:(c + 1) * T])
         pT = nl.ndarray((T, R), p_dtype, buffer=nl.sbuf, name="pT")
-        nisa.activation(dst=pT, op=nl.copy, data=pT_ps)
+        if dma_pT:
+            nisa.dma_transpose(dst=pT, src=p[:, c * T:(c + 1) * T])
+        else:
+            pT_ps = nl.ndarray((T, R), transpose_dtype(p_dtype), buffer=nl.psum, name="pT_ps")
+            nisa.nc_transpose(dst=pT_ps, data=p[:, c * T:(c + 1) * T])
+            nisa.activation(dst=pT, op=nl.copy, data=pT_ps)
         pTs.append(pT)
-    return SoftmaxHalf(state=state, alpha=alpha, row_sum=row_sum, pTs=pTs, v_tiles=v_tiles,
-                       heads=heads, h0=h0, D=D)
+    return SoftmaxHalf(state=state, alpha=alpha, row_sum=None if group is not None else row_sum,
+                       pTs=pTs, v_tiles=v_tiles, heads=heads, h0=h0, D=D)
 
 
 def softmax_end(half):
     """The second half of a softmax step (``softmax_begin``'s result): P @ V on TensorE, and on
-    VectorE l = l alpha + row sum and acc = acc alpha + P @ V."""
+    VectorE l = l alpha + row sum (unless grouped) and acc = acc alpha + P @ V."""
     negm, l, acc = half.state
-    nisa.scalar_tensor_tensor(dst=l, data=l, op0=nl.multiply, operand0=half.alpha, op1=nl.add,
-                              operand1=half.row_sum)
+    if half.row_sum is not None:               # else its group's ``group_sums`` does it
+        nisa.scalar_tensor_tensor(dst=l, data=l, op0=nl.multiply, operand0=half.alpha,
+                                  op1=nl.add, operand1=half.row_sum)
     R = half.pTs[0].shape[1]
     pv = (_pv_one_head if half.heads == 1 else _pv_heads)(half.pTs, half.v_tiles, half.h0,
                                                           half.D, R // half.heads)
@@ -313,21 +376,44 @@ def finalize(state, out, lse, sinks, b, h0, G, Qb, v_scale, q0=0):
     _write_rows(lse, ln_l, b, h0, G, Qb, q0)
 
 
+def finalize_bank(bank, tiles, out, lse, b, G, Qb, v_scale):
+    """``finalize`` of every tile of a ``state_bank`` (no sinks): 1 / max(l, 1) and the LSE of
+    all tiles in one instruction each, then per tile its output rows and LSE written.
+    ``tiles``: (first kv head, kv heads, first query token) per tile, as ``Step.tiles``."""
+    R = bank.shape[0]
+    n = len(tiles)
+    E = bank.shape[1] // n
+    D = E - 2
+    l, negm = bank_column(bank, D, 1, 0, n), bank_column(bank, D, 0, 0, n)
+    rl = _f32((R, n), "inv_l")
+    nisa.tensor_scalar(dst=rl, data=l, op0=nl.maximum, operand0=1.0)
+    nisa.reciprocal(dst=rl, data=rl)
+    ln_l = _f32((R, n), "ln_l")
+    nisa.activation(dst=ln_l, op=nl.log, data=l)
+    nisa.tensor_tensor(dst=ln_l, data1=ln_l, data2=negm, op=nl.subtract)
+    nisa.tensor_scalar(dst=ln_l, data=ln_l, op0=nl.multiply, operand0=LN_TO_LOG2)
+    for t in range(n):
+        h0, _, q0 = tiles[t]
+        o = nl.ndarray((R, D), out.dtype, buffer=nl.sbuf, name="o")
+        nisa.tensor_scalar(dst=o, data=bank[:, t * E + 2:(t + 1) * E], op0=nl.multiply,
+                           operand0=rl[:, t:t + 1], op1=nl.multiply, operand1=float(v_scale))
+        _write_rows(out, o, b, h0, G, Qb, q0)
+        _write_rows(lse, ln_l[:, t:t + 1], b, h0, G, Qb, q0)
+
+
 def _write_rows(dst, rows, b, h0, G, Qb, q0):
     """Score rows (kv head j of the tile, token, g) -> dst[b + q0 + token, (h0 + j) * G + g, :] of a
-    [rows, HQ, E] HBM tensor (b: a device scalar). One DMA per tile when Qb = 1 (its heads are
-    adjacent in dst), else one per kv head."""
+    [rows, HQ, E] HBM tensor (b: a device scalar), one DMA per tile: its heads are adjacent in
+    dst when Qb = 1, else a pattern over (kv head, token, g) (one DMA per kv head would order
+    each write behind the one before: their bounding boxes interleave)."""
     R, E = rows.shape
     HQ = dst.shape[1]
     if Qb == 1:
-        nisa.dma_copy(dst=dst.ap([[E, R], [1, E]], offset=(q0 * HQ + h0 * G) * E, scalar_offset=b,
-                                 indirect_dim=0), src=rows)
-        return
-    GQ = G * Qb
-    for j in range(R // GQ):
-        nisa.dma_copy(dst=dst.ap([[HQ * E, Qb], [E, G], [1, E]],
-                                 offset=(q0 * HQ + (h0 + j) * G) * E, scalar_offset=b,
-                                 indirect_dim=0), src=rows[j * GQ:(j + 1) * GQ, :])
+        pattern = [[E, R], [1, E]]
+    else:
+        pattern = [[G * E, R // (G * Qb)], [HQ * E, Qb], [E, G], [1, E]]
+    nisa.dma_copy(dst=dst.ap(pattern, offset=(q0 * HQ + h0 * G) * E, scalar_offset=b,
+                             indirect_dim=0), src=rows)
 
 
 def merge_with_partner(st, p):

@@ -245,26 +245,29 @@ class DecodeWork:
 DECODE_ITEMS_PER_ITERATION = 16
 
 
-# Units of query blocks (speculative verification, chunked prefill) are whole work items instead:
-# one item per unit (per core's part of it), its chunks folded by loops nested in the item (a
-# loop per kind of chunk range, trip counts from its table row), the softmax state kept in SBUF
-# throughout. A block's state is up to 4 x 128 rows x (D + 2) fp32 per kv-head tile (2 MB at 8
-# kv heads, D 128); chained through HBM per kind of chunk range it moved more bytes than its keys
-# (1k prefill trn2: 4757 us as a flat list, 1953 whole), and a verify block's several items each
-# paid their own table row, query load and state DMAs (32 x 4 drafts: 300 keys 2599 us flat, 2547
-# whole; 1228 keys 4157 / 3519; 4096 keys 8854 / 6329).
+# Large blocks of queries (chunked prefill) are whole work items instead: one item per unit (per
+# core's part of it), its chunks folded by loops nested in the item (a loop per kind of chunk
+# range, trip counts from its table row), the softmax state kept in SBUF throughout. A block's
+# state is up to 4 x 128 rows x (D + 2) fp32 per kv-head tile (2 MB at 8 kv heads, D 128); chained
+# through HBM per kind of chunk range it moved more bytes than its keys (1k prefill trn2: 4757 us
+# as a flat list, 1953 whole). Blocks of up to FLAT_LIST_MAX_QUERIES queries (speculative
+# verification) are items of the flat list like decode: their state is one or a few tiles, and
+# whole, each unit paid a loop barrier per kind of chunk range (cost model, trn2, Llama-3-8B
+# layer: verify 16 x 4 drafts x 1024 1410 us whole, 670 flat; 8 x 8 x 2048 1012 / 696; 8 x 16
+# x 1024 886 / 821; 8 x 32 x 1024 1028 / 1352, so 32 queries stay whole).
+FLAT_LIST_MAX_QUERIES = 16
 WHOLE_UNIT_SPAN_COLS = 3          # FIRST, END of the core's whole units; its part of the split one
 
 
 def whole_units(q_block: int) -> bool:
-    """Whether items of ``q_block`` queries run as whole units (see WHOLE_UNIT_SPAN_COLS):
-    every block of more than one query."""
-    return q_block > 1
+    """Whether items of ``q_block`` queries run as whole units (see WHOLE_UNIT_SPAN_COLS): blocks
+    of more than FLAT_LIST_MAX_QUERIES queries."""
+    return q_block > FLAT_LIST_MAX_QUERIES
 
 
 def items_per_iteration(q_block: int) -> int:
     """Items per iteration of the flat list's loops (a power of two): DECODE_ITEMS_PER_ITERATION
-    for decode items whatever the bucket (a lone long request's blocks are several items too; the
+    for decode and verification items whatever the bucket (a lone long request's blocks are several items too; the
     remainder of each kind runs in narrower loops, so nothing is padded); whole units take an
     iteration each."""
     return 1 if whole_units(q_block) else DECODE_ITEMS_PER_ITERATION

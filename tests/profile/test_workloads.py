@@ -25,4 +25,5 @@ def test_small_steps_are_modelled_above_their_floor():
                            dict(batch=2, q_len=1, kv_len=40, prefill=8, prefill_kv=40), "trn1")
     assert mixed["launches"] == 2 and mixed["ratio"] > 1
     table = suite.markdown([dict(workload="w", target="trn2", **decode)])
-    assert table.splitlines()[2].startswith("| w | trn2 | 1 |")
+    assert table.splitlines()[2].startswith("| w | trn2 | 1 (")
+    assert decode["bound"] == "bytes" and len(decode["terms"].split(" / ")) == 4

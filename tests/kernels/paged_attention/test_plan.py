@@ -165,11 +165,12 @@ def test_layout_rows_address_every_token(layout, fused):
 
 
 def test_items_per_iteration_by_bucket():
-    """Eight decode items share a loop iteration whatever the batch (a lone request's chunk
-    blocks are items too); a block of queries is a whole unit, an iteration of its own."""
+    """Sixteen decode or verification items share a loop iteration whatever the batch (a lone
+    request's chunk blocks are items too); a block of more than 16 queries is a whole unit, an
+    iteration of its own."""
     assert items_per_iteration(1) == DECODE_ITEMS_PER_ITERATION == 16
-    assert [items_per_iteration(q) for q in (2, 8, 16, 128)] == [1, 1, 1, 1]
-    assert [whole_units(q) for q in (1, 2, 8, 128)] == [False, True, True, True]
+    assert [items_per_iteration(q) for q in (2, 8, 16, 32, 128)] == [16, 16, 16, 1, 1]
+    assert [whole_units(q) for q in (1, 2, 8, 16, 17, 32, 128)] == [False] * 4 + [True] * 3
 
 
 def test_loop_widths_and_span_columns():
@@ -479,7 +480,7 @@ def test_whole_units_run_every_chunk_once_on_one_or_two_cores(seed):
     _, kv, ql = _random_batch(rng, P)
     kv[rng.random(kv.size) < 0.3] *= 12
     indptr = np.concatenate([[0], np.cumsum(-(-kv // P) + 1)])
-    qb = int(rng.choice([16, 32, 128]))
+    qb = int(rng.choice([32, 64, 128]))
     assert whole_units(qb)
     req = query_blocks(indptr, kv, np.minimum(ql, kv), qb, int(rng.choice([-1, 50])), True, P)
     rows = req.L.size + int(rng.integers(0, 3))
