@@ -79,11 +79,12 @@ def set_cache_rows(st, item, count, masked):
         item.pids = block_page_ids(st.kv_indices, item.cursor, count, st.geo)
 
 
-def prepare(st, i, count, masked, cols=None):
+def prepare(st, i, count, masked, cols=None, slot=0):
     """Work item i's setup, issued for all items of a loop iteration before any of their
     chunks: its table row (``cols``, when the caller loaded it: ``item_row``), queries, bounds,
     cursor and a mask-free block's cache rows, so the next item's first gather never waits
-    behind this one's chunks (the state slots it chains through: flat list only)."""
+    behind this one's chunks (the state slots it chains through: flat list only). ``slot``:
+    the item's place in its loop iteration (its kept query pads, ``Step.q_pads``)."""
     if cols is None:
         cols = item_row(st, i, count)
     bank = None
@@ -104,7 +105,8 @@ def prepare(st, i, count, masked, cols=None):
     queries = []
     for t in range(len(st.tiles)):
         h0, n, q0 = st.tiles[t]
-        pads, poison = group_queries(st.q, item.b, h0, n, st.G, st.Qt, st.mm_dtype, q0)
+        kept = st.q_pads.get(f"{slot},{t}") if st.q_pads is not None else None
+        pads, poison = group_queries(st.q, item.b, h0, n, st.G, st.Qt, st.mm_dtype, q0, kept)
         queries.append(pads)
         if poison is not None:
             poison_state(states[t], poison)

@@ -24,13 +24,27 @@ from nki_kernels.backend import nisa, nl
 from .kernel_softmax import transpose_dtype
 
 
-def group_queries(q, t0, h0, n, G, Qb, mm_dtype, q0=0):
+def query_pads(n, R, D, mm_dtype):
+    """Zeroed SBUF tiles [Dp, n * R] (one per 128 rows of the head dim) for ``group_queries`` to
+    write its n stationaries' diagonal blocks into: made once before the device loops, each
+    item slot of a loop iteration keeps its own, so their zeros are written once per launch
+    instead of once per item (only the diagonal blocks change from item to item)."""
+    pads = []
+    for d0 in range(0, D, 128):
+        pad = nl.ndarray((min(128, D - d0), n * R), mm_dtype, buffer=nl.sbuf, name="q_pad_kept")
+        nisa.memset(dst=pad, value=0.0, engine=nisa.engine.gpsimd)
+        pads.append(pad)
+    return pads
+
+
+def group_queries(q, t0, h0, n, G, Qb, mm_dtype, q0=0, kept=None):
     """Per kv head j < n of the group: Q^T tiles [Dp, R] (R = n*G*Qb) in the matmul dtype, holding
     head h0+j's rows in columns j*G*Qb..(j+1)*G*Qb and zeros elsewhere, so the per-head matmuls
     of a group accumulate into one PSUM tile. ``q`` [B, HQ, D] @ HBM; the tokens are rows
     t0 + q0 .. t0 + q0 + Qb (``t0`` a device scalar, ``q0`` the tile's first token of its block).
     Returns (pads, poison): poison [R, 1] fp32 (0, or NaN for a row with a non-finite element),
-    or None where the transpose is exact."""
+    or None where the transpose is exact. ``kept``: ``query_pads`` tiles to write into (their
+    off-diagonal zeros kept from before), else fresh tiles zeroed here."""
     _, HQ, D = q.shape
     GQ = G * Qb
     R = n * GQ
@@ -50,9 +64,12 @@ def group_queries(q, t0, h0, n, G, Qb, mm_dtype, q0=0):
         nisa.nc_transpose(dst=qT_ps, data=rows[:, d0:d0 + dp])
         # the n stationaries side by side in one tile, zeroed by one memset on GpSimd (VectorE
         # has the softmax), head j's columns copied onto its block's diagonal by one copy
-        pad = nl.ndarray((dp, n * R), mm_dtype, buffer=nl.sbuf, name="q_pad")
-        if n > 1:
-            nisa.memset(dst=pad, value=0.0, engine=nisa.engine.gpsimd)
+        if kept is not None:
+            pad = kept[d0 // 128]
+        else:
+            pad = nl.ndarray((dp, n * R), mm_dtype, buffer=nl.sbuf, name="q_pad")
+            if n > 1:
+                nisa.memset(dst=pad, value=0.0, engine=nisa.engine.gpsimd)
         nisa.tensor_copy(dst=pad.ap([[n * R, dp], [R + GQ, n], [1, GQ]]),
                          src=qT_ps.ap([[R, dp], [GQ, n], [1, GQ]]))
         for j in range(n):

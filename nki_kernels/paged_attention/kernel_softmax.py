@@ -392,6 +392,27 @@ def finalize_bank(bank, tiles, out, lse, b, G, Qb, v_scale):
     nisa.activation(dst=ln_l, op=nl.log, data=l)
     nisa.tensor_tensor(dst=ln_l, data1=ln_l, data2=negm, op=nl.subtract)
     nisa.tensor_scalar(dst=ln_l, data=ln_l, op0=nl.multiply, operand0=LN_TO_LOG2)
+    heads = _head_major(tiles)
+    if heads:                   # one kv head per tile: one DMA per query block for all heads
+        HQ = out.shape[1]
+        blocks = n // heads
+        for j in range(blocks):
+            q0 = tiles[j][2]
+            o = nl.ndarray((R, heads * D), out.dtype, buffer=nl.sbuf, name="o")
+            for h in range(heads):
+                t = h * blocks + j
+                nisa.tensor_scalar(dst=o[:, h * D:(h + 1) * D],
+                                   data=bank[:, t * E + 2:(t + 1) * E], op0=nl.multiply,
+                                   operand0=rl[:, t:t + 1], op1=nl.multiply,
+                                   operand1=float(v_scale))
+            # rows (token, g) of tile (h, j); free (h, d): out[b + q0 + token, h * G + g, d]
+            nisa.dma_copy(dst=out.ap([[HQ * D, Qb], [D, G], [G * D, heads], [1, D]],
+                                     offset=q0 * HQ * D, scalar_offset=b, indirect_dim=0),
+                          src=o)
+            nisa.dma_copy(dst=lse.ap([[HQ, Qb], [1, G], [G, heads]], offset=q0 * HQ,
+                                     scalar_offset=b, indirect_dim=0),
+                          src=ln_l[:, j:n:blocks])
+        return
     for t in range(n):
         h0, _, q0 = tiles[t]
         o = nl.ndarray((R, D), out.dtype, buffer=nl.sbuf, name="o")
@@ -399,6 +420,24 @@ def finalize_bank(bank, tiles, out, lse, b, G, Qb, v_scale):
                            operand0=rl[:, t:t + 1], op1=nl.multiply, operand1=float(v_scale))
         _write_rows(out, o, b, h0, G, Qb, q0)
         _write_rows(lse, ln_l[:, t:t + 1], b, h0, G, Qb, q0)
+
+
+def _head_major(tiles):
+    """The number of kv heads when ``tiles`` hold one kv head each, ordered kv head by kv head
+    and within each by query block, every head with the same blocks (``Step.tiles`` of a block
+    of queries with G x Qt = 128 rows); else 0."""
+    heads = 0
+    for tile in tiles:
+        if tile[1] != 1:
+            return 0
+        heads = max(heads, tile[0] + 1)
+    if heads == 0 or len(tiles) % heads:
+        return 0
+    blocks = len(tiles) // heads
+    for t in range(len(tiles)):
+        if tiles[t][0] != t // blocks or tiles[t][2] != tiles[t % blocks][2]:
+            return 0
+    return heads
 
 
 def _write_rows(dst, rows, b, h0, G, Qb, q0):

@@ -101,15 +101,21 @@ def kernel_arguments(prob, paged_kv_cache, work, row_tab, sinks,
 # SBUF per partition for the per-tile state of a work item (acc [R, D] fp32 and Q^T pieces [Dp, R]
 # in 16 bits: about 6 D bytes per tile), which bounds how many tiles of query tokens an item takes
 ITEM_TILE_BYTES = 64 * 1024
-QUERY_TILES_MAX = 4
+# At most 8 tiles of query tokens per item (256 at GQA 4): the prefix is read and transposed once
+# per 8 tiles (cost model, trn2, Llama-3-8B layer: prefill 1k 998 -> 892 us, 1k over 8k 4986 ->
+# 4422, chunked 512 over 4k 1490 -> 1354; 16 tiles: 1039 / 4408 / 1404)
+QUERY_TILES_MAX = 8
 
 
-def query_block(max_q_len: int, group: int, kv_heads: int = 1, head_dim: int = 128) -> int:
+def query_block(max_q_len: int, group: int, kv_heads: int = 1, head_dim: int = 128,
+                cores: int = 1) -> int:
     """Query tokens per work item. While it fits one tile (128 // group tokens: group x Qb score
     rows per kv head), max_q_len rounded up to a power of two; beyond, a power-of-two number of
     whole tiles (at most QUERY_TILES_MAX, and as many as the item's state fits ITEM_TILE_BYTES
     for its kv heads), so an item reads each chunk of keys (and pays each loop barrier) once for
-    up to 4 x 128 // group queries."""
+    up to 8 x 128 // group queries. On ``cores`` cores (LNC=2) the longest request keeps at
+    least as many blocks as there are cores, so each core runs whole units of its own rather
+    than both halves of one."""
     per_tile = max(1, 128 // group)
     qb = 1
     while qb < max_q_len:
@@ -119,7 +125,7 @@ def query_block(max_q_len: int, group: int, kv_heads: int = 1, head_dim: int = 1
     head_tiles = -(-kv_heads // max(1, 128 // (group * per_tile)))
     fits = ITEM_TILE_BYTES // (6 * head_dim * head_tiles)
     tiles = 1
-    while 2 * tiles <= min(QUERY_TILES_MAX, fits) and tiles * per_tile < max_q_len:
+    while 2 * tiles <= min(QUERY_TILES_MAX, fits) and tiles * per_tile * cores < max_q_len:
         tiles *= 2
     return tiles * per_tile
 
@@ -163,7 +169,8 @@ def plan_prefill(prob, q_lens, qo_indptr, paged_kv_cache, causal,
                  masks=None) -> PrefillLaunch:
     """Checked inputs (``prob``, ``q_lens``; ``masks``: each request's custom mask, or None)
     -> work items, padded row maps, kernel arguments."""
-    qb = query_block(int(q_lens.max(initial=0)), prob.group, prob.geo.num_heads, prob.geo.head_dim)
+    qb = query_block(int(q_lens.max(initial=0)), prob.group, prob.geo.num_heads, prob.geo.head_dim,
+                     cores)
     items = query_blocks(prob.table.indptr, prob.kv_lens, q_lens, qb, window_left,
                          causal and masks is None, prob.geo.page_size)
     if masks is not None:

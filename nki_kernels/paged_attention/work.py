@@ -248,7 +248,7 @@ DECODE_ITEMS_PER_ITERATION = 16
 # Large blocks of queries (chunked prefill) are whole work items instead: one item per unit (per
 # core's part of it), its chunks folded by loops nested in the item (a loop per kind of chunk
 # range, trip counts from its table row), the softmax state kept in SBUF throughout. A block's
-# state is up to 4 x 128 rows x (D + 2) fp32 per kv-head tile (2 MB at 8 kv heads, D 128); chained
+# state is up to 8 x 128 rows x (D + 2) fp32 per kv-head tile (4 MB at 8 kv heads, D 128); chained
 # through HBM per kind of chunk range it moved more bytes than its keys (1k prefill trn2: 4757 us
 # as a flat list, 1953 whole). Blocks of up to FLAT_LIST_MAX_QUERIES queries (speculative
 # verification) are items of the flat list like decode: their state is one or a few tiles, and

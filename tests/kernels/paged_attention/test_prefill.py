@@ -126,30 +126,33 @@ def test_forked_requests_share_prefix_pages(rng, target):
 
 
 def test_items_visit_only_the_chunks_their_queries_see():
-    """Chunked prefill: a 1000-token chunk over a 5000-token prefix is 128-query blocks (G 4: four
+    """Chunked prefill: a 1000-token chunk over a 5000-token prefix is 256-query blocks (G 4: eight
     tiles of 32 tokens x 4 heads), each gathering only the chunks below its last query's position
     (work ~ visible keys)."""
     P, T = 16, 128
     kv, ql = np.array([6000]), np.array([1000])
     qb = query_block(1000, 4, 8, 128)
     items = query_blocks(np.array([0, 375]), kv, ql, qb, -1, True, P)
-    assert qb == 128 and items.L.size == 8
-    last_pos = np.minimum(5000 + np.arange(8) * 128 + 127, 5999)   # each block's last query
+    assert qb == 256 and items.L.size == 4
+    last_pos = np.minimum(5000 + np.arange(4) * 256 + 255, 5999)   # each block's last query
     np.testing.assert_array_equal(items.L, last_pos + 1)
     np.testing.assert_array_equal(items.c1, -(-(last_pos + 1) // T))
     assert (items.c0 == 0).all()
     window = query_blocks(np.array([0, 375]), kv, ql, qb, 255, True, P)
-    np.testing.assert_array_equal(window.W, 5000 + np.arange(8) * 128 - 255)
-    assert ((window.c1 - window.c0) <= -(-(255 + 128) // T) + 1).all()  # window + block, no more
+    np.testing.assert_array_equal(window.W, 5000 + np.arange(4) * 256 - 255)
+    assert ((window.c1 - window.c0) <= -(-(255 + 256) // T) + 1).all()  # window + block, no more
 
 
 def test_query_block_size():
-    """Powers of two while one tile (128 // G tokens) holds the block, then 2 or 4 whole tiles,
+    """Powers of two while one tile (128 // G tokens) holds the block, then 2, 4 or 8 whole tiles,
     fewer when the item's per-tile state would not fit (many kv heads of a wide head dim)."""
-    sizes = [query_block(n, 4, 8, 128) for n in (0, 1, 2, 3, 7, 8, 9, 32, 33, 64, 65, 1000)]
-    assert sizes == [1, 1, 2, 4, 8, 8, 16, 32, 64, 64, 128, 128]
-    assert query_block(1000, 128) == 4 and query_block(5, 3) == 8 and query_block(80, 3) == 84
+    sizes = [query_block(n, 4, 8, 128) for n in (0, 1, 2, 3, 7, 8, 9, 32, 33, 64, 65, 129, 1000)]
+    assert sizes == [1, 1, 2, 4, 8, 8, 16, 32, 64, 64, 128, 256, 256]
+    assert query_block(1000, 128) == 8 and query_block(5, 3) == 8 and query_block(80, 3) == 84
     assert query_block(100, 3) == 168                      # 4 tiles of 42 tokens (a power of two)
+    # two cores: the longest request keeps two blocks at least (one whole unit per core)
+    assert [query_block(n, 4, 8, 128, cores=2) for n in (16, 64, 65, 256, 257, 1000)] == [
+        16, 32, 64, 128, 256, 256]
     assert query_block(1000, 4, 8, 512) == 64 and query_block(1000, 4, 64, 512) == 32
 
 
