@@ -15,7 +15,8 @@ Args (device):
         each query row's causal bound and window span, and the softmax-state slots it chains
         through (LOAD, STORE); spans: [cores, work.span_cols(U)] int32, the rows each core runs
         per kind and loop width, and the split unit's slot and output row (LNC=2); whole units:
-        [cores, work.WHOLE_UNIT_SPAN_COLS], the core's units and its part of the split one
+        [cores, work.WHOLE_UNIT_SPAN_COLS], the core's units, its part of the split one and
+        whether there is one
     kv_indices: [>= pages + T, 1] int32 (padded)
     tok_tab: [T, 2] int32 (page slot, entry of chunk-local token t)
     row_tab: [G*Qb, 1] int32, the query token (r // G) of a kv head's score row r, or None
@@ -260,15 +261,18 @@ def state_group(whole, row_max, tiles):
 
 def run_whole_units(st, span):
     """Large blocks of queries: one loop over the core's whole units, each written when complete;
-    under LNC=2 then the core's part of the split unit, merged with the other core's."""
+    under LNC=2 then, when the step is one unit, the core's part of it, merged with the other
+    core's."""
     def whole_unit(i):
         item = unit(st, i)
         write(st, item.states, item.b, item.bank)
-    first, end = nisa.scalar_load(span[0:1, 0:1]), nisa.scalar_load(span[0:1, 1:2])
-    nl.fori_loop(first, end, whole_unit)
-    if st.cores == 2:
+    def split_unit(_):
         item = unit(st, nisa.scalar_load(span[0:1, 2:3]))
         merge_split(st, item.states, item.b, item.bank)
+    first, end = nisa.scalar_load(span[0:1, 0:1]), nisa.scalar_load(span[0:1, 1:2])
+    nl.fori_loop(first, end, whole_unit)
+    if st.cores == 2:          # the split unit, when there is one (a single unit): 0 or 1 trip
+        nl.fori_loop(0, nisa.scalar_load(span[0:1, 3:4]), split_unit)
 
 
 def run_item_loops(st, span, span_cols):

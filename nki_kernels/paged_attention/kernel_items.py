@@ -167,14 +167,15 @@ def blocks(st, item, count, masked):
     return body
 
 
-# Decode items of at most this many chunks evict K^T on ScalarE alone (VectorE is their busiest
-# engine); larger ones and blocks of queries split it between ScalarE and VectorE.
+# Flat-list items (decode, verification) of at most this many chunks evict K^T on ScalarE alone
+# (VectorE is their busiest engine); larger ones and whole units split it between ScalarE and
+# VectorE.
 KT_SCALAR_CHUNKS = 2
 
 
 def kt_vector_share(st, count):
     """VectorE's share of a K^T eviction for an item of ``count`` chunks."""
-    return 0.0 if st.Qb == 1 and count <= KT_SCALAR_CHUNKS else 0.5
+    return 0.0 if count <= KT_SCALAR_CHUNKS and not st.whole else 0.5
 
 
 def fold(st, item, count, masked):

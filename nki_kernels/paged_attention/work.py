@@ -256,7 +256,8 @@ DECODE_ITEMS_PER_ITERATION = 16
 # layer: verify 16 x 4 drafts x 1024 1410 us whole, 670 flat; 8 x 8 x 2048 1012 / 696; 8 x 16
 # x 1024 886 / 821; 8 x 32 x 1024 1028 / 1352, so 32 queries stay whole).
 FLAT_LIST_MAX_QUERIES = 16
-WHOLE_UNIT_SPAN_COLS = 3          # FIRST, END of the core's whole units; its part of the split one
+WHOLE_UNIT_SPAN_COLS = 4          # FIRST, END of the core's whole units; its part of the split
+                                  # one; 1 if there is a split unit, else 0
 
 
 def whole_units(q_block: int) -> bool:
@@ -359,8 +360,9 @@ def split_work(req: _Requests, page_size: int, batch_rows: int, cores: int = 1,
     """decode_work over any work items (requests or query blocks, ``query_blocks``); units are
     numbered by row, ``batch_rows`` of them (a bucket); ``sharing``: see ``table_rows``.
     ``whole``: one item per unit (``whole_units``), the spans [cores, WHOLE_UNIT_SPAN_COLS]:
-    the core's whole units [FIRST, END) and the row of its part of the unit split between two
-    cores (a part with no chunks when the cut leaves it none)."""
+    the core's whole units [FIRST, END), the row of its part of the unit split between two
+    cores (a part with no chunks when the cut leaves it none) and whether one is: with two
+    units or more each core takes whole units of its own, cut at a unit edge."""
     U = per_iteration
     loop_widths(U)                      # refuses a per_iteration that is not a power of two
     if cores not in (1, 2):
@@ -381,6 +383,21 @@ def split_work(req: _Requests, page_size: int, batch_rows: int, cores: int = 1,
         split, cut, loads = None, None, (float(_core_load(chunks.sum(), kinds.sum(axis=0), U)),)
     elif B == 0:
         plan, split, cut, loads = [[], []], None, None, (0.0, 0.0)
+    elif whole and B > 1:
+        # whole units on two cores: each core runs units of its own, cut at the unit edge
+        # where the slower core has the least modelled work; no unit is split (a split one
+        # costs both cores its queries and every tile's exchange and merge)
+        k = np.arange(1, B)
+        before_kinds = np.cumsum(kinds, axis=0)
+        before_chunks = np.cumsum(chunks)
+        side = [_core_load(before_chunks[k - 1], before_kinds[k - 1], U),
+                _core_load(before_chunks[-1] - before_chunks[k - 1],
+                           before_kinds[-1] - before_kinds[k - 1], U)]
+        best = np.lexsort((np.abs(side[0] - side[1]), np.maximum(side[0], side[1])))[0]
+        edge = int(k[best])
+        plan = [[(b, b, parts[b]) for b in range(edge)],
+                [(b, b, parts[b]) for b in range(edge, B)]]
+        split, cut, loads = None, None, (float(side[0][best]), float(side[1][best]))
     else:
         # every cut (unit k, chunk c): core 0 takes the units before k and chunks [c0, c) of k,
         # core 1 the rest; the cut with the least modelled time of the slower core (its
@@ -423,8 +440,8 @@ def split_work(req: _Requests, page_size: int, batch_rows: int, cores: int = 1,
 def _whole_rows(req: _Requests, plan, split, cut, page_size):
     """Work-item rows and spans of whole units: per core its units in order, then (two cores)
     its part of the unit ``split``: chunks [c0, cut) on core 0, [cut, c1) on core 1, an item
-    over no chunks (the identity) when the part is empty or there is no unit (``plan``: per
-    core [(unit, slot, items)])."""
+    over no chunks (the identity) when the part is empty; no split unit (``split`` None): that
+    row is not run (span column 3 is 0). ``plan``: per core [(unit, slot, items)]."""
     rows, spans = [], np.zeros((len(plan), WHOLE_UNIT_SPAN_COLS), np.int64)
     for p, units in enumerate(plan):
         spans[p, 0] = len(rows)
@@ -441,6 +458,7 @@ def _whole_rows(req: _Requests, plan, split, cut, page_size):
                 a, e = (a, e) if a < e else (0, 0)
                 row = req.items(np.array([split]), np.array([a]), np.array([e]), page_size)[0]
             spans[p, 2] = len(rows)
+            spans[p, 3] = 0 if split is None else 1
             rows.append(row)
     return rows, spans
 

@@ -438,9 +438,10 @@ def test_cores_must_be_one_or_two():
 
 def _check_whole_units(req, work, rows_bucket, P, cores):
     """Whole units (prefill blocks): a core's units run as one item each over all their chunks
-    [c0, c1), in unit order; with two cores each core has one more item, its part of the split
-    unit (the parts [c0, cut) and [cut, c1) on cores 0 and 1); every chunk runs exactly once and
-    the rows no core runs are zero."""
+    [c0, c1), in unit order; with two cores and one unit, each core has one more item, its part
+    of the split unit (the parts [c0, cut) and [cut, c1) on cores 0 and 1); with two units or
+    more, no unit is split (span column 3 is 0) and core 0's units all precede core 1's; every
+    chunk runs exactly once and the rows no core runs are zero."""
     assert work.spans.shape == (cores, WHOLE_UNIT_SPAN_COLS)
     seen, used, parts = {}, [], []
     for p in range(cores):
@@ -453,12 +454,17 @@ def _check_whole_units(req, work, rows_bucket, P, cores):
             np.testing.assert_array_equal(work.items[i], want)
             seen.setdefault(b, []).extend(range(int(req.c0[b]), int(req.c1[b])))
         if cores == 2:
-            i = int(work.spans[p, 2])
-            used.append(i)
-            parts.append(work.items[i])
-    if cores == 2 and req.L.size:
-        b = int(np.flatnonzero(req.out == parts[0][OUT])[0])
-        assert parts[1][OUT] == req.out[b]
+            split = int(work.spans[p, 3])
+            assert split == (1 if req.L.size == 1 else 0)
+            if split:
+                i = int(work.spans[p, 2])
+                used.append(i)
+                parts.append(work.items[i])
+    if cores == 2 and req.L.size > 1:
+        assert int(work.spans[0, 1]) <= int(work.spans[1, 0])     # core 0's units come first
+    if cores == 2 and req.L.size == 1:
+        b = 0
+        assert parts[0][OUT] == parts[1][OUT] == req.out[b]
         (a0, e0), (a1, e1) = [(int(r[C0]), int(r[C1])) for r in parts]
         if a0 < e0 and a1 < e1:
             assert (a0, e1, e0) == (req.c0[b], req.c1[b], a1)
@@ -487,22 +493,31 @@ def test_whole_units_run_every_chunk_once_on_one_or_two_cores(seed):
     _check_whole_units(req, split_work(req, P, rows, 1, 1, whole=True), rows, P, 1)
     two = split_work(req, P, rows, 2, 1, whole=True)
     _check_whole_units(req, two, rows, P, 2)
-    assert two.loads == split_work(req, P, rows, 2, 1).loads    # the same cut as the flat list
+    if req.L.size > 1:           # the edge with the least work on the slower core
+        assert max(two.loads) <= max(split_work(req, P, rows, 2, 1).loads) + 2 * max(
+            int((req.c1 - req.c0).max()), 1) + 20
 
 
 def test_whole_units_of_an_empty_batch_on_two_cores_run_an_empty_item_each():
     req = query_blocks(np.zeros(1, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64), 32,
                        -1, True, 16)
     work = split_work(req, 16, 1, 2, 1, whole=True)
-    assert work.spans.tolist() == [[0, 0, 0], [1, 1, 1]] and not work.items.any()
+    assert work.spans.tolist() == [[0, 0, 0, 0], [1, 1, 1, 0]] and not work.items.any()
 
 
-def test_a_cut_at_a_unit_edge_leaves_the_other_core_an_empty_part():
-    """Two equal units: the cut falls between them, so each core's part of the split unit has no
-    chunks (an item over [a, a): it merges the identity)."""
+def test_two_units_on_two_cores_run_one_each_and_none_is_split():
+    """Two equal units: one per core, no split part (span column 3 is 0); one unit: split in
+    two parts of its chunks, one per core, neither empty."""
     kv = np.array([1024, 1024])
     req = query_blocks(np.array([0, 64, 128]), kv, np.array([128, 128]), 128, -1, True, 16)
     work = split_work(req, 16, 2, 2, 1, whole=True)
-    parts = [work.items[work.spans[p, 2]] for p in (0, 1)]
-    assert [int(r[C1] - r[C0]) for r in parts].count(0) >= 1
+    assert work.spans[:, 3].tolist() == [0, 0]
+    assert [int(work.spans[p, 1] - work.spans[p, 0]) for p in (0, 1)] == [1, 1]
     _check_whole_units(req, work, 2, 16, 2)
+    one = query_blocks(np.array([0, 64]), kv[:1], np.array([128]), 128, -1, True, 16)
+    work = split_work(one, 16, 1, 2, 1, whole=True)
+    assert work.spans[:, 3].tolist() == [1, 1]
+    parts = [work.items[work.spans[p, 2]] for p in (0, 1)]
+    sizes = [int(r[C1] - r[C0]) for r in parts]
+    assert sum(sizes) == 8 and min(sizes) > 0
+    _check_whole_units(one, work, 1, 16, 2)
