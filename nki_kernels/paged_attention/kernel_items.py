@@ -14,9 +14,10 @@ from .kernel_load import (KVTile, block_page_ids, block_rows, converted_v, group
                           load_chunk_indirect, load_chunk_pages, load_group_indirect,
                           load_group_pages, step_chunks)
 from .kernel_mask import masked_keep
-from .kernel_queries import group_queries
+from .kernel_queries import group_queries, query_block_rows
 from .kernel_softmax import (bank_column, chunk_scores, finalize, finalize_bank, forget_unseen,
-                             group_stats, group_sums, k_transposed, load_state, mask_keep,
+                             group_stats, group_sums, head_major, k_transposed, load_state,
+                             mask_keep,
                              merge_states, merge_with_partner, poison_state, softmax_begin,
                              softmax_end, state_bank, state_tile, state_views, store_state)
 from .work import C0, C1, CHUNK_BLOCKS, FULL_HI, FULL_LO, LOAD, OUT, STORE
@@ -102,11 +103,18 @@ def prepare(st, i, count, masked, cols=None, slot=0):
         item.store = nisa.scalar_load(cols[0:1, STORE:STORE + 1])
     if count == 0:
         return item
-    queries = []
+    queries, loaded = [], {}
+    heads = head_major(st.tiles) if st.whole else 0
     for t in range(len(st.tiles)):
         h0, n, q0 = st.tiles[t]
         kept = st.q_pads.get(f"{slot},{t}") if st.q_pads is not None else None
-        pads, poison = group_queries(st.q, item.b, h0, n, st.G, st.Qt, st.mm_dtype, q0, kept)
+        rows = None
+        if heads:                  # one DMA per query block for all kv heads
+            if f"{q0}" not in loaded:
+                loaded[f"{q0}"] = query_block_rows(st.q, item.b, heads, st.G, st.Qt, q0)
+            rows = loaded[f"{q0}"][:, h0 * st.D:(h0 + 1) * st.D]
+        pads, poison = group_queries(st.q, item.b, h0, n, st.G, st.Qt, st.mm_dtype, q0, kept,
+                                     rows)
         queries.append(pads)
         if poison is not None:
             poison_state(states[t], poison)

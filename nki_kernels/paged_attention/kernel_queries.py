@@ -37,21 +37,34 @@ def query_pads(n, R, D, mm_dtype):
     return pads
 
 
-def group_queries(q, t0, h0, n, G, Qb, mm_dtype, q0=0, kept=None):
+def query_block_rows(q, t0, heads, G, Qb, q0):
+    """The rows of query tokens t0 + q0 .. t0 + q0 + Qb of every kv head in one DMA: SBUF
+    [G * Qb, heads * D], row qi * G + g, columns h * D.. holding query head h * G + g (the rows
+    of the one-kv-head tiles of a query block, side by side; ``group_queries(rows=...)``)."""
+    _, HQ, D = q.shape
+    rows = nl.ndarray((G * Qb, heads * D), q.dtype, buffer=nl.sbuf, name="q_block_rows")
+    nisa.dma_copy(dst=rows, src=q.ap([[HQ * D, Qb], [D, G], [G * D, heads], [1, D]],
+                                     offset=q0 * HQ * D, scalar_offset=t0, indirect_dim=0))
+    return rows
+
+
+def group_queries(q, t0, h0, n, G, Qb, mm_dtype, q0=0, kept=None, rows=None):
     """Per kv head j < n of the group: Q^T tiles [Dp, R] (R = n*G*Qb) in the matmul dtype, holding
     head h0+j's rows in columns j*G*Qb..(j+1)*G*Qb and zeros elsewhere, so the per-head matmuls
     of a group accumulate into one PSUM tile. ``q`` [B, HQ, D] @ HBM; the tokens are rows
     t0 + q0 .. t0 + q0 + Qb (``t0`` a device scalar, ``q0`` the tile's first token of its block).
     Returns (pads, poison): poison [R, 1] fp32 (0, or NaN for a row with a non-finite element),
     or None where the transpose is exact. ``kept``: ``query_pads`` tiles to write into (their
-    off-diagonal zeros kept from before), else fresh tiles zeroed here."""
+    off-diagonal zeros kept from before), else fresh tiles zeroed here. ``rows``: the tile's
+    rows [R, D] already loaded (``query_block_rows``), else loaded here."""
     _, HQ, D = q.shape
     GQ = G * Qb
     R = n * GQ
-    rows = nl.ndarray((R, D), q.dtype, buffer=nl.sbuf, name="q_rows")
-    nisa.dma_copy(dst=rows, src=q.ap([[G * D, n], [HQ * D, Qb], [D, G], [1, D]],
-                                     offset=(q0 * HQ + h0 * G) * D, scalar_offset=t0,
-                                     indirect_dim=0))
+    if rows is None:
+        rows = nl.ndarray((R, D), q.dtype, buffer=nl.sbuf, name="q_rows")
+        nisa.dma_copy(dst=rows, src=q.ap([[G * D, n], [HQ * D, Qb], [D, G], [1, D]],
+                                         offset=(q0 * HQ + h0 * G) * D, scalar_offset=t0,
+                                         indirect_dim=0))
     poison = None
     if nisa.get_nc_version() < nisa.nc_version.gen3:
         rows, poison = _finite_rows(rows)

@@ -392,7 +392,7 @@ def finalize_bank(bank, tiles, out, lse, b, G, Qb, v_scale):
     nisa.activation(dst=ln_l, op=nl.log, data=l)
     nisa.tensor_tensor(dst=ln_l, data1=ln_l, data2=negm, op=nl.subtract)
     nisa.tensor_scalar(dst=ln_l, data=ln_l, op0=nl.multiply, operand0=LN_TO_LOG2)
-    heads = _head_major(tiles)
+    heads = head_major(tiles)
     if heads:                   # one kv head per tile: one DMA per query block for all heads
         HQ = out.shape[1]
         blocks = n // heads
@@ -422,7 +422,7 @@ def finalize_bank(bank, tiles, out, lse, b, G, Qb, v_scale):
         _write_rows(lse, ln_l[:, t:t + 1], b, h0, G, Qb, q0)
 
 
-def _head_major(tiles):
+def head_major(tiles):
     """The number of kv heads when ``tiles`` hold one kv head each, ordered kv head by kv head
     and within each by query block, every head with the same blocks (``Step.tiles`` of a block
     of queries with G x Qt = 128 rows); else 0."""
