@@ -238,17 +238,18 @@ def fold_items(st, items, count, masked):
             kts[key] = []
             for chunk in loaded:
                 kts[key].append(k_transposed(chunk[0][0], h0, n, st.D, st.mm_dtype, share))
-        keep = loaded[0][1]               # masked chunks are folded one at a time
         tile_rows = items[i].q[t][0][0].shape[1]
+        keep = None
+        if loaded[0][1] is not None:      # masked: the step's chunks' predicates side by side
+            keep = _joined_keep(loaded, q0 // st.Qt, tile_rows, st.T)
         row_max = None
         if K > 1:                         # into its column of the group's row maxima
             if t % K == 0:
                 maxima[f"{i},{s},{t // K}"] = nl.ndarray(
                     (st.R, min(K, len(tiles) - t)), nl.float32, buffer=nl.sbuf, name="row_max_g")
             row_max = maxima[f"{i},{s},{t // K}"][:, t % K:t % K + 1]
-        scores = chunk_scores(items[i].q[t], kts[key], st.T,
-                              None if keep is None else keep[q0 // st.Qt][0:tile_rows, :],
-                              st.scale, st.soft_cap, st.mm_dtype, st.keep_all, row_max)
+        scores = chunk_scores(items[i].q[t], kts[key], st.T, keep, st.scale, st.soft_cap,
+                              st.mm_dtype, st.keep_all, row_max)
         if t + 1 == len(tiles) or tiles[t + 1][0] != h0:
             kts.pop(key)                  # its tiles are free from here on
         return scores
@@ -344,7 +345,7 @@ def merge_split(st, states, b, bank=None):
 
 
 def unit(st, i):
-    """Whole unit i: its chunks in loops nested in the item, masked ones alone and the mask-free
+    """Whole unit i: its chunks in loops nested in the item, masked ones in pairs and the mask-free
     ones in CHUNK_BLOCKS (as many of each size as fit, largest first); returns the item, its
     states complete."""
     item = prepare(st, i, 1, True)
@@ -353,14 +354,35 @@ def unit(st, i):
     full_lo = nisa.scalar_load(cols[0:1, FULL_LO:FULL_LO + 1])
     full_hi = nisa.scalar_load(cols[0:1, FULL_HI:FULL_HI + 1])
     c1 = nisa.scalar_load(cols[0:1, C1:C1 + 1])
-    nl.fori_loop(c0, full_lo, blocks(st, item, 1, True))
+    masked_pairs(st, item, c0, full_lo)
     lo = full_lo
     for size in CHUNK_BLOCKS:
         hi = lo + ((full_hi - lo) // size) * size if size > 1 else full_hi
         nl.fori_loop(lo, hi, blocks(st, item, size, False), step=size)
         lo = hi
-    nl.fori_loop(full_hi, c1, blocks(st, item, 1, True))
+    masked_pairs(st, item, full_hi, c1)
     return item
+
+
+def masked_pairs(st, item, a, e):
+    """The masked chunks [a, e) of a whole unit, two per loop iteration (one softmax step of both,
+    their predicates side by side) and the odd one alone: half the loop barriers and pipeline
+    fills of one chunk an iteration."""
+    pairs = a + ((e - a) // 2) * 2
+    nl.fori_loop(a, pairs, blocks(st, item, 2, True), step=2)
+    nl.fori_loop(pairs, e, blocks(st, item, 1, True))
+
+
+def _joined_keep(loaded, j, rows, T):
+    """The mask predicate of a softmax step's masked chunks for query tile j: the chunk's own
+    [rows, T] when the step has one chunk, else the chunks' side by side in one [rows, W*T]."""
+    if len(loaded) == 1:
+        return loaded[0][1][j][0:rows, :]
+    joined = nl.ndarray((rows, len(loaded) * T), nl.uint8, buffer=nl.sbuf, name="keep_joined")
+    for c in range(len(loaded)):
+        nisa.tensor_copy(dst=joined[:, c * T:(c + 1) * T], src=loaded[c][1][j][0:rows, :],
+                         engine=nisa.engine.gpsimd)
+    return joined
 
 
 def _v_views(chunks):
