@@ -211,7 +211,11 @@ def make_step(q, k_rows, v_rows, meta, kv_indices, tok_tab, row_tab, sinks, mask
               # DMA engines are idle; verification items keep TensorE (their gathers bind:
               # 16 x 4 drafts x 1024 670 us, 681 with P^T by DMA)
               dma_pT=(whole_units(Qb) and nisa.get_nc_version() >= nisa.nc_version.gen3
-                      and dtype_bytes(mm_dtype) == 2))
+                      and dtype_bytes(mm_dtype) == 2),
+              # flat-list items set their states in their first softmax step (no identity
+              # memsets); NeuronCore-v2 adds a poison term to the state before any step
+              first_init=(not whole_units(Qb)
+                          and nisa.get_nc_version() >= nisa.nc_version.gen3))
     if st.blocked and st.indirect:     # by f"{group}" (NKI dict keys are strings), ascending
         groups = []
         for size in CHUNK_BLOCKS:

@@ -15,11 +15,11 @@ from .kernel_load import (KVTile, block_page_ids, block_rows, converted_v, group
                           load_group_pages, step_chunks)
 from .kernel_mask import masked_keep
 from .kernel_queries import group_queries, query_block_rows
-from .kernel_softmax import (bank_column, chunk_scores, finalize, finalize_bank, forget_unseen,
-                             group_stats, group_sums, head_major, k_transposed, load_state,
-                             mask_keep,
-                             merge_states, merge_with_partner, poison_state, softmax_begin,
-                             softmax_end, state_bank, state_tile, state_views, store_state)
+from .kernel_softmax import (bank_column, blank_state, chunk_scores, finalize, finalize_bank,
+                             forget_unseen, group_stats, group_sums, head_major, k_transposed,
+                             load_state, mask_keep, merge_states, merge_with_partner,
+                             poison_state, softmax_begin, softmax_end, state_bank, state_tile,
+                             state_views, store_state)
 from .work import C0, C1, CHUNK_BLOCKS, FULL_HI, FULL_LO, LOAD, OUT, STORE
 
 
@@ -93,8 +93,11 @@ def prepare(st, i, count, masked, cols=None, slot=0):
         bank, states = state_bank(st.R, st.D, len(st.tiles))
     else:
         states = []
-        for tile in st.tiles:
-            states.append(state_tile(tile[1] * st.GQ, st.D))
+        for tile in st.tiles:          # set by the first softmax step when the item has one
+            if count and st.first_init:
+                states.append(blank_state(tile[1] * st.GQ, st.D))
+            else:
+                states.append(state_tile(tile[1] * st.GQ, st.D))
     item = WorkItem(cols=cols, b=nisa.scalar_load(cols[0:1, OUT:OUT + 1]), states=states,
                     load=None, store=None, q=None, bounds=None, cursor=None, rows=None,
                     pids=None, loads=None, bank=bank)
@@ -292,7 +295,8 @@ def fold_items(st, items, count, masked):
         owners.append(i)
         halves.append(softmax_begin(states[i][t], pending.pop(0), tiles[t][1],
                                     _v_views(step(i, s)), tiles[t][0], st.D, st.mm_dtype,
-                                    st.state_copy_engine, column, st.dma_pT))
+                                    st.state_copy_engine, column, st.dma_pT,
+                                    st.first_init and s == 0))
         if K > 1 and t % K == n - 1:      # every tile of the group begun: its sums
             group_sums(bank_column(items[i].bank, st.D, 1, t - n + 1, n), stats)
         if len(halves) > lag:

@@ -33,6 +33,12 @@ def state_tile(rows, D):
     return st
 
 
+def blank_state(rows, D):
+    """An uninitialised [rows, D + 2] fp32 state tile for an item whose first softmax step
+    initialises it (``softmax_begin(first=True)``), so it needs no identity memsets."""
+    return _f32((rows, D + 2), "state")
+
+
 def state_bank(rows, D, tiles):
     """[rows, tiles * (D + 2)] fp32 SBUF tile of ``tiles`` softmax states side by side, each
     holding the identity, and its per-tile ``state_tile``-shaped views: the one-element state
@@ -236,7 +242,7 @@ def group_sums(l, stats):
 
 
 def softmax_begin(state, scores, heads, v_tiles, h0, D, p_dtype, copy_engine=None, group=None,
-                  dma_pT=False):
+                  dma_pT=False, first=False):
     """Fold ``scores`` (``chunk_scores``: tile [R, W*T], row max or None, exponent scale) of W
     chunks with V tiles [T, H*D] into the state of a group of ``heads`` kv heads (rows R), in
     place (a device loop's body reuses its own buffers every iteration), P in ``p_dtype`` (the
@@ -250,13 +256,24 @@ def softmax_begin(state, scores, heads, v_tiles, h0, D, p_dtype, copy_engine=Non
     this tile's columns (new -max, alpha, row sum) of its group's ``group_stats``, which did the
     running max; its l is then updated by ``group_sums``, not by ``softmax_end``. ``dma_pT``:
     P^T by a DMA transpose (2-byte P, NeuronCore-v3+) instead of TensorE and a ScalarE
-    eviction: the DMA engines are the idlest when blocks of queries make many scores per key."""
+    eviction: the DMA engines are the idlest when blocks of queries make many scores per key.
+    ``first``: the state's first step (a ``blank_state``): its max, sum and acc are set, not
+    rescaled (the max capped at the identity's, as the running minimum with it would)."""
     s, row_max, scale = scores
     negm, l, acc = state
     T = v_tiles[0].tile.shape[0]
     R, WT = s.shape
     p = nl.ndarray((R, WT), p_dtype, buffer=nl.sbuf, name="p")
-    if group is not None:
+    if first:
+        if row_max is None:
+            nisa.tensor_reduce(dst=negm, op=nl.maximum, data=s, axis=1, negate=True)
+        else:
+            nisa.tensor_scalar(dst=negm, data=row_max, op0=nl.multiply, operand0=-scale,
+                               op1=nl.minimum, operand1=-NEG_BIG)
+        nisa.activation(dst=p, op=nl.exp, data=s, bias=negm, scale=scale, reduce_op=nl.add,
+                        reduce_res=l, reduce_cmd=nisa.reduce_cmd.reset_reduce)
+        alpha, row_sum = None, None
+    elif group is not None:
         negm_new, alpha, row_sum = group
         nisa.activation(dst=p, op=nl.exp, data=s, bias=negm_new, scale=scale, reduce_op=nl.add,
                         reduce_res=row_sum, reduce_cmd=nisa.reduce_cmd.reset_reduce)
@@ -287,13 +304,19 @@ def softmax_begin(state, scores, heads, v_tiles, h0, D, p_dtype, copy_engine=Non
             nisa.activation(dst=pT, op=nl.copy, data=pT_ps)
         pTs.append(pT)
     return SoftmaxHalf(state=state, alpha=alpha, row_sum=None if group is not None else row_sum,
-                       pTs=pTs, v_tiles=v_tiles, heads=heads, h0=h0, D=D)
+                       pTs=pTs, v_tiles=v_tiles, heads=heads, h0=h0, D=D, first=first)
 
 
 def softmax_end(half):
     """The second half of a softmax step (``softmax_begin``'s result): P @ V on TensorE, and on
     VectorE l = l alpha + row sum (unless grouped) and acc = acc alpha + P @ V."""
     negm, l, acc = half.state
+    if half.first:                             # acc = P @ V (l was set by the exp's sum)
+        R = half.pTs[0].shape[1]
+        pv = (_pv_one_head if half.heads == 1 else _pv_heads)(half.pTs, half.v_tiles, half.h0,
+                                                              half.D, R // half.heads)
+        nisa.tensor_copy(dst=acc, src=pv)
+        return
     if half.row_sum is not None:               # else its group's ``group_sums`` does it
         nisa.scalar_tensor_tensor(dst=l, data=l, op0=nl.multiply, operand0=half.alpha,
                                   op1=nl.add, operand1=half.row_sum)
