@@ -309,22 +309,20 @@ def softmax_begin(state, scores, heads, v_tiles, h0, D, p_dtype, copy_engine=Non
 
 def softmax_end(half):
     """The second half of a softmax step (``softmax_begin``'s result): P @ V on TensorE, and on
-    VectorE l = l alpha + row sum (unless grouped) and acc = acc alpha + P @ V."""
+    VectorE l = l alpha + row sum (unless grouped or first) and acc = acc alpha + P @ V (= P @ V
+    for the first step)."""
     negm, l, acc = half.state
-    if half.first:                             # acc = P @ V (l was set by the exp's sum)
-        R = half.pTs[0].shape[1]
-        pv = (_pv_one_head if half.heads == 1 else _pv_heads)(half.pTs, half.v_tiles, half.h0,
-                                                              half.D, R // half.heads)
-        nisa.tensor_copy(dst=acc, src=pv)
-        return
-    if half.row_sum is not None:               # else its group's ``group_sums`` does it
+    if half.row_sum is not None:               # else set by the first step's exp, or grouped
         nisa.scalar_tensor_tensor(dst=l, data=l, op0=nl.multiply, operand0=half.alpha,
                                   op1=nl.add, operand1=half.row_sum)
     R = half.pTs[0].shape[1]
     pv = (_pv_one_head if half.heads == 1 else _pv_heads)(half.pTs, half.v_tiles, half.h0,
                                                           half.D, R // half.heads)
-    nisa.scalar_tensor_tensor(dst=acc, data=acc, op0=nl.multiply, operand0=half.alpha,
-                              op1=nl.add, operand1=pv)
+    if half.first:                             # the state's first step: acc = P @ V
+        nisa.tensor_copy(dst=acc, src=pv)
+    else:
+        nisa.scalar_tensor_tensor(dst=acc, data=acc, op0=nl.multiply, operand0=half.alpha,
+                                  op1=nl.add, operand1=pv)
 
 
 def _pv_one_head(pTs, v_tiles, h0, D, rows):
