@@ -42,8 +42,8 @@ step's chunks into equal halves, work.decode_work); the two parts' states are ex
 ``nisa.sendrecv`` and merged, and program 0 writes that unit.
 Blocks of more than work.FLAT_LIST_MAX_QUERIES queries (chunked prefill) run as whole units instead
 (work.whole_units): one loop over the core's units, each folding all its chunks in loops nested
-in it (masked chunks one at a time, mask-free ones in blocks of 32, 16, ..., 1), its state in
-SBUF from first chunk to output: a prefill block's state (2 MB at 8 kv heads, D 128) chained
+in it (masked chunks two at a time, mask-free ones in blocks of 32, 16, ..., 1), its state in
+SBUF from first chunk to output: a prefill block's state (4 MB at 8 kv heads, D 128) chained
 through HBM per kind of chunk range would move more bytes than its keys.
 Tiling per work item: tiles of score rows, each a group of kv heads and Qt = min(Qb, 128 // G)
 of the item's query tokens (rows R = heads x G x Qt <= 128 on partitions, kv head j's rows

@@ -150,12 +150,12 @@ def _scores(q_pads, kTs, T, mm_dtype):
 
 
 def k_transposed(k_sb, h0, n, D, mm_dtype, vector_share):
-    """{(j, k): K^T [dp, T] in SBUF} of heads h0..h0+n-1 and 128-row pieces k of the head dim,
-    made on TensorE in <= 128-row pieces: the transposes of as many heads as fill one PSUM bank
-    go side by side into one tile, evicted by two instructions (ScalarE and VectorE parts,
-    ``vector_share`` of it on VectorE: 0 or 0.5) instead of one per head. Made once per chunk and kv heads, shared by every tile of query
-    rows of those heads, and all of a step's before its first matmul, so TensorE transposes the
-    next chunk while the last one's K^T is evicted."""
+    """{(j, k): K^T [dp, T] in SBUF} of heads h0..h0+n-1 and 128-row pieces k of the head dim, made on
+    TensorE in <= 128-row pieces: the transposes of as many heads as fill one PSUM bank go side by
+    side into one tile, evicted by two instructions (ScalarE and VectorE parts, ``vector_share`` of
+    it on VectorE: 0 or 0.5) instead of one per head. Made once per chunk and kv heads, shared by
+    every tile of query rows of those heads, and all of a step's before its first matmul, so
+    TensorE transposes the next chunk while the last one's K^T is evicted."""
     T = k_sb.tile.shape[0]
     t_dtype = transpose_dtype(k_sb.tile.dtype)
     per = max(1, min(n, PSUM_BANK_BYTES // (T * dtype_bytes(t_dtype))))
@@ -210,8 +210,9 @@ def chunk_scores(q_pads, kTs, T, keep, scale, soft_cap, mm_dtype, keep_all=None,
 
 
 class SoftmaxHalf(nl.NKIObject):
-    """What ``softmax_begin`` leaves for ``softmax_end``: the state, alpha, the row sums, P^T
-    per chunk, the V tiles and the tile's kv heads."""
+    """What ``softmax_begin`` leaves for ``softmax_end``: the state, alpha, the row sums (None
+    when grouped or first), P^T per chunk, the V tiles, the tile's kv heads and whether it is
+    the state's first step."""
 
 
 def group_stats(negm, row_max, scale, copy_engine=None):
@@ -383,18 +384,29 @@ def finalize(state, out, lse, sinks, b, h0, G, Qb, v_scale, q0=0):
                                   operand1=sk)
         nisa.tensor_scalar(dst=acc, data=acc, op0=nl.multiply, operand0=alpha)
         negm = negm_new
-    rl = _f32((R, 1), "inv_l")
-    nisa.tensor_scalar(dst=rl, data=l, op0=nl.maximum, operand0=1.0)
-    nisa.reciprocal(dst=rl, data=rl)
+    rl = _inverse_sums(l)
     o = nl.ndarray((R, D), out.dtype, buffer=nl.sbuf, name="o")
     nisa.tensor_scalar(dst=o, data=acc, op0=nl.multiply, operand0=rl, op1=nl.multiply,
                        operand1=float(v_scale))
     _write_rows(out, o, b, h0, G, Qb, q0)
-    ln_l = _f32((R, 1), "ln_l")
+    _write_rows(lse, _log2_sums(l, negm), b, h0, G, Qb, q0)
+
+
+def _inverse_sums(l):
+    """[R, n] 1 / max(l, 1) of n states' sums (a row that saw no key has l = 0: its output 0)."""
+    rl = _f32(l.shape, "inv_l")
+    nisa.tensor_scalar(dst=rl, data=l, op0=nl.maximum, operand0=1.0)
+    nisa.reciprocal(dst=rl, data=rl)
+    return rl
+
+
+def _log2_sums(l, negm):
+    """[R, n] LSE in base 2, (m + ln l) * log2(e), of n states (``negm`` = -m)."""
+    ln_l = _f32(l.shape, "ln_l")
     nisa.activation(dst=ln_l, op=nl.log, data=l)
     nisa.tensor_tensor(dst=ln_l, data1=ln_l, data2=negm, op=nl.subtract)
     nisa.tensor_scalar(dst=ln_l, data=ln_l, op0=nl.multiply, operand0=LN_TO_LOG2)
-    _write_rows(lse, ln_l, b, h0, G, Qb, q0)
+    return ln_l
 
 
 def finalize_bank(bank, tiles, out, lse, b, G, Qb, v_scale):
@@ -406,13 +418,8 @@ def finalize_bank(bank, tiles, out, lse, b, G, Qb, v_scale):
     E = bank.shape[1] // n
     D = E - 2
     l, negm = bank_column(bank, D, 1, 0, n), bank_column(bank, D, 0, 0, n)
-    rl = _f32((R, n), "inv_l")
-    nisa.tensor_scalar(dst=rl, data=l, op0=nl.maximum, operand0=1.0)
-    nisa.reciprocal(dst=rl, data=rl)
-    ln_l = _f32((R, n), "ln_l")
-    nisa.activation(dst=ln_l, op=nl.log, data=l)
-    nisa.tensor_tensor(dst=ln_l, data1=ln_l, data2=negm, op=nl.subtract)
-    nisa.tensor_scalar(dst=ln_l, data=ln_l, op0=nl.multiply, operand0=LN_TO_LOG2)
+    rl = _inverse_sums(l)
+    ln_l = _log2_sums(l, negm)
     heads = head_major(tiles)
     if heads:                   # one kv head per tile: one DMA per query block for all heads
         HQ = out.shape[1]

@@ -44,11 +44,6 @@ class Floor:
         return " / ".join(f"{1e6 * t:.1f}" for t in (self.bytes_s, self.flops_s, self.scalar_s,
                                                        self.vector_s))
 
-    def __add__(self, other: "Floor") -> "Floor":
-        """Two steps run one after the other: each term adds."""
-        return Floor(self.bytes_s + other.bytes_s, self.flops_s + other.flops_s,
-                     self.scalar_s + other.scalar_s, self.vector_s + other.vector_s)
-
 
 def attention_floor(hw, min_bytes: int, scores: int, head_dim: int, cores: int = 1) -> Floor:
     """The floor of a step moving ``min_bytes`` over HBM and computing ``scores`` scores of
