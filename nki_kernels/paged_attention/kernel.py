@@ -72,12 +72,12 @@ from nki_kernels.paged_kv_append.kernel import scatter_rows
 from .kernel_cursor import Geometry, partition_iota, query_of_row
 from .kernel_items import (SCORES_AHEAD, finish, fold_items, gathered, item_row, loader,
                            merge_split, prepare, unit, write)
-from .kernel_load import PSUM_BANK_BYTES, ROW_LIMIT, group_entry_rows
+from .kernel_load import PSUM_BANK_BYTES, ROW_LIMIT, group_entry_rows, kt_dma_layout
 from .kernel_mask import custom_mask
 from .kernel_queries import query_pads
 from .kernel_softmax import load_state, state_tile
-from .work import (CHUNK_BLOCKS, ITEM_CLASSES, items_per_iteration, loop_widths, span_column,
-                   state_slots, whole_units)
+from .work import (CHUNK_BLOCKS, ITEM_CLASSES, chains_in, items_per_iteration, loop_widths,
+                   span_column, state_slots, whole_units)
 
 
 # Mask-free chunks of a work item come in blocks of work.CHUNK_BLOCKS: a block of 32 chunks (4096
@@ -157,11 +157,12 @@ def make_step(q, k_rows, v_rows, meta, kv_indices, tok_tab, row_tab, sinks, mask
     assert Qb % Qt == 0, f"{Qb} query tokens per item is not a whole number of tiles of {Qt}"
     T = tok_tab.shape[0]
     rpp, es, v_rows_offset = strides
-    geo = Geometry(T, page_size, rpp, es, D, H, token_pattern)
+    indirect = nisa.get_nc_version() >= 3 and k_rows.shape[0] < ROW_LIMIT
+    geo = Geometry(T, page_size, rpp, es, D, H, token_pattern,
+                   kt_dma_layout(indirect, k_rows.dtype, mm_dtype, T, D, H, es, token_pattern))
     sources = ((k_rows, 0), (k_rows, v_rows_offset * D) if v_rows is None else (v_rows, 0))
     out = nl.ndarray((B, HQ, D), q.dtype, buffer=nl.shared_hbm, name="out")
     lse = nl.ndarray((B, HQ, 1), nl.float32, buffer=nl.shared_hbm, name="lse")
-    indirect = nisa.get_nc_version() >= 3 and k_rows.shape[0] < ROW_LIMIT
     tok_sb = nl.ndarray((T, 2), nl.int32, buffer=nl.sbuf, name="tok_tab")
     nisa.dma_copy(dst=tok_sb, src=tok_tab)
     GQ = G * Qt                                            # score rows per kv head and tile
@@ -289,7 +290,8 @@ def run_item_loops(st, span, span_cols):
             col = span_column(kind, width, U)
             first = nisa.scalar_load(span[0:1, col:col + 1])
             end = nisa.scalar_load(span[0:1, col + 1:col + 2])
-            nl.fori_loop(first, end, items_iteration(st, count, masked, width), step=width)
+            nl.fori_loop(first, end, items_iteration(st, count, masked, width, chains_in(kind)),
+                         step=width)
     if st.cores == 2:          # the unit split between the cores: its part's state is in a slot
         slot = nisa.scalar_load(span[0:1, span_cols - 2:span_cols - 1])
         b = nisa.scalar_load(span[0:1, span_cols - 1:span_cols])
@@ -299,20 +301,20 @@ def run_item_loops(st, span, span_cols):
         merge_split(st, parts, b)
 
 
-def items_iteration(st, count, masked, width):
+def items_iteration(st, count, masked, width, chained):
     """The body of a loop over ``width`` items of one kind: every item's setup first, a masked
     kind's first gathers before any softmax (each one's addresses on VectorE never wait behind
     another's softmax), then all the items' chunks as one software pipeline (the next item's
     scores are made while this one's softmax runs); an item finishes inside the next one's
     chunks, after that one's first softmax step, so its DMAs sit behind gathers already
-    issued."""
+    issued. ``chained``: the items start from their units' states (``work.chains_in``)."""
     def iteration(i):
-        rows = []                  # every item's table row first: the DMAs that depend on one
-        for k in range(width):     # (queries, page ids) then never queue behind another's
-            rows.append(item_row(st, i + k, count))
+        # every item's table row first, one DMA for the iteration: the DMAs that depend on one
+        # (queries, page ids) then never queue behind another's
+        rows = item_row(st, i, count, width) if width > 1 else [item_row(st, i, count)]
         batch = []
         for k in range(width):
-            batch.append(prepare(st, i + k, count, masked, rows[k], k))
+            batch.append(prepare(st, i + k, count, masked, rows[k], k, chained))
         if masked:
             for item in batch:
                 item.loads = {"0": loader(st, item, count, masked)(0)}

@@ -30,14 +30,20 @@ class Geometry(NamedTuple):
     D: int
     H: int
     token_pattern: tuple    # one token's heads from its first element: ((step, num), ...)
+    kt_dma: bool = False    # K gathered transposed ([D, heads, T]: kernel_load.KTTile)
 
 
-def item_columns(meta, i, parts):
-    """[parts, META_COLS] int32: work item i's table row in every partition (i: a device
-    scalar), one DMA: the item's scalars, bounds and cursor are all read from it."""
-    t = nl.ndarray((parts, META_COLS), nl.int32, buffer=nl.sbuf, name="item")
-    nisa.dma_copy(dst=t, src=meta.ap([[0, parts], [1, META_COLS]], scalar_offset=i, indirect_dim=0))
-    return t
+def item_columns(meta, i, parts, count=1):
+    """[parts, META_COLS] int32 per item: the table rows of work items i..i+count-1 in every
+    partition (i: a device scalar), one DMA for all (the rows are consecutive): an item's
+    scalars, bounds and cursor are all read from its row."""
+    t = nl.ndarray((parts, count * META_COLS), nl.int32, buffer=nl.sbuf, name="item")
+    nisa.dma_copy(dst=t, src=meta.ap([[0, parts], [1, count * META_COLS]], scalar_offset=i,
+                                     indirect_dim=0))
+    rows = []
+    for k in range(count):
+        rows.append(t[:, k * META_COLS:(k + 1) * META_COLS])
+    return rows if count > 1 else rows[0]
 
 
 class Bounds(NamedTuple):

@@ -10,7 +10,7 @@ from nki_kernels.backend import nisa, nl
 
 from .kernel_cursor import (advance, block_bounds, item_columns, request_bounds, start_cursor,
                             token_validity)
-from .kernel_load import (KVTile, block_page_ids, block_rows, converted_v, group_size,
+from .kernel_load import (KTTile, KVTile, block_page_ids, block_rows, converted_v, group_size,
                           load_chunk_indirect, load_chunk_pages, load_group_indirect,
                           load_group_pages, step_chunks)
 from .kernel_mask import masked_keep
@@ -53,13 +53,15 @@ class WorkItem(nl.NKIObject):
     ``store``: flat list only), its queries ``q`` (per tile), ``bounds`` and ``cursor``, a
     mask-free block's cache ``rows`` or page ids ``pids``, and gathers issued ahead
     (``loads``, by f"{gather}": NKI dict keys are strings); ``bank``: the ``state_bank`` its
-    states are views of (whole units with grouped softmax statistics), else None."""
+    states are views of (whole units with grouped softmax statistics), else None; ``chained``:
+    its states started as its unit's (``prepare``), so ``finish`` merges nothing in."""
 
     def copy(self):
         """A shallow copy (a nested loop's body sets its own rows / pids on it)."""
         return WorkItem(cols=self.cols, b=self.b, states=self.states, load=self.load,
                         store=self.store, q=self.q, bounds=self.bounds, cursor=self.cursor,
-                        rows=self.rows, pids=self.pids, loads=self.loads, bank=self.bank)
+                        rows=self.rows, pids=self.pids, loads=self.loads, bank=self.bank,
+                        chained=self.chained)
 
 
 def gathered(st, count):
@@ -80,30 +82,35 @@ def set_cache_rows(st, item, count, masked):
         item.pids = block_page_ids(st.kv_indices, item.cursor, count, st.geo)
 
 
-def prepare(st, i, count, masked, cols=None, slot=0):
+def prepare(st, i, count, masked, cols=None, slot=0, chained=False):
     """Work item i's setup, issued for all items of a loop iteration before any of their
     chunks: its table row (``cols``, when the caller loaded it: ``item_row``), queries, bounds,
     cursor and a mask-free block's cache rows, so the next item's first gather never waits
     behind this one's chunks (the state slots it chains through: flat list only). ``slot``:
-    the item's place in its loop iteration (its kept query pads, ``Step.q_pads``)."""
+    the item's place in its loop iteration (its kept query pads, ``Step.q_pads``);
+    ``chained``: its states start as its unit's (scratch slot LOAD), loaded here."""
     if cols is None:
         cols = item_row(st, i, count)
+    load, store = None, None
+    if not st.whole:
+        load = nisa.scalar_load(cols[0:1, LOAD:LOAD + 1])
+        store = nisa.scalar_load(cols[0:1, STORE:STORE + 1])
     bank = None
     if st.group > 1:
         bank, states = state_bank(st.R, st.D, len(st.tiles))
     else:
         states = []
-        for tile in st.tiles:          # set by the first softmax step when the item has one
-            if count and st.first_init:
-                states.append(blank_state(tile[1] * st.GQ, st.D))
+        for t in range(len(st.tiles)):  # set by the first softmax step when the item has one
+            rows = st.tiles[t][1] * st.GQ
+            if chained:
+                states.append(load_state(st.scratch, load, t, st.R, rows))
+            elif count and st.first_init:
+                states.append(blank_state(rows, st.D))
             else:
-                states.append(state_tile(tile[1] * st.GQ, st.D))
+                states.append(state_tile(rows, st.D))
     item = WorkItem(cols=cols, b=nisa.scalar_load(cols[0:1, OUT:OUT + 1]), states=states,
-                    load=None, store=None, q=None, bounds=None, cursor=None, rows=None,
-                    pids=None, loads=None, bank=bank)
-    if not st.whole:
-        item.load = nisa.scalar_load(cols[0:1, LOAD:LOAD + 1])
-        item.store = nisa.scalar_load(cols[0:1, STORE:STORE + 1])
+                    load=load, store=store, q=None, bounds=None, cursor=None, rows=None,
+                    pids=None, loads=None, bank=bank, chained=chained)
     if count == 0:
         return item
     queries, loaded = [], {}
@@ -130,9 +137,10 @@ def prepare(st, i, count, masked, cols=None, slot=0):
     return item
 
 
-def item_row(st, i, count):
-    """Work item i's table row on the partitions its setup reads (one DMA)."""
-    return item_columns(st.meta, i, max(st.T, st.R) if count else 1)
+def item_row(st, i, count, items=1):
+    """Work item i's table row on the partitions its setup reads (one DMA); ``items`` > 1: the
+    rows of items i..i+items-1, as a list, still one DMA."""
+    return item_columns(st.meta, i, max(st.T, st.R) if count else 1, items)
 
 
 def fold_shape(st, count, masked):
@@ -296,7 +304,7 @@ def fold_items(st, items, count, masked):
         halves.append(softmax_begin(states[i][t], pending.pop(0), tiles[t][1],
                                     _v_views(step(i, s)), tiles[t][0], st.D, st.mm_dtype,
                                     st.state_copy_engine, column, st.dma_pT,
-                                    st.first_init and s == 0))
+                                    st.first_init and s == 0 and not items[i].chained))
         if K > 1 and t % K == n - 1:      # every tile of the group begun: its sums
             group_sums(bank_column(items[i].bank, st.D, 1, t - n + 1, n), stats)
         if len(halves) > lag:
@@ -315,12 +323,13 @@ def fold_items(st, items, count, masked):
 
 def finish(st, item):
     """Chain the item's state onto its unit's (scratch slot LOAD: the unit's earlier items, or
-    the identity), keep it in slot STORE and write the unit's output and LSE (a later item of
-    the unit writes them again)."""
+    the identity; a ``chained`` item started from it), keep it in slot STORE and write the
+    unit's output and LSE (a later item of the unit writes them again)."""
     for t in range(len(st.tiles)):
         n, tile = st.tiles[t][1], item.states[t]
-        kept = load_state(st.scratch, item.load, t, st.R, n * st.GQ)
-        merge_states(state_views(tile), state_views(kept))
+        if not item.chained:
+            kept = load_state(st.scratch, item.load, t, st.R, n * st.GQ)
+            merge_states(state_views(tile), state_views(kept))
         store_state(st.scratch, item.store, t, st.R, tile)
     write(st, item.states, item.b)
 
@@ -414,11 +423,15 @@ def _load_chunk(consts, kv_indices, cursor, bounds, masked, rows=None):
     else:
         kv_tiles = [nl.ndarray((T, H * D), dtype, buffer=nl.sbuf, name="k_sb"),
                     nl.ndarray((T, H * D), dtype, buffer=nl.sbuf, name="v_sb")]
+        if geo.kt_dma:                     # K^T [D, H, T] by the gather (indirect only)
+            kv_tiles[0] = nl.ndarray((D, H, T), dtype, buffer=nl.sbuf, name="kT_sb")
         if indirect:
             load_chunk_indirect(kv_tiles, sources, kv_indices, cursor, valid_t, geo, rows)
         else:
             load_chunk_pages(kv_tiles, sources, kv_indices, cursor, tokens, valid_t, geo)
         views = [KVTile(kv_tiles[0], 0, D), KVTile(kv_tiles[1], 0, D)]
+        if geo.kt_dma:
+            views[0] = KTTile(kv_tiles[0], 0)
     keep = None
     if masked:                     # per tile of query tokens, as ``bounds``
         keep = []

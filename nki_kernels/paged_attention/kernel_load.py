@@ -17,6 +17,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from nki_kernels.backend import nisa, nl
+from nki_kernels.kernel_dtypes import dtype_bytes
 
 from .kernel_cursor import advance, drop_invalid
 
@@ -24,8 +25,9 @@ ROW_LIMIT = 2 ** 24      # fp32 represents every integer below this exactly
 
 
 def load_chunk_indirect(tiles, sources, kv_indices, cursor, valid_t, geo, row=None):
-    """tiles: K and V [T, H*D] in SBUF; sources: (rows [R, D] @ HBM, element offset) per tile;
-    row: the chunk's [T, 1] cache rows when ``block_rows`` made them, else made here."""
+    """tiles: K and V [T, H*D] in SBUF (K as K^T [D, H, T] when ``geo.kt_dma``); sources: (rows
+    [R, D] @ HBM, element offset) per tile; row: the chunk's [T, 1] cache rows when
+    ``block_rows`` made them, else made here."""
     T, D = geo.T, geo.D
     if row is None:
         row = _chunk_rows(kv_indices, cursor, geo)
@@ -34,6 +36,11 @@ def load_chunk_indirect(tiles, sources, kv_indices, cursor, valid_t, geo, row=No
     for i in range(len(tiles)):
         tile = tiles[i]
         rows, offset = sources[i]
+        if len(tile.shape) == 3:        # K^T: skipped columns keep stale keys, masked anyway
+            src = rows.ap([[D, T], [D, geo.H], [1, D]], offset=offset,
+                          vector_offset=transpose_rows(row), indirect_dim=0)
+            nisa.dma_transpose(dst=tile, src=src, oob_mode=nisa.oob_mode.skip)
+            continue
         if valid_t is not None:
             nisa.memset(dst=tile, value=0.0)          # skipped rows must read as 0, not NaN
         src = rows.ap([[D, T]] + list(geo.token_pattern), offset=offset, vector_offset=row,
@@ -55,6 +62,41 @@ def _chunk_rows(kv_indices, cursor, geo):
     nisa.tensor_scalar(dst=page, data=page, op0=nl.multiply, operand0=geo.rows_per_page, op1=nl.add,
                        operand1=row)
     return page
+
+
+def kt_dma_layout(indirect, k_dtype, mm_dtype, T, D, H, entry_stride, token_pattern):
+    """Whether K comes transposed by its gather (an indirect ``dma_transpose``, NeuronCore-v3+:
+    2-byte K already in the matmul dtype, chunks of a multiple of 16 tokens, D <= 128, a token's
+    heads one run of H*D and a page's tokens one after another, so a grouped gather's tokens and
+    heads are one [rows, D] level): no TensorE transposes of K and no PSUM evictions of K^T."""
+    return (indirect and dtype_bytes(k_dtype) == 2 and k_dtype == mm_dtype and T % 16 == 0
+            and D <= 128 and entry_stride == H and len(token_pattern) == 1
+            and tuple(token_pattern[0]) == (1, H * D))
+
+
+def transpose_rows(row):
+    """The uint32 [T, 1] row indices a gather-transpose takes (``row``: int32 from
+    ``_chunk_rows`` or ``block_rows``, DROPPED where a token is skipped): a dropped row becomes
+    ROW_LIMIT, past the end of any cache this path reads (fewer than ROW_LIMIT rows)."""
+    if row.dtype == nl.uint32:
+        return row
+    out = nl.ndarray(row.shape, nl.uint32, buffer=nl.sbuf, name="row_u32")
+    lift = nl.ndarray(row.shape, nl.int32, buffer=nl.sbuf, name="row_lift")
+    nisa.tensor_scalar(dst=lift, data=row, op0=nl.less, operand0=0, op1=nl.multiply,
+                       operand1=2 * ROW_LIMIT)
+    nisa.tensor_tensor(dst=out, data1=row, data2=lift, op=nl.add)
+    return out
+
+
+class KTTile(NamedTuple):
+    """One chunk's K transposed by its gather (``kt_dma_layout``): head h's K^T [D, T] is
+    ``tile[:, base + h, :]`` of a [D, heads x chunks, T] SBUF tile."""
+
+    tile: object
+    base: int
+
+    def head(self, h):
+        return self.tile[:, self.base + h, :]
 
 
 class KVTile(NamedTuple):
@@ -181,10 +223,13 @@ def block_rows(kv_indices, cursor, count, geo, group, entry_rows):
     nisa.dma_copy(dst=pages, src=kv_indices.ap([[1, per], [0, P // group], [per, n]],
                                                scalar_offset=cursor["slot"][0:1, :],
                                                indirect_dim=0))
-    nisa.tensor_scalar(dst=pages, data=pages, op0=nl.multiply, operand0=geo.rows_per_page,
+    rows = pages
+    if geo.kt_dma:             # the indices of a gather-transpose are uint32 (all valid here)
+        rows = nl.ndarray((T, n), nl.uint32, buffer=nl.sbuf, name="block_rows")
+    nisa.tensor_scalar(dst=rows, data=pages, op0=nl.multiply, operand0=geo.rows_per_page,
                        op1=nl.add, operand1=entry_rows)
     advance(cursor, P, count)
-    return pages
+    return rows
 
 
 def load_group_indirect(sources, row, geo, group, mm_dtype=None):
@@ -198,6 +243,13 @@ def load_group_indirect(sources, row, geo, group, mm_dtype=None):
     tiles = []
     for i in range(len(sources)):
         rows, offset = sources[i]
+        if i == 0 and geo.kt_dma:        # K^T [D, group*H, T]: chunk g's head h at g*H + h
+            kt = nl.ndarray((D, group * H, T), rows.dtype, buffer=nl.sbuf, name="kT_group")
+            nisa.dma_transpose(dst=kt, src=rows.ap([[D, T], [D, group * H], [1, D]],
+                                                   offset=offset, vector_offset=transpose_rows(row),
+                                                   indirect_dim=0))
+            tiles.append(kt)
+            continue
         name = ("k_group", "v_group")[i]
         tile = nl.ndarray((T, group * H * D), rows.dtype, buffer=nl.sbuf, name=name)
         nisa.dma_copy(dst=tile, src=rows.ap([[D, T]] + levels, offset=offset, vector_offset=row,
@@ -211,7 +263,10 @@ def _pairs(k_tile, v_tile, v_base, token_cols, head_cols, group, mm_dtype):
     ``g * token_cols``, V's from ``v_base`` on), V converted to ``mm_dtype`` when given."""
     k_views, v_views = [], []
     for g in range(group):
-        k_views.append(KVTile(k_tile, g * token_cols, head_cols))
+        if len(k_tile.shape) == 3:       # K^T by its gather: heads of chunk g from g*H on
+            k_views.append(KTTile(k_tile, g * (k_tile.shape[1] // group)))
+        else:
+            k_views.append(KVTile(k_tile, g * token_cols, head_cols))
         v_views.append(KVTile(v_tile, v_base + g * token_cols, head_cols))
     if mm_dtype is not None:
         v_views = converted_v(v_views, mm_dtype)

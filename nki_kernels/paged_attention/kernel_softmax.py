@@ -13,7 +13,7 @@ from __future__ import annotations
 from nki_kernels.backend import nisa, nl
 from nki_kernels.kernel_dtypes import dtype_bytes
 
-from .kernel_load import PSUM_BANK_BYTES
+from .kernel_load import PSUM_BANK_BYTES, KTTile
 
 NEG_BIG = -3.4028235e38
 LN_TO_LOG2 = 1.4426950408889634
@@ -156,6 +156,11 @@ def k_transposed(k_sb, h0, n, D, mm_dtype, vector_share):
     it on VectorE: 0 or 0.5) instead of one per head. Made once per chunk and kv heads, shared by
     every tile of query rows of those heads, and all of a step's before its first matmul, so
     TensorE transposes the next chunk while the last one's K^T is evicted."""
+    if isinstance(k_sb, KTTile):       # transposed by its gather
+        kT = {}
+        for j in range(n):
+            kT[(j, 0)] = k_sb.head(h0 + j)
+        return kT
     T = k_sb.tile.shape[0]
     t_dtype = transpose_dtype(k_sb.tile.dtype)
     per = max(1, min(n, PSUM_BANK_BYTES // (T * dtype_bytes(t_dtype))))

@@ -167,9 +167,20 @@ ITERATION_COST_CHUNKS = 8.31
 # blocks of 32 as fit, then at most one of each smaller size); chosen with benchmarks/loop_blocks.py
 CHUNK_BLOCKS = (32, 16, 8, 4, 2, 1)
 # Kinds of work item, each with its own device loop whose body is that kind's static program:
-# (chunks, masked): an item with no keys (it only writes its empty result), one masked chunk,
+# (chunks, masked): an item with no keys (it only writes its empty result), a unit's first masked
+# chunk, its further masked chunks (a sliding window's start, a query block straddling chunks),
 # then the mask-free blocks. The kernel runs the loops in this order.
-ITEM_CLASSES = ((0, False), (1, True)) + tuple((size, False) for size in CHUNK_BLOCKS)
+ITEM_CLASSES = ((0, False), (1, True), (1, True)) + tuple((size, False) for size in CHUNK_BLOCKS)
+MASKED_AGAIN = 2                    # the kind of a unit's second and later masked chunks
+
+
+def chains_in(kind: int) -> bool:
+    """Whether the items of ``kind`` start from their unit's state (loaded from its scratch slot
+    with their setup) instead of merging it in at their end: kinds with at most one item per
+    unit, so no two items of one unit share a loop iteration (the state an item loads was
+    stored by an earlier loop). A unit's further masked chunks and its blocks of
+    CHUNK_BLOCKS[0] chunks may repeat: those items merge."""
+    return kind != MASKED_AGAIN and ITEM_CLASSES[kind][0] != CHUNK_BLOCKS[0]
 
 
 def loop_widths(per_iteration: int) -> list:
@@ -290,9 +301,13 @@ def core_rows(span_row, per_iteration: int) -> list:
 
 def class_items(full_lo, full_hi, a, e):
     """[(kind, first chunk, end chunk)] of a unit's chunks [a, e) with mask-free range
-    [full_lo, full_hi): each masked chunk alone, the mask-free ones in CHUNK_BLOCKS (all the
-    32-blocks that fit, then at most one of each smaller size); kinds index ITEM_CLASSES."""
-    out = [(1, c, c + 1) for c in range(a, e) if not full_lo <= c < full_hi]
+    [full_lo, full_hi): each masked chunk alone (the first of kind 1, later ones MASKED_AGAIN),
+    the mask-free ones in CHUNK_BLOCKS (all the 32-blocks that fit, then at most one of each
+    smaller size); kinds index ITEM_CLASSES."""
+    out = []
+    for c in range(a, e):
+        if not full_lo <= c < full_hi:
+            out.append((1 if not out else MASKED_AGAIN, c, c + 1))
     lo, hi = max(a, full_lo), min(e, full_hi)
     for kind, (size, masked) in enumerate(ITEM_CLASSES):
         if size and not masked:
@@ -308,7 +323,9 @@ def _kind_counts(full_lo, full_hi, a, e):
     a, e = np.asarray(a, np.int64), np.asarray(e, np.int64)
     free = np.maximum(0, np.minimum(e, full_hi) - np.maximum(a, full_lo))
     out = np.zeros(np.broadcast(a, e).shape + (len(ITEM_CLASSES),), np.int64)
-    out[..., 1] = (np.clip(full_lo, a, e) - a) + (e - np.clip(full_hi, a, e))
+    masked = (np.clip(full_lo, a, e) - a) + (e - np.clip(full_hi, a, e))
+    out[..., 1] = np.minimum(masked, 1)
+    out[..., MASKED_AGAIN] = masked - out[..., 1]
     big = CHUNK_BLOCKS[0]
     for kind, (size, masked) in enumerate(ITEM_CLASSES):
         if size and not masked:

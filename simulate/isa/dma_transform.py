@@ -45,7 +45,7 @@ def dma_transpose(dst, src, axes=None, priority=None, dge_mode=dge_enum.unknown,
     for role, r in (("dst", d), ("src", s)):
         if r.buffer == "psum":
             fail("PSUM is not a DMA operand", o, role)
-    if dst.dtype != src.dtype:
+    if dst.dtype != src.dtype and not _widened_pair(dst.dtype, src.dtype):
         fail(f"dst dtype {dst.dtype.name} must equal src's {src.dtype.name} (no cast)", o, "dst")
     out_shape = tuple(src.shape[a] for a in perm)
     if dst.size != src.size or dst.shape[0] != out_shape[0]:
@@ -71,6 +71,10 @@ def dma_transpose(dst, src, axes=None, priority=None, dge_mode=dge_enum.unknown,
             fail("an indirect transpose reads HBM", o, "src")
         if src.shape[0] % 16:
             fail(f"src.shape[0] = {src.shape[0]} must be a multiple of 16", o, "src")
+        if rank == 4 and src.shape[1] > 1 and src.shape[2] > 1:
+            fail(f"a 4-D indirect src {tuple(src.shape)} needs shape[1] or shape[2] == 1", o,
+                 "src")
+        _check_transpose_indices(src._dynamic.source, o)
     elif dge == dge_enum.hwdge:
         p0 = src.shape[0]
         ok = p0 == 16 if rank == 2 else (p0 in (1, 2, 4, 8, 16) and (p0 * src.shape[-2]) % 16 == 0)
@@ -91,6 +95,27 @@ def dma_transpose(dst, src, axes=None, priority=None, dge_mode=dge_enum.unknown,
                   hbm_read_bytes=_bytes(s, src, moved), hbm_write_bytes=_bytes(d, dst, moved),
                   dma_runs=_transpose_tiles(dst.shape, moved),
                   details={"dge_mode": dge.name, "indirect": indirect})
+
+
+def _widened_pair(a, b) -> bool:
+    """Under NKI_PRECISE_FP=0 a kernel's low-precision tiles are float32: a transpose between one
+    and a host tensor of the original dtype is the same-dtype transpose of the precise run."""
+    return (not context.current().precise_fp
+            and dtypes.widened(a) == dtypes.widened(b) == dtypes.float32)
+
+
+def _check_transpose_indices(indices, o):
+    """The documented limits of an indirect transpose's indices: uint32, in SBUF, [16..128]
+    partitions (a multiple of 16)."""
+    if not hasattr(indices, "dtype"):
+        fail("an indirect transpose takes its indices from an SBUF tile", o, "vector_offset")
+    if indices.dtype != dtypes.uint32:
+        fail(f"indices dtype {indices.dtype.name} must be uint32", o, "vector_offset")
+    if indices._storage.buffer != "sbuf":
+        fail(f"indices must be in SBUF, not {indices._storage.buffer}", o, "vector_offset")
+    parts = indices.shape[0]
+    if not 16 <= parts <= 128 or parts % 16:
+        fail(f"indices span {parts} partitions: 16 to 128, a multiple of 16", o, "vector_offset")
 
 
 TRANSPOSE_TILE = (128, 16)      # partitions x elements: the unit the DMA engines write

@@ -200,7 +200,7 @@ def transpose_gathered_rows(src, idx):
     """dst [W, 16] (SBUF, preset to -1) = src rows idx[p] [16, W] gathered and transposed by one
     indirect dma_transpose, rows out of bounds skipped."""
     W = src.shape[1]
-    idx_sb = nl.ndarray((16, 1), nl.int32, buffer=nl.sbuf)
+    idx_sb = nl.ndarray((16, 1), idx.dtype, buffer=nl.sbuf)
     nisa.dma_copy(dst=idx_sb, src=idx)
     t = nl.ndarray((W, 16), src.dtype, buffer=nl.sbuf)
     nisa.memset(dst=t, value=-1.0)
@@ -213,13 +213,22 @@ def transpose_gathered_rows(src, idx):
 
 def test_an_indirect_transpose_leaves_the_columns_of_skipped_rows():
     src = (np.arange(20 * 8, dtype=np.float32).reshape(20, 8) + 1).astype(ml_dtypes.bfloat16)
-    idx = np.arange(16, dtype=np.int32)[::-1].reshape(16, 1).copy()
+    idx = np.arange(16, dtype=np.uint32)[::-1].reshape(16, 1).copy()
     idx[[3, 9]] = [[20], [400]]                             # out of bounds: skipped
     with simulate.use_target("trn2"):
         got = transpose_gathered_rows(src, idx)
     want = src[np.clip(idx[:, 0], 0, 19)].T.copy()
     want[:, [3, 9]] = -1.0
     np.testing.assert_array_equal(got, want)
+
+
+def test_an_indirect_transpose_takes_uint32_indices_only():
+    """The documented limit (indices.dtype is uint32): int32 row ids are refused, naming them."""
+    src = np.ones((20, 8), ml_dtypes.bfloat16)
+    idx = np.arange(16, dtype=np.int32).reshape(16, 1)
+    with simulate.use_target("trn2"), pytest.raises(simulate.ValidationError,
+                                                    match="vector_offset.*uint32"):
+        transpose_gathered_rows(src, idx)
 
 
 @jit

@@ -11,7 +11,8 @@ import pytest
 from nki_kernels.paged_cache.layout import CacheGeometry
 from nki_kernels.paged_attention.work import (
     C0, C1, CHUNK_BLOCKS, DECODE_ITEMS_PER_ITERATION, ENTRY0, FULL_HI, FULL_LO, HI_BASE,
-    ITEM_CLASSES, ITEM_COST_CHUNKS, ITERATION_COST_CHUNKS, LEN, LOAD, META_COLS, NO_WINDOW, OUT,
+    ITEM_CLASSES, ITEM_COST_CHUNKS, ITERATION_COST_CHUNKS, LEN, LOAD, MASKED_AGAIN, META_COLS,
+    NO_WINDOW, OUT,
     POS0, PTR, Q_BASE, SLOT0, STORE, W_SPAN, WHOLE_UNIT_SPAN_COLS,
     WIN, capacity_chunks, causal_pairs, chunk_tokens,
     _part_items, class_items, core_rows, decode_work, items_per_iteration, loop_widths, token_table,
@@ -316,11 +317,15 @@ def test_one_core_load_is_chunks_and_items():
     # 1100 keys, a window of 301 from key 799 (inside chunk 6 of 0..8): masked chunks 6 and 8,
     # mask-free chunk 7 (a block of 1): 3 items, chained
     work = decode_work(np.array([0, 69]), np.array([1100]), 300, 16, 1)
-    # the two masked chunks share an iteration (of width 2), the block of 1 has its own
-    assert work.loads == (pytest.approx(3 + 3 * ITEM_COST_CHUNKS + 2 * ITERATION_COST_CHUNKS),)
+    # the first masked chunk, the unit's second one (MASKED_AGAIN: it merges, so it never
+    # shares an iteration with the first) and the block of 1 each have their own loop
+    assert work.loads == (pytest.approx(3 + 3 * ITEM_COST_CHUNKS + 3 * ITERATION_COST_CHUNKS),)
     order = core_rows(work.spans[0], U)
     assert [tuple(work.items[i][[C0, C1, LOAD, STORE]]) for i in order] == [
         (6, 7, 3, 0), (8, 9, 0, 0), (7, 8, 0, 0)]
+    kinds = [next(k for k in range(len(ITEM_CLASSES)) if i in core_rows(
+        _only(work.spans[0], k, U), U)) for i in order]
+    assert kinds == [1, MASKED_AGAIN, len(ITEM_CLASSES) - 1]
     req = query_blocks(np.array([0, 69]), np.array([1100]), np.array([1]), 1, 300, True, 16)
     assert split_work(req, 16, 1, per_iteration=U).loads == work.loads
     assert split_work(req, 16, 1).loads == (
