@@ -72,7 +72,8 @@ from nki_kernels.paged_kv_append.kernel import scatter_rows
 from .kernel_cursor import Geometry, partition_iota, query_of_row
 from .kernel_items import (SCORES_AHEAD, finish, fold_items, gathered, item_row, loader,
                            merge_split, prepare, unit, write)
-from .kernel_load import PSUM_BANK_BYTES, ROW_LIMIT, group_entry_rows, kt_dma_layout
+from .kernel_load import (PSUM_BANK_BYTES, ROW_LIMIT, group_entry_rows, kt_dma_layout,
+                          zero_rows)
 from .kernel_mask import custom_mask
 from .kernel_queries import query_pads
 from .kernel_softmax import load_state, state_tile
@@ -195,7 +196,9 @@ def make_step(q, k_rows, v_rows, meta, kv_indices, tok_tab, row_tab, sinks, mask
     mask = custom_mask(mask_bits, B, R)
     st = Step(q=q, meta=meta, kv_indices=kv_indices, sinks=sinks, out=out, lse=lse, geo=geo,
               sources=sources, G=G, D=D, T=T, Qb=Qb, Qt=Qt, GQ=GQ, R=R, tiles=tiles, row_q=row_q,
-              tok_sb=tok_sb, consts=(geo, sources, iota_rt, indirect, v_dtype, mask, Qt, G),
+              tok_sb=tok_sb,
+              consts=(geo, sources, iota_rt, indirect, v_dtype, mask, Qt, G,
+                      zero_rows(T, H * D, k_rows.dtype) if geo.kt_dma else None),
               indirect=indirect, v_dtype=v_dtype, page_size=page_size,
               blocked=page_size <= 128,    # mask-free blocks of whole pages: several tokens a partition
               k_bytes=dtype_bytes(k_rows.dtype), scale=scale, soft_cap=soft_cap,

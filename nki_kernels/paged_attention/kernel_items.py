@@ -359,8 +359,10 @@ def merge_split(st, states, b, bank=None):
 
 def unit(st, i):
     """Whole unit i: its chunks in loops nested in the item, masked ones in pairs and the mask-free
-    ones in CHUNK_BLOCKS (as many of each size as fit, largest first); returns the item, its
-    states complete."""
+    ones in CHUNK_BLOCKS of 2 chunks or more (as many of each size as fit, largest first); an odd
+    mask-free chunk left over joins the masked chunks after it (masked by bounds that keep all
+    its keys), saving its own loop's barrier and pipeline fill. Returns the item, its states
+    complete."""
     item = prepare(st, i, 1, True)
     cols = item.cols
     c0 = nisa.scalar_load(cols[0:1, C0:C0 + 1])
@@ -370,10 +372,11 @@ def unit(st, i):
     masked_pairs(st, item, c0, full_lo)
     lo = full_lo
     for size in CHUNK_BLOCKS:
-        hi = lo + ((full_hi - lo) // size) * size if size > 1 else full_hi
-        nl.fori_loop(lo, hi, blocks(st, item, size, False), step=size)
-        lo = hi
-    masked_pairs(st, item, full_hi, c1)
+        if size > 1:
+            hi = lo + ((full_hi - lo) // size) * size
+            nl.fori_loop(lo, hi, blocks(st, item, size, False), step=size)
+            lo = hi
+    masked_pairs(st, item, lo, c1)
     return item
 
 
@@ -411,7 +414,7 @@ def _load_chunk(consts, kv_indices, cursor, bounds, masked, rows=None):
     """Gather the cursor's chunk ((K, V) KVTile pair of tiles [T, H*D], the mask predicates when
     masked), then advance the cursor; ``rows``: the chunk's cache rows from ``block_rows``
     (which advanced the cursor already)."""
-    geo, sources, iota_rt, indirect, v_dtype, mask, Qt, G = consts
+    geo, sources, iota_rt, indirect, v_dtype, mask, Qt, G, zeros = consts
     T, H, D = geo.T, geo.H, geo.D
     tokens = bounds[0]                        # token-level bounds: the same for every tile
     valid_t = token_validity(cursor, tokens) if masked else None
@@ -426,7 +429,7 @@ def _load_chunk(consts, kv_indices, cursor, bounds, masked, rows=None):
         if geo.kt_dma:                     # K^T [D, H, T] by the gather (indirect only)
             kv_tiles[0] = nl.ndarray((D, H, T), dtype, buffer=nl.sbuf, name="kT_sb")
         if indirect:
-            load_chunk_indirect(kv_tiles, sources, kv_indices, cursor, valid_t, geo, rows)
+            load_chunk_indirect(kv_tiles, sources, kv_indices, cursor, valid_t, geo, rows, zeros)
         else:
             load_chunk_pages(kv_tiles, sources, kv_indices, cursor, tokens, valid_t, geo)
         views = [KVTile(kv_tiles[0], 0, D), KVTile(kv_tiles[1], 0, D)]

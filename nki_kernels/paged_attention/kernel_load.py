@@ -24,10 +24,12 @@ from .kernel_cursor import advance, drop_invalid
 ROW_LIMIT = 2 ** 24      # fp32 represents every integer below this exactly
 
 
-def load_chunk_indirect(tiles, sources, kv_indices, cursor, valid_t, geo, row=None):
+def load_chunk_indirect(tiles, sources, kv_indices, cursor, valid_t, geo, row=None, zeros=None):
     """tiles: K and V [T, H*D] in SBUF (K as K^T [D, H, T] when ``geo.kt_dma``); sources: (rows
     [R, D] @ HBM, element offset) per tile; row: the chunk's [T, 1] cache rows when
-    ``block_rows`` made them, else made here."""
+    ``block_rows`` made them, else made here; zeros: ``zero_rows``, copied by ScalarE over a
+    tile whose skipped rows must read 0 (VectorE is the busier engine of masked chunks), or
+    None (a VectorE memset)."""
     T, D = geo.T, geo.D
     if row is None:
         row = _chunk_rows(kv_indices, cursor, geo)
@@ -41,8 +43,11 @@ def load_chunk_indirect(tiles, sources, kv_indices, cursor, valid_t, geo, row=No
                           vector_offset=transpose_rows(row), indirect_dim=0)
             nisa.dma_transpose(dst=tile, src=src, oob_mode=nisa.oob_mode.skip)
             continue
-        if valid_t is not None:
-            nisa.memset(dst=tile, value=0.0)          # skipped rows must read as 0, not NaN
+        if valid_t is not None:                       # skipped rows must read as 0, not NaN
+            if zeros is not None:
+                nisa.activation(dst=tile, op=nl.copy, data=zeros[0:tile.shape[0], 0:tile.shape[1]])
+            else:
+                nisa.memset(dst=tile, value=0.0)
         src = rows.ap([[D, T]] + list(geo.token_pattern), offset=offset, vector_offset=row,
                       indirect_dim=0)
         nisa.dma_copy(dst=tile, src=src, oob_mode=nisa.oob_mode.skip)
@@ -72,6 +77,13 @@ def kt_dma_layout(indirect, k_dtype, mm_dtype, T, D, H, entry_stride, token_patt
     return (indirect and dtype_bytes(k_dtype) == 2 and k_dtype == mm_dtype and T % 16 == 0
             and D <= 128 and entry_stride == H and len(token_pattern) == 1
             and tuple(token_pattern[0]) == (1, H * D))
+
+
+def zero_rows(T, width, dtype):
+    """A [T, width] SBUF tile of zeros, set once per launch (GpSimd)."""
+    zeros = nl.ndarray((T, width), dtype, buffer=nl.sbuf, name="zero_rows")
+    nisa.memset(dst=zeros, value=0.0, engine=nisa.engine.gpsimd)
+    return zeros
 
 
 def transpose_rows(row):
@@ -237,7 +249,7 @@ def load_group_indirect(sources, row, geo, group, mm_dtype=None):
     row of each partition's first token), as K and V tiles [T, group*H*D]; returns, per chunk
     g, its (K, V) KVTile pair (chunk g = token g of every partition: an order of the block's
     tokens, which mask-free softmax steps do not depend on). V is converted to ``mm_dtype``
-    when given."""
+    when given. Rows past the cache (a null item's, work.NullItems) are skipped."""
     T, D, H = geo.T, geo.D, geo.H
     levels, token_cols, head_cols, _ = gather_layout(geo, group)
     tiles = []
@@ -247,13 +259,13 @@ def load_group_indirect(sources, row, geo, group, mm_dtype=None):
             kt = nl.ndarray((D, group * H, T), rows.dtype, buffer=nl.sbuf, name="kT_group")
             nisa.dma_transpose(dst=kt, src=rows.ap([[D, T], [D, group * H], [1, D]],
                                                    offset=offset, vector_offset=transpose_rows(row),
-                                                   indirect_dim=0))
+                                                   indirect_dim=0), oob_mode=nisa.oob_mode.skip)
             tiles.append(kt)
             continue
         name = ("k_group", "v_group")[i]
         tile = nl.ndarray((T, group * H * D), rows.dtype, buffer=nl.sbuf, name=name)
         nisa.dma_copy(dst=tile, src=rows.ap([[D, T]] + levels, offset=offset, vector_offset=row,
-                                            indirect_dim=0))
+                                            indirect_dim=0), oob_mode=nisa.oob_mode.skip)
         tiles.append(tile)
     return _pairs(tiles[0], tiles[1], 0, token_cols, head_cols, group, mm_dtype)
 
@@ -369,7 +381,7 @@ def load_group_pages(sources, pid, first, geo, group, mm_dtype=None):
             nisa.dma_copy(dst=tile[j * span:(j + 1) * span, :],
                           src=pieces.ap([[group * es * D, span]] + levels, offset=offset,
                                         scalar_offset=pid[0:1, first + j:first + j + 1],
-                                        indirect_dim=0))
+                                        indirect_dim=0), oob_mode=nisa.oob_mode.skip)
         tiles.append(tile)
     v_tile = tiles[0] if fused else tiles[1]
     return _pairs(tiles[0], v_tile, v_cols, token_cols, head_cols, group, mm_dtype)

@@ -62,9 +62,10 @@ def group_queries(q, t0, h0, n, G, Qb, mm_dtype, q0=0, kept=None, rows=None):
     R = n * GQ
     if rows is None:
         rows = nl.ndarray((R, D), q.dtype, buffer=nl.sbuf, name="q_rows")
+        # a null item's rows are past q's (work.NullItems): skipped
         nisa.dma_copy(dst=rows, src=q.ap([[G * D, n], [HQ * D, Qb], [D, G], [1, D]],
                                          offset=(q0 * HQ + h0 * G) * D, scalar_offset=t0,
-                                         indirect_dim=0))
+                                         indirect_dim=0), oob_mode=nisa.oob_mode.skip)
     poison = None
     if nisa.get_nc_version() < nisa.nc_version.gen3:
         rows, poison = _finite_rows(rows)
@@ -83,8 +84,9 @@ def group_queries(q, t0, h0, n, G, Qb, mm_dtype, q0=0, kept=None, rows=None):
             pad = nl.ndarray((dp, n * R), mm_dtype, buffer=nl.sbuf, name="q_pad")
             if n > 1:
                 nisa.memset(dst=pad, value=0.0, engine=nisa.engine.gpsimd)
-        nisa.tensor_copy(dst=pad.ap([[n * R, dp], [R + GQ, n], [1, GQ]]),
-                         src=qT_ps.ap([[R, dp], [GQ, n], [1, GQ]]))
+        # evicted by ScalarE: VectorE carries the softmax's selects and state updates
+        nisa.activation(dst=pad.ap([[n * R, dp], [R + GQ, n], [1, GQ]]), op=nl.copy,
+                        data=qT_ps.ap([[R, dp], [GQ, n], [1, GQ]]))
         for j in range(n):
             pads[j].append(pad[:, j * R:(j + 1) * R])
     return pads, poison

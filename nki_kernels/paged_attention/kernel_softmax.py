@@ -100,14 +100,16 @@ def _slot_rows(scratch, slot, t, R, rows):
 
 
 def load_state(scratch, slot, t, R, rows):
-    """A new [rows, D + 2] state tile holding tile t's state kept in scratch slot ``slot``."""
+    """A new [rows, D + 2] state tile holding tile t's state kept in scratch slot ``slot`` (a
+    null item's slot is past the scratch: skipped, work.NullItems)."""
     st = _f32((rows, scratch.shape[2]), "kept_state")
-    nisa.dma_copy(dst=st, src=_slot_rows(scratch, slot, t, R, rows))
+    nisa.dma_copy(dst=st, src=_slot_rows(scratch, slot, t, R, rows), oob_mode=nisa.oob_mode.skip)
     return st
 
 
 def store_state(scratch, slot, t, R, st):
-    nisa.dma_copy(dst=_slot_rows(scratch, slot, t, R, st.shape[0]), src=st)
+    nisa.dma_copy(dst=_slot_rows(scratch, slot, t, R, st.shape[0]), src=st,
+                  oob_mode=nisa.oob_mode.skip)
 
 
 def mask_keep(cursor, bounds, iota_rt):
@@ -389,19 +391,22 @@ def finalize(state, out, lse, sinks, b, h0, G, Qb, v_scale, q0=0):
                                   operand1=sk)
         nisa.tensor_scalar(dst=acc, data=acc, op0=nl.multiply, operand0=alpha)
         negm = negm_new
-    rl = _inverse_sums(l)
+    rl = _inverse_sums(l, v_scale)
     o = nl.ndarray((R, D), out.dtype, buffer=nl.sbuf, name="o")
-    nisa.tensor_scalar(dst=o, data=acc, op0=nl.multiply, operand0=rl, op1=nl.multiply,
-                       operand1=float(v_scale))
+    nisa.activation(dst=o, op=nl.copy, data=acc, scale=rl)
     _write_rows(out, o, b, h0, G, Qb, q0)
     _write_rows(lse, _log2_sums(l, negm), b, h0, G, Qb, q0)
 
 
-def _inverse_sums(l):
-    """[R, n] 1 / max(l, 1) of n states' sums (a row that saw no key has l = 0: its output 0)."""
+def _inverse_sums(l, v_scale=1.0):
+    """[R, n] v_scale / max(l, 1) of n states' sums (a row that saw no key has l = 0: its output
+    0): the scale ScalarE applies to the accumulators as it writes the outputs (VectorE carries
+    the softmax)."""
     rl = _f32(l.shape, "inv_l")
     nisa.tensor_scalar(dst=rl, data=l, op0=nl.maximum, operand0=1.0)
     nisa.reciprocal(dst=rl, data=rl)
+    if float(v_scale) != 1.0:
+        nisa.tensor_scalar(dst=rl, data=rl, op0=nl.multiply, operand0=float(v_scale))
     return rl
 
 
@@ -423,7 +428,7 @@ def finalize_bank(bank, tiles, out, lse, b, G, Qb, v_scale):
     E = bank.shape[1] // n
     D = E - 2
     l, negm = bank_column(bank, D, 1, 0, n), bank_column(bank, D, 0, 0, n)
-    rl = _inverse_sums(l)
+    rl = _inverse_sums(l, v_scale)
     ln_l = _log2_sums(l, negm)
     heads = head_major(tiles)
     if heads:                   # one kv head per tile: one DMA per query block for all heads
@@ -434,10 +439,8 @@ def finalize_bank(bank, tiles, out, lse, b, G, Qb, v_scale):
             o = nl.ndarray((R, heads * D), out.dtype, buffer=nl.sbuf, name="o")
             for h in range(heads):
                 t = h * blocks + j
-                nisa.tensor_scalar(dst=o[:, h * D:(h + 1) * D],
-                                   data=bank[:, t * E + 2:(t + 1) * E], op0=nl.multiply,
-                                   operand0=rl[:, t:t + 1], op1=nl.multiply,
-                                   operand1=float(v_scale))
+                nisa.activation(dst=o[:, h * D:(h + 1) * D], op=nl.copy,
+                                data=bank[:, t * E + 2:(t + 1) * E], scale=rl[:, t:t + 1])
             # rows (token, g) of tile (h, j); free (h, d): out[b + q0 + token, h * G + g, d]
             nisa.dma_copy(dst=out.ap([[HQ * D, Qb], [D, G], [G * D, heads], [1, D]],
                                      offset=q0 * HQ * D, scalar_offset=b, indirect_dim=0),
@@ -449,8 +452,8 @@ def finalize_bank(bank, tiles, out, lse, b, G, Qb, v_scale):
     for t in range(n):
         h0, _, q0 = tiles[t]
         o = nl.ndarray((R, D), out.dtype, buffer=nl.sbuf, name="o")
-        nisa.tensor_scalar(dst=o, data=bank[:, t * E + 2:(t + 1) * E], op0=nl.multiply,
-                           operand0=rl[:, t:t + 1], op1=nl.multiply, operand1=float(v_scale))
+        nisa.activation(dst=o, op=nl.copy, data=bank[:, t * E + 2:(t + 1) * E],
+                        scale=rl[:, t:t + 1])
         _write_rows(out, o, b, h0, G, Qb, q0)
         _write_rows(lse, ln_l[:, t:t + 1], b, h0, G, Qb, q0)
 
@@ -477,7 +480,8 @@ def _write_rows(dst, rows, b, h0, G, Qb, q0):
     """Score rows (kv head j of the tile, token, g) -> dst[b + q0 + token, (h0 + j) * G + g, :] of a
     [rows, HQ, E] HBM tensor (b: a device scalar), one DMA per tile: its heads are adjacent in
     dst when Qb = 1, else a pattern over (kv head, token, g) (one DMA per kv head would order
-    each write behind the one before: their bounding boxes interleave)."""
+    each write behind the one before: their bounding boxes interleave). A null item's row is past
+    dst's (work.NullItems): the write is skipped."""
     R, E = rows.shape
     HQ = dst.shape[1]
     if Qb == 1:
@@ -485,7 +489,7 @@ def _write_rows(dst, rows, b, h0, G, Qb, q0):
     else:
         pattern = [[G * E, R // (G * Qb)], [HQ * E, Qb], [E, G], [1, E]]
     nisa.dma_copy(dst=dst.ap(pattern, offset=(q0 * HQ + h0 * G) * E, scalar_offset=b,
-                             indirect_dim=0), src=rows)
+                             indirect_dim=0), src=rows, oob_mode=nisa.oob_mode.skip)
 
 
 def merge_with_partner(st, p):

@@ -19,8 +19,8 @@ from nki_kernels.paged_cache.layout import split_cache
 
 from .checks import check_batch_decode_inputs, soft_cap
 from .custom_mask import mask_table, with_mask_free_chunks
-from .work import (capacity_chunks, chunk_tokens, decode_work, items_per_iteration,
-                   query_blocks, split_work, token_table, whole_units)
+from .work import (NullItems, capacity_chunks, chunk_tokens, decode_work, items_per_iteration,
+                   null_pages, query_blocks, split_work, token_table, whole_units)
 
 
 def cache_rows(paged_kv_cache, D):
@@ -61,7 +61,8 @@ def prepare_decode(q, paged_kv_cache, kv_indptr, kv_indices, kv_last_page_len, k
                                      k_scale, v_scale)
     rows = bucket(prob.batch)
     work = decode_work(prob.table.indptr, prob.kv_lens, window_left, prob.geo.page_size, rows,
-                       cores, capacity=table_capacity(prob.geo, prob.table))
+                       cores, capacity=table_capacity(prob.geo, prob.table),
+                       null=null_items(prob.geo, prob.table, rows))
     arrays, statics = kernel_arguments(prob, paged_kv_cache, work, None,
                                        sinks, logits_soft_cap, k_scale, v_scale)
     return DecodeLaunch(arrays, statics, prob.batch, rows)
@@ -71,6 +72,15 @@ def page_table_rows(geo, table) -> int:
     """Rows of the padded page list the kernel reads: the cache's pages or the bucket of the
     table's, whichever is more, plus a chunk of slack (a shape of the cache and the bucket)."""
     return max(geo.num_pages, bucket(table.pages)) + chunk_tokens(geo.page_size)
+
+
+def null_items(geo, table, out_rows, mask=None):
+    """Where the launch's null items point (``work.NullItems``): the sentinel entries after the
+    padded page list, and the first output row past ``out_rows``; None (no null items) with a
+    custom mask (its table has no rows for them)."""
+    if mask is not None:
+        return None
+    return NullItems(page_table_rows(geo, table), out_rows)
 
 
 def table_capacity(geo, table) -> int:
@@ -86,8 +96,10 @@ def kernel_arguments(prob, paged_kv_cache, work, row_tab, sinks,
     geo = prob.geo
     k_dtype = split_cache(paged_kv_cache)[0].dtype
     table = prob.table
-    padded = np.zeros((page_table_rows(geo, table), 1), np.int32)
+    real = page_table_rows(geo, table)
+    padded = np.zeros((real + null_pages(geo.page_size), 1), np.int32)
     padded[:table.pages, 0] = table.indices[:table.pages]
+    padded[real:, 0] = geo.num_pages          # null items' pages: past the cache, skipped
     mm_dtype = k_dtype.name if k_dtype.itemsize >= 2 else "bfloat16"
     sinks32 = None if sinks is None else np.asarray(sinks, np.float32).reshape(-1, 1)
     arrays = (work.items, work.spans, padded, token_table(geo.page_size), row_tab, sinks32,
@@ -179,7 +191,8 @@ def plan_prefill(prob, q_lens, qo_indptr, paged_kv_cache, causal,
     work = split_work(items, prob.geo.page_size, bucket(n_items), cores,
                       items_per_iteration(qb),
                       table_capacity(prob.geo, prob.table), 1 if qb == 1 else bucket(n_items),
-                      whole_units(qb))
+                      whole_units(qb),
+                      null_items(prob.geo, prob.table, bucket(n_items) * qb, masks))
     # item k covers tokens q0 .. q0 + qb of its request, at padded rows k*qb ..
     tok = items.q0[:, None] + np.arange(qb)[None, :]
     real = tok < q_lens[items.request][:, None]

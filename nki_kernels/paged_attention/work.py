@@ -210,7 +210,8 @@ def span_column(kind: int, width: int, per_iteration: int) -> int:
 
 def state_slots(units: int) -> int:
     """Softmax-state slots of the kernel's HBM scratch: one per unit (request or query block),
-    one per core for the request split between the two, and the identity state last."""
+    one per core for the request split between the two, and the identity state last. The slot
+    past these is a null item's: its state's load and store skip it (work.NullItems)."""
     return units + 3
 
 
@@ -218,8 +219,9 @@ def table_rows(units: int, capacity_chunks: int, sharing: int = 1) -> int:
     """Static bound on the work items of a launch over ``units`` units whose keys fill at most
     ``capacity_chunks`` chunks, each key read by at most ``sharing`` units (query blocks of one
     request read the same keys): per unit two masked chunks, one block of each size below the
-    largest (per part: the split unit has two) and an empty item, plus the largest blocks."""
-    return 8 * units + 10 + sharing * (capacity_chunks // CHUNK_BLOCKS[0])
+    largest (per part: the split unit has two) and an empty item, plus the largest blocks, plus
+    the null items that pad loop iterations (NULL_ROWS)."""
+    return 8 * units + 10 + sharing * (capacity_chunks // CHUNK_BLOCKS[0]) + NULL_ROWS
 
 
 def capacity_chunks(capacity_pages: int, page_size: int) -> int:
@@ -348,39 +350,130 @@ def loop_iterations(counts, per_iteration: int):
 
 
 def decode_work(kv_indptr, kv_lens, window_left: int, page_size: int, batch_rows: int,
-                cores: int = 1, per_iteration: int = None, capacity: int = None) -> DecodeWork:
+                cores: int = 1, per_iteration: int = None, capacity: int = None,
+                null: NullItems = None) -> DecodeWork:
     """Share a decode step between ``cores`` (1, or 2 under LNC=2) program instances.
 
     Two cores: requests keep their order and the sequence of all their chunks is cut in two
     halves of equal modelled work: core 0 takes the requests before the cut, core 1 those after
     it, and the request the cut falls in is split at a chunk boundary (split-KV), so one long
     request uses both cores as evenly as many short ones. ``capacity``: chunks the page table can
-    hold (sets the table's static row count; default: what these requests need).
+    hold (sets the table's static row count; default: what these requests need); ``null``:
+    see ``split_work``.
     """
     if per_iteration is None:
         per_iteration = items_per_iteration(1)
     return split_work(_requests(kv_indptr, kv_lens, window_left, page_size), page_size, batch_rows,
-                      cores, per_iteration, capacity)
+                      cores, per_iteration, capacity, null=null)
 
 
-def _core_load(chunks, counts, per_iteration):
+def _core_load(chunks, counts, per_iteration, pad=False):
     """Modelled work of a core (in chunks): its chunks, a fixed cost per work item and one per
-    loop iteration (``counts``: [..., kinds] items of each kind)."""
+    loop iteration (``counts``: [..., kinds] items of each kind; ``pad``: each kind's count
+    padded with null items, ``padded_counts``, each costing NULL_ITEM_COST_CHUNKS)."""
     counts = np.asarray(counts, np.int64)
+    looped, nulls = counts, 0.0
+    if pad:
+        looped = padded_counts(counts, per_iteration)
+        nulls = ((looped - counts) * np.where(looped > counts, _null_costs(), 0.0)).sum(axis=-1)
     return (chunks + counts.sum(axis=-1) * ITEM_COST_CHUNKS
-            + loop_iterations(counts, per_iteration) * ITERATION_COST_CHUNKS)
+            + loop_iterations(looped, per_iteration) * ITERATION_COST_CHUNKS + nulls)
+
+
+# Null items: a kind's last loop iteration may be padded with items that do nothing visible (no
+# keys read: their page ids point past the cache and every gather skips them; their output rows
+# are past the launch's and the writes skip them, so do their state's load and store), so the
+# kind's remainder runs as one iteration instead of one per power of two (a barrier and a
+# pipeline fill each). A null item still runs its chunks' compute on stale tiles: only kinds of
+# at most NULL_MAX_CHUNKS chunks are padded, when the model's costs favour it.
+NULL_MAX_CHUNKS = 8
+NULL_ITEM_FIXED_CHUNKS = 2.0       # a null item's setup and finish, chunk-equivalents (assumed)
+NULL_CHUNK_COST = 0.5              # one of its chunks: compute only, no bytes (assumed)
+NULL_ROWS = 2 * (DECODE_ITEMS_PER_ITERATION - 1) * 9      # two cores, every kind, at most
+
+
+def _null_costs():
+    """[kinds] the modelled cost of one null item of each kind (inf: never padded)."""
+    costs = []
+    for size, masked in ITEM_CLASSES:
+        ok = 0 < size <= NULL_MAX_CHUNKS
+        costs.append(NULL_ITEM_FIXED_CHUNKS + size * NULL_CHUNK_COST if ok else np.inf)
+    return np.array(costs)
+
+
+def _padded_remainders(per_iteration: int) -> np.ndarray:
+    """[kinds, U] the count a kind's remainder r (< U items past its whole iterations) is padded
+    to: the one in [r, U] of least modelled cost (iterations, and the null items), r itself on
+    ties or when the kind is never padded."""
+    U = per_iteration
+    costs = _null_costs()
+    table = np.tile(np.arange(U), (len(ITEM_CLASSES), 1))
+    for kind in range(len(ITEM_CLASSES)):
+        if not np.isfinite(costs[kind]):
+            continue
+        for r in range(1, U):
+            best, best_cost = r, bin(r).count("1") * ITERATION_COST_CHUNKS
+            for m in range(r + 1, U + 1):
+                iters = 1 if m == U else bin(m).count("1")
+                cost = iters * ITERATION_COST_CHUNKS + (m - r) * costs[kind]
+                if cost < best_cost:
+                    best, best_cost = m, cost
+            table[kind, r] = best
+    return table
+
+
+def padded_counts(counts, per_iteration: int) -> np.ndarray:
+    """[..., kinds] each kind's item count with its last iteration padded by null items
+    (``_padded_remainders``)."""
+    counts = np.asarray(counts, np.int64)
+    U = per_iteration
+    if U == 1:
+        return counts
+    table = _padded_remainders(U)
+    kinds = np.arange(len(ITEM_CLASSES))
+    return counts // U * U + table[kinds, counts % U]
+
+
+class NullItems(NamedTuple):
+    """Where a launch's null items point: ``slot``, the first of CHUNK_BLOCKS-many page-list
+    entries holding a page past the cache (``null_pages``); ``out``, the first output row past
+    the launch's (padded) rows."""
+
+    slot: int
+    out: int
+
+
+def null_pages(page_size: int) -> int:
+    """Page-list entries a null item of NULL_MAX_CHUNKS chunks reads its page ids from."""
+    return max(1, NULL_MAX_CHUNKS * chunk_tokens(page_size) // page_size)
+
+
+def _null_row(kind: int, null: NullItems, units: int) -> np.ndarray:
+    """A null item of ``kind`` (see NullItems): no keys (LEN 0) on the sentinel pages, its
+    output row and its state slot past the launch's (every access to them skips)."""
+    size, masked = ITEM_CLASSES[kind]
+    row = np.zeros(META_COLS, np.int64)
+    row[PTR] = row[SLOT0] = null.slot
+    row[C1] = size
+    row[FULL_HI] = 0 if masked else size
+    row[OUT] = null.out
+    row[W_SPAN] = NO_WINDOW
+    row[LOAD] = row[STORE] = state_slots(units)
+    return row
 
 
 def split_work(req: _Requests, page_size: int, batch_rows: int, cores: int = 1,
                per_iteration: int = 1, capacity: int = None, sharing: int = 1,
-               whole: bool = False) -> DecodeWork:
+               whole: bool = False, null: NullItems = None) -> DecodeWork:
     """decode_work over any work items (requests or query blocks, ``query_blocks``); units are
     numbered by row, ``batch_rows`` of them (a bucket); ``sharing``: see ``table_rows``.
     ``whole``: one item per unit (``whole_units``), the spans [cores, WHOLE_UNIT_SPAN_COLS]:
     the core's whole units [FIRST, END), the row of its part of the unit split between two
     cores (a part with no chunks when the cut leaves it none) and whether one is: with two
-    units or more each core takes whole units of its own, cut at a unit edge."""
+    units or more each core takes whole units of its own, cut at a unit edge. ``null``: where
+    null items point (``NullItems``): a flat list's kinds are then padded with them."""
     U = per_iteration
+    pad = null is not None and not whole
     loop_widths(U)                      # refuses a per_iteration that is not a power of two
     if cores not in (1, 2):
         raise ValueError(f"cores={cores!r} must be 1 or 2")
@@ -397,7 +490,7 @@ def split_work(req: _Requests, page_size: int, batch_rows: int, cores: int = 1,
     # per core: [(unit, slot, item rows' kinds and ranges)] and the split unit's part
     if cores == 1:
         plan = [[(b, b, parts[b]) for b in range(B)]]
-        split, cut, loads = None, None, (float(_core_load(chunks.sum(), kinds.sum(axis=0), U)),)
+        split, cut, loads = None, None, (float(_core_load(chunks.sum(), kinds.sum(axis=0), U, pad)),)
     elif B == 0:
         plan, split, cut, loads = [[], []], None, None, (0.0, 0.0)
     elif whole and B > 1:
@@ -407,9 +500,9 @@ def split_work(req: _Requests, page_size: int, batch_rows: int, cores: int = 1,
         k = np.arange(1, B)
         before_kinds = np.cumsum(kinds, axis=0)
         before_chunks = np.cumsum(chunks)
-        side = [_core_load(before_chunks[k - 1], before_kinds[k - 1], U),
+        side = [_core_load(before_chunks[k - 1], before_kinds[k - 1], U, pad),
                 _core_load(before_chunks[-1] - before_chunks[k - 1],
-                           before_kinds[-1] - before_kinds[k - 1], U)]
+                           before_kinds[-1] - before_kinds[k - 1], U, pad)]
         best = np.lexsort((np.abs(side[0] - side[1]), np.maximum(side[0], side[1])))[0]
         edge = int(k[best])
         plan = [[(b, b, parts[b]) for b in range(edge)],
@@ -428,10 +521,10 @@ def split_work(req: _Requests, page_size: int, batch_rows: int, cores: int = 1,
                                        np.cumsum(kinds, axis=0)])
         before_chunks = np.concatenate([[0], np.cumsum(chunks)])
         side = [_core_load(before_chunks[k] + (c - c0),
-                           before_kinds[k] + _kind_counts(lo, hi, c0, c), U),
+                           before_kinds[k] + _kind_counts(lo, hi, c0, c), U, pad),
                 _core_load(before_chunks[B] - before_chunks[k + 1] + (c1 - c),
                            before_kinds[B] - before_kinds[k + 1] + _kind_counts(lo, hi, c, c1),
-                           U)]
+                           U, pad)]
         best = np.lexsort((np.abs(side[0] - side[1]), np.maximum(side[0], side[1])))[0]
         split, cut = int(k[best]), int(c[best])
         lo_k, hi_k = int(req.full_lo[split]), int(req.full_hi[split])
@@ -444,7 +537,8 @@ def split_work(req: _Requests, page_size: int, batch_rows: int, cores: int = 1,
     if whole:
         rows, spans = _whole_rows(req, plan, split, cut, page_size)
     else:
-        rows, spans = _kind_rows(req, plan, split, page_size, batch_rows, cores, U)
+        rows, spans = _kind_rows(req, plan, split, page_size, batch_rows, cores, U,
+                                 null if pad else None)
     n_rows = table_rows(batch_rows, capacity, sharing)
     if len(rows) > n_rows:
         raise AssertionError(f"{len(rows)} work items exceed the table's {n_rows} rows")
@@ -480,9 +574,11 @@ def _whole_rows(req: _Requests, plan, split, cut, page_size):
     return rows, spans
 
 
-def _kind_rows(req: _Requests, plan, split, page_size, batch_rows, cores, U):
+def _kind_rows(req: _Requests, plan, split, page_size, batch_rows, cores, U, null=None):
     """Work-item rows and spans of the flat list: per core, items grouped by kind (ITEM_CLASSES
-    order) in unit order, each chained from its unit's previous item through the scratch."""
+    order) in unit order, each chained from its unit's previous item through the scratch; with
+    ``null`` (``NullItems``), each kind's last iteration padded with null items
+    (``padded_counts``)."""
     widths = loop_widths(U)
     ident = state_slots(batch_rows) - 1
     rows, spans = [], np.zeros((cores, span_cols(U)), np.int64)
@@ -500,6 +596,11 @@ def _kind_rows(req: _Requests, plan, split, page_size, batch_rows, cores, U):
                         row[STORE] = slot
                         chained.add(slot)
                         mine.append(row)
+            if null is not None and mine:
+                target = int(padded_counts(np.eye(len(ITEM_CLASSES), dtype=np.int64)[kind]
+                                           * len(mine), U)[kind])
+                for _ in range(target - len(mine)):
+                    mine.append(_null_row(kind, null, batch_rows))
             start = len(rows)
             rows.extend(mine)
             for w in widths:                  # whole iterations of each width, widest first

@@ -30,8 +30,10 @@ def test_replay_compiles_once_per_bucket(target):
     # each work item (2-3 per request here) also loads and stores its request's fp32 softmax
     # state ([rows, D + 2], 2 x 2 KiB in this tiny model of 2 kv heads x 64): up to 15% of these
     # ~150-token requests' bytes (a 32-block of a Llama-8B layer: 0.2%); trn1 also reads whole
-    # pages (P = 16): a partly filled last page costs up to 15 tokens per request, about 9% more
-    limit = 1.16 if target == "trn2" else 1.21
+    # pages (P = 16): a partly filled last page costs up to 15 tokens per request, about 9% more;
+    # null items padding a loop iteration read their table rows (64 B on each of 128 partitions:
+    # up to 3% here, 0.4% at 16 items of a Llama-8B layer)
+    limit = 1.20 if target == "trn2" else 1.23
     assert all(1.0 <= s.hbm_bytes / s.min_hbm_bytes < limit for s in trace.steps)
     assert "compilations" in summary_markdown(trace)
 

@@ -322,7 +322,7 @@ def test_one_core_load_is_chunks_and_items():
     assert work.loads == (pytest.approx(3 + 3 * ITEM_COST_CHUNKS + 3 * ITERATION_COST_CHUNKS),)
     order = core_rows(work.spans[0], U)
     assert [tuple(work.items[i][[C0, C1, LOAD, STORE]]) for i in order] == [
-        (6, 7, 3, 0), (8, 9, 0, 0), (7, 8, 0, 0)]
+        (6, 7, state_slots(1) - 1, 0), (8, 9, 0, 0), (7, 8, 0, 0)]
     kinds = [next(k for k in range(len(ITEM_CLASSES)) if i in core_rows(
         _only(work.spans[0], k, U), U)) for i in order]
     assert kinds == [1, MASKED_AGAIN, len(ITEM_CLASSES) - 1]

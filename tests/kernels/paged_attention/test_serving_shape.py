@@ -96,14 +96,14 @@ def test_program_size_is_independent_of_lengths_and_work_follows_them(rng, targe
 
 def test_padded_batch_rows_do_no_work(rng):
     """Batch 5 runs in bucket 8: the loops' trip counts follow the real batch (device data): the
-    five masked single chunks run as one iteration of 4 items and one of 1, and the bucket's
-    three padded rows are never visited."""
+    five masked single chunks and three null items (work.NullItems) run as one iteration of 8
+    items, and the bucket's three padded rows are never visited."""
     batch_decode(*FixedCache(rng).step([40, 40, 40, 40, 40]))
     trace = simulate.last_trace()
     loops = [l["iterations"] for l in trace.loops]
     widths = loop_widths(items_per_iteration(1))
     assert widths == [16, 8, 4, 2, 1] and len(loops) == 9 * 5     # 9 kinds x 5 widths
-    assert loops[5:10] == [0, 0, 1, 0, 1] and sum(loops) == 2      # masked chunks: 4 + 1
+    assert loops[5:10] == [0, 1, 0, 0, 0] and sum(loops) == 1      # masked chunks: 5 + 3 null
 
 
 def test_long_requests_take_mask_free_chunks_in_blocks(rng, target):
