@@ -234,10 +234,11 @@ def make_step(q, k_rows, v_rows, meta, kv_indices, tok_tab, row_tab, sinks, mask
     # 30 -> 36 us)
     if per_group > 1 and Qb > 1:
         st.q_pads = {}
+        engines = (nisa.engine.gpsimd, nisa.engine.vector)
         for slot in range(items_per_iteration(Qb)):
             for t in range(len(tiles)):
                 st.q_pads[f"{slot},{t}"] = query_pads(tiles[t][1], tiles[t][1] * GQ, D,
-                                                      mm_dtype)
+                                                      mm_dtype, engines[slot % 2])
     if not st.whole:
         units = B // Qb
         st.scratch = nl.ndarray((state_slots(units), len(tiles) * R, D + 2), nl.float32,

@@ -20,7 +20,7 @@ from .kernel_softmax import (bank_column, blank_state, chunk_scores, finalize, f
                              load_state, mask_keep, merge_states, merge_with_partner,
                              poison_state, softmax_begin, softmax_end, state_bank, state_tile,
                              state_views, store_state)
-from .work import C0, C1, CHUNK_BLOCKS, FULL_HI, FULL_LO, LOAD, OUT, STORE
+from .work import C0, C1, CHUNK_BLOCKS, FULL_HI, FULL_LO, LOAD, OUT, SLOT0, STORE
 
 
 # Chunks per softmax step: a mask-free block gathered several tokens per partition folds them
@@ -77,7 +77,7 @@ def set_cache_rows(st, item, count, masked):
     item.rows, item.pids = None, None
     if st.blocked and not masked and st.indirect:
         item.rows = block_rows(st.kv_indices, item.cursor, count, st.geo, group,
-                               st.entry_rows[f"{group}"])
+                               st.entry_rows[f"{group}"], moves=st.whole)
     elif st.blocked and not masked and group > 1:
         item.pids = block_page_ids(st.kv_indices, item.cursor, count, st.geo)
 
@@ -129,12 +129,24 @@ def prepare(st, i, count, masked, cols=None, slot=0, chained=False):
         if poison is not None:
             poison_state(states[t], poison)
     item.q = queries
-    # per tile of query tokens: the item's bounds (the token-level ones are common)
-    item.bounds = ([request_bounds(cols, st.T, st.R)] if st.Qb == 1
-                   else block_bounds(cols, st.T, st.row_q))
-    item.cursor = start_cursor(cols, st.tok_sb, st.R, st.mask, st.iota_t)
+    if lean_item(st, masked):      # its one block's rows come from SLOT0 alone: no cursor
+        item.bounds = [None]
+        item.cursor = {"slot": cols[0:1, SLOT0:SLOT0 + 1]}
+    else:
+        # per tile of query tokens: the item's bounds (the token-level ones are common)
+        item.bounds = ([request_bounds(cols, st.T, st.R)] if st.Qb == 1
+                       else block_bounds(cols, st.T, st.row_q))
+        item.cursor = start_cursor(cols, st.tok_sb, st.R, st.mask, st.iota_t)
     set_cache_rows(st, item, count, masked)
     return item
+
+
+def lean_item(st, masked):
+    """Whether a flat-list item's chunks need neither a cursor nor bounds: a mask-free block
+    gathered by indirect DMA reads its cache rows (``block_rows``) from its first page-list slot
+    and nothing after (the cursor's positions, entries and the bounds serve masks and later
+    chunks only)."""
+    return not st.whole and not masked and st.blocked and st.indirect
 
 
 def item_row(st, i, count, items=1):

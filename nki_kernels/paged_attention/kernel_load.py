@@ -222,12 +222,13 @@ def group_entry_rows(tok_tab, geo, group):
     return rows
 
 
-def block_rows(kv_indices, cursor, count, geo, group, entry_rows):
+def block_rows(kv_indices, cursor, count, geo, group, entry_rows, moves=True):
     """[T, count // group] int32 cache rows of the first token of each partition for the
     cursor's next ``count`` whole-page chunks (P <= 128) gathered ``group`` tokens per partition
     (column q: tokens q*T*group + p*group ..), made with one page-id DMA and one VectorE
     instruction for the whole block, so no gather waits on a page-id load behind the previous
-    gathers. ``entry_rows``: ``group_entry_rows``. Advances the cursor past the block."""
+    gathers. ``entry_rows``: ``group_entry_rows``. Advances the cursor past the block when it
+    ``moves`` (a cursor of the block's first slot alone, ``{"slot": ...}``, does not)."""
     T, P = geo.T, geo.page_size
     n = count // group
     per = T * group // P                   # pages per gather
@@ -240,7 +241,8 @@ def block_rows(kv_indices, cursor, count, geo, group, entry_rows):
         rows = nl.ndarray((T, n), nl.uint32, buffer=nl.sbuf, name="block_rows")
     nisa.tensor_scalar(dst=rows, data=pages, op0=nl.multiply, operand0=geo.rows_per_page,
                        op1=nl.add, operand1=entry_rows)
-    advance(cursor, P, count)
+    if moves:
+        advance(cursor, P, count)
     return rows
 
 

@@ -24,15 +24,17 @@ from nki_kernels.backend import nisa, nl
 from .kernel_softmax import transpose_dtype
 
 
-def query_pads(n, R, D, mm_dtype):
+def query_pads(n, R, D, mm_dtype, engine=None):
     """Zeroed SBUF tiles [Dp, n * R] (one per 128 rows of the head dim) for ``group_queries`` to
     write its n stationaries' diagonal blocks into: made once before the device loops, each
     item slot of a loop iteration keeps its own, so their zeros are written once per launch
-    instead of once per item (only the diagonal blocks change from item to item)."""
+    instead of once per item (only the diagonal blocks change from item to item). ``engine``:
+    the memsets' (GpSimd by default; the launch's callers alternate it with VectorE, both idle
+    before the first item)."""
     pads = []
     for d0 in range(0, D, 128):
         pad = nl.ndarray((min(128, D - d0), n * R), mm_dtype, buffer=nl.sbuf, name="q_pad_kept")
-        nisa.memset(dst=pad, value=0.0, engine=nisa.engine.gpsimd)
+        nisa.memset(dst=pad, value=0.0, engine=engine or nisa.engine.gpsimd)
         pads.append(pad)
     return pads
 
