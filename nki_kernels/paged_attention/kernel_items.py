@@ -124,7 +124,7 @@ def prepare(st, i, count, masked, cols=None, slot=0, chained=False):
                 loaded[f"{q0}"] = query_block_rows(st.q, item.b, heads, st.G, st.Qt, q0)
             rows = loaded[f"{q0}"][:, h0 * st.D:(h0 + 1) * st.D]
         pads, poison = group_queries(st.q, item.b, h0, n, st.G, st.Qt, st.mm_dtype, q0, kept,
-                                     rows)
+                                     rows, st.dma_pT)
         queries.append(pads)
         if poison is not None:
             poison_state(states[t], poison)

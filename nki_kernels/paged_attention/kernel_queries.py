@@ -50,7 +50,7 @@ def query_block_rows(q, t0, heads, G, Qb, q0):
     return rows
 
 
-def group_queries(q, t0, h0, n, G, Qb, mm_dtype, q0=0, kept=None, rows=None):
+def group_queries(q, t0, h0, n, G, Qb, mm_dtype, q0=0, kept=None, rows=None, by_dma=False):
     """Per kv head j < n of the group: Q^T tiles [Dp, R] (R = n*G*Qb) in the matmul dtype, holding
     head h0+j's rows in columns j*G*Qb..(j+1)*G*Qb and zeros elsewhere, so the per-head matmuls
     of a group accumulate into one PSUM tile. ``q`` [B, HQ, D] @ HBM; the tokens are rows
@@ -58,7 +58,9 @@ def group_queries(q, t0, h0, n, G, Qb, mm_dtype, q0=0, kept=None, rows=None):
     Returns (pads, poison): poison [R, 1] fp32 (0, or NaN for a row with a non-finite element),
     or None where the transpose is exact. ``kept``: ``query_pads`` tiles to write into (their
     off-diagonal zeros kept from before), else fresh tiles zeroed here. ``rows``: the tile's
-    rows [R, D] already loaded (``query_block_rows``), else loaded here."""
+    rows [R, D] already loaded (``query_block_rows``), else loaded here. ``by_dma``: a tile of
+    one kv head whose rows are in the 2-byte matmul dtype is transposed by DMA (SBUF to SBUF,
+    NeuronCore-v3+; no padding to write): no TensorE transpose and no PSUM eviction."""
     _, HQ, D = q.shape
     GQ = G * Qb
     R = n * GQ
@@ -74,6 +76,13 @@ def group_queries(q, t0, h0, n, G, Qb, mm_dtype, q0=0, kept=None, rows=None):
     pads = []
     for _ in range(n):
         pads.append([])
+    if by_dma and n == 1 and rows.dtype == mm_dtype and poison is None:
+        for d0 in range(0, D, 128):
+            dp = min(128, D - d0)
+            pad = nl.ndarray((dp, R), mm_dtype, buffer=nl.sbuf, name="q_pad")
+            nisa.dma_transpose(dst=pad, src=rows[:, d0:d0 + dp])
+            pads[0].append(pad)
+        return pads, poison
     for d0 in range(0, D, 128):
         dp = min(128, D - d0)
         qT_ps = nl.ndarray((dp, R), transpose_dtype(q.dtype), buffer=nl.psum, name="qT_ps")
