@@ -24,6 +24,16 @@ def check_lnc(lnc) -> int:
     return int(lnc)
 
 
+def host_nc_version() -> int:
+    """Host side: the NeuronCore version the next launch runs on (the selected simulator target;
+    on a device, 3: trn2, the SDK's primary target from Neuron 2.29), for plans whose best shape
+    depends on it."""
+    if ON_HARDWARE:
+        return 3
+    from nki_kernels.simulate.targets import get_target
+    return get_target().nc_version
+
+
 def program_cores() -> int:
     """Inside a kernel: how many cores this launch spans (1, or 2 under LNC=2 on NeuronCore-v3+;
     refused on NeuronCore-v2, which has no two-core logical core)."""

@@ -89,16 +89,17 @@ from .work import (CHUNK_BLOCKS, ITEM_CLASSES, chains_in, items_per_iteration, l
 @nki.jit
 def batch_decode_kernel(q, k_rows, v_rows, meta, spans, kv_indices, tok_tab, row_tab, sinks,
                         mask_bits, num_kv_heads, page_size, strides, token_pattern, scale, soft_cap,
-                        v_scale, mm_dtype):
+                        v_scale, mm_dtype, static_pass=()):
     return attention(q, k_rows, v_rows, meta, spans, kv_indices, tok_tab, row_tab, sinks,
                      mask_bits, num_kv_heads, page_size, strides, token_pattern, scale, soft_cap,
-                     v_scale, mm_dtype)
+                     v_scale, mm_dtype, static_pass)
 
 
 @nki.jit
 def append_attention_kernel(q, k_rows, v_rows, key, value, slots, counts, quant, write, meta, spans,
                             kv_indices, tok_tab, row_tab, sinks, mask_bits, num_kv_heads, page_size,
-                            strides, token_pattern, scale, soft_cap, v_scale, mm_dtype):
+                            strides, token_pattern, scale, soft_cap, v_scale, mm_dtype,
+                            static_pass=()):
     """Fused write: the step's new K/V rows are scattered into the cache first, then attention
     reads them with the rest, in one launch. ``key``, ``value``, ``slots``, ``counts``, ``quant``
     and ``write`` = (token pattern, V offset, cache row elements, quantization limit) are
@@ -119,7 +120,7 @@ def append_attention_kernel(q, k_rows, v_rows, key, value, slots, counts, quant,
             nisa.core_barrier(data=t, cores=(0, 1))
     return attention(q, k_rows, v_rows, meta, spans, kv_indices, tok_tab, row_tab, sinks,
                      mask_bits, num_kv_heads, page_size, strides, token_pattern, scale, soft_cap,
-                     v_scale, mm_dtype)
+                     v_scale, mm_dtype, static_pass)
 
 
 class Step(nl.NKIObject):
@@ -133,11 +134,15 @@ class Step(nl.NKIObject):
 
 
 def attention(q, k_rows, v_rows, meta, spans, kv_indices, tok_tab, row_tab, sinks, mask_bits,
-              num_kv_heads, page_size, strides, token_pattern, scale, soft_cap, v_scale, mm_dtype):
+              num_kv_heads, page_size, strides, token_pattern, scale, soft_cap, v_scale, mm_dtype,
+              static_pass=()):
     """The kernel's body (arguments as above): returns out, lse."""
     st = make_step(q, k_rows, v_rows, meta, kv_indices, tok_tab, row_tab, sinks, mask_bits,
                    num_kv_heads, page_size, strides, token_pattern, scale, soft_cap, v_scale,
-                   mm_dtype)
+                   mm_dtype, static_pass)
+    if static_pass:
+        run_static_pass(st, static_pass[0])
+        return st.out, st.lse
     span = nl.ndarray((1, spans.shape[1]), nl.int32, buffer=nl.sbuf, name="span")
     nisa.dma_copy(dst=span, src=spans[st.p:st.p + 1, :])
     if st.whole:
@@ -148,9 +153,10 @@ def attention(q, k_rows, v_rows, meta, spans, kv_indices, tok_tab, row_tab, sink
 
 
 def make_step(q, k_rows, v_rows, meta, kv_indices, tok_tab, row_tab, sinks, mask_bits,
-              num_kv_heads, page_size, strides, token_pattern, scale, soft_cap, v_scale, mm_dtype):
+              num_kv_heads, page_size, strides, token_pattern, scale, soft_cap, v_scale, mm_dtype,
+              static_pass=()):
     """The launch's ``Step``: geometry and tiling, outputs, step-wide tiles and, for a flat list
-    of items, the HBM scratch of softmax states with its identity slot."""
+    of items in device loops, the HBM scratch of softmax states with its identity slot."""
     B, HQ, D = q.shape
     H, G = num_kv_heads, HQ // num_kv_heads
     Qb = 1 if row_tab is None else row_tab.shape[0] // G      # query tokens per work item
@@ -239,7 +245,7 @@ def make_step(q, k_rows, v_rows, meta, kv_indices, tok_tab, row_tab, sinks, mask
             for t in range(len(tiles)):
                 st.q_pads[f"{slot},{t}"] = query_pads(tiles[t][1], tiles[t][1] * GQ, D,
                                                       mm_dtype, engines[slot % 2])
-    if not st.whole:
+    if not st.whole and not static_pass:
         units = B // Qb
         st.scratch = nl.ndarray((state_slots(units), len(tiles) * R, D + 2), nl.float32,
                                 buffer=nl.private_hbm, name="states")
@@ -282,6 +288,20 @@ def run_whole_units(st, span):
     nl.fori_loop(first, end, whole_unit)
     if st.cores == 2:          # the split unit, when there is one (a single unit): 0 or 1 trip
         nl.fori_loop(0, nisa.scalar_load(span[0:1, 3:4]), split_unit)
+
+
+def run_static_pass(st, chunks):
+    """A small bucket without device loops (``work.static_pass``): every row of the launch is
+    one item of ``chunks`` masked chunks (a request's chunks from its first, the ones past its
+    keys read nothing), all of them one static iteration; each item writes its output once, so
+    no state goes through HBM. No loop barrier, no pipeline fill per kind of item. Under LNC=2
+    each core takes half the rows (a bucket of one row: core 0)."""
+    rows = st.q.shape[0] // st.Qb
+    if st.cores == 2 and rows >= 2:
+        half = rows // 2
+        items_iteration(st, chunks, True, half, False)(st.p * half)
+    elif st.p == 0:
+        items_iteration(st, chunks, True, rows, False)(0)
 
 
 def run_item_loops(st, span, span_cols):

@@ -38,8 +38,11 @@ def item_columns(meta, i, parts, count=1):
     partition (i: a device scalar), one DMA for all (the rows are consecutive): an item's
     scalars, bounds and cursor are all read from its row."""
     t = nl.ndarray((parts, count * META_COLS), nl.int32, buffer=nl.sbuf, name="item")
-    nisa.dma_copy(dst=t, src=meta.ap([[0, parts], [1, count * META_COLS]], scalar_offset=i,
-                                     indirect_dim=0))
+    if isinstance(i, int):             # a static pass: rows known at compile time
+        src = meta.ap([[0, parts], [1, count * META_COLS]], offset=i * META_COLS)
+    else:
+        src = meta.ap([[0, parts], [1, count * META_COLS]], scalar_offset=i, indirect_dim=0)
+    nisa.dma_copy(dst=t, src=src)
     rows = []
     for k in range(count):
         rows.append(t[:, k * META_COLS:(k + 1) * META_COLS])

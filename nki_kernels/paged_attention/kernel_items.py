@@ -8,11 +8,11 @@ from __future__ import annotations
 
 from nki_kernels.backend import nisa, nl
 
-from .kernel_cursor import (advance, block_bounds, item_columns, request_bounds, start_cursor,
-                            token_validity)
-from .kernel_load import (KTTile, KVTile, block_page_ids, block_rows, converted_v, group_size,
-                          load_chunk_indirect, load_chunk_pages, load_group_indirect,
-                          load_group_pages, step_chunks)
+from .kernel_cursor import (advance, block_bounds, drop_invalid, item_columns, request_bounds,
+                            start_cursor, token_validity)
+from .kernel_load import (PSUM_BANK_BYTES, KTTile, KVTile, block_page_ids, block_rows,
+                          converted_v, group_size, load_chunk_indirect, load_chunk_pages,
+                          load_group_indirect, load_group_pages, step_chunks, transpose_rows)
 from .kernel_mask import masked_keep
 from .kernel_queries import group_queries, query_block_rows
 from .kernel_softmax import (bank_column, blank_state, chunk_scores, finalize, finalize_bank,
@@ -20,7 +20,7 @@ from .kernel_softmax import (bank_column, blank_state, chunk_scores, finalize, f
                              load_state, mask_keep, merge_states, merge_with_partner,
                              poison_state, softmax_begin, softmax_end, state_bank, state_tile,
                              state_views, store_state)
-from .work import C0, C1, CHUNK_BLOCKS, FULL_HI, FULL_LO, LOAD, OUT, SLOT0, STORE
+from .work import C0, C1, CHUNK_BLOCKS, FULL_HI, FULL_LO, LEN, LOAD, OUT, POS0, SLOT0, STORE, WIN
 
 
 # Chunks per softmax step: a mask-free block gathered several tokens per partition folds them
@@ -54,14 +54,15 @@ class WorkItem(nl.NKIObject):
     mask-free block's cache ``rows`` or page ids ``pids``, and gathers issued ahead
     (``loads``, by f"{gather}": NKI dict keys are strings); ``bank``: the ``state_bank`` its
     states are views of (whole units with grouped softmax statistics), else None; ``chained``:
-    its states started as its unit's (``prepare``), so ``finish`` merges nothing in."""
+    its states started as its unit's (``prepare``), so ``finish`` merges nothing in; ``keep``:
+    a static pass's mask predicate of all its chunks (``block_of_masked_chunks``), else None."""
 
     def copy(self):
         """A shallow copy (a nested loop's body sets its own rows / pids on it)."""
         return WorkItem(cols=self.cols, b=self.b, states=self.states, load=self.load,
                         store=self.store, q=self.q, bounds=self.bounds, cursor=self.cursor,
                         rows=self.rows, pids=self.pids, loads=self.loads, bank=self.bank,
-                        chained=self.chained)
+                        chained=self.chained, keep=self.keep)
 
 
 def gathered(st, count):
@@ -75,7 +76,9 @@ def set_cache_rows(st, item, count, masked):
     otherwise."""
     group = 1 if masked else gathered(st, count)
     item.rows, item.pids = None, None
-    if st.blocked and not masked and st.indirect:
+    if static_block(st, masked):
+        item.rows, item.keep = block_of_masked_chunks(st, item, count)
+    elif st.blocked and not masked and st.indirect:
         item.rows = block_rows(st.kv_indices, item.cursor, count, st.geo, group,
                                st.entry_rows[f"{group}"], moves=st.whole)
     elif st.blocked and not masked and group > 1:
@@ -92,7 +95,7 @@ def prepare(st, i, count, masked, cols=None, slot=0, chained=False):
     if cols is None:
         cols = item_row(st, i, count)
     load, store = None, None
-    if not st.whole:
+    if st.scratch is not None:
         load = nisa.scalar_load(cols[0:1, LOAD:LOAD + 1])
         store = nisa.scalar_load(cols[0:1, STORE:STORE + 1])
     bank = None
@@ -110,7 +113,7 @@ def prepare(st, i, count, masked, cols=None, slot=0, chained=False):
                 states.append(state_tile(rows, st.D))
     item = WorkItem(cols=cols, b=nisa.scalar_load(cols[0:1, OUT:OUT + 1]), states=states,
                     load=load, store=store, q=None, bounds=None, cursor=None, rows=None,
-                    pids=None, loads=None, bank=bank, chained=chained)
+                    pids=None, loads=None, bank=bank, chained=chained, keep=None)
     if count == 0:
         return item
     queries, loaded = [], {}
@@ -159,8 +162,11 @@ def fold_shape(st, count, masked):
     """(tokens per partition of a gather, chunks per softmax step, softmax steps) of an item
     of ``count`` chunks."""
     group = 1 if masked else gathered(st, count)
-    width = (step_chunks(st.geo, group) if group > 1 else
-             min(count, FOLD_WIDTH if len(st.tiles) > 1 and st.Qb > 1 else 1))
+    if static_block(st, masked):       # as many chunks a step as one PSUM bank of scores holds
+        width = min(count, PSUM_BANK_BYTES // (4 * st.T))
+    else:
+        width = (step_chunks(st.geo, group) if group > 1 else
+                 min(count, FOLD_WIDTH if len(st.tiles) > 1 and st.Qb > 1 else 1))
     return group, width, count // width
 
 
@@ -182,10 +188,74 @@ def loader(st, item, count, masked):
                 chunks.append((views, None))
             return chunks
         for k in range(g * width, (g + 1) * width):
-            chunks.append(_load_chunk(st.consts, st.kv_indices, cursor, bounds, masked,
-                                      None if rows is None else rows[:, k:k + 1]))
+            if item.keep is not None:
+                chunks.append(_load_rows(st, rows[:, k:k + 1]))
+            else:
+                chunks.append(_load_chunk(st.consts, st.kv_indices, cursor, bounds, masked,
+                                          None if rows is None else rows[:, k:k + 1]))
         return chunks
     return load
+
+
+def static_block(st, masked):
+    """Whether an item's masked chunks load as one block (a static pass on the indirect path):
+    their rows, tokens dropped and mask predicate made once for all of them up front, so no
+    chunk's gather waits on the one before."""
+    return masked and st.scratch is None and not st.whole and st.blocked and st.indirect
+
+
+def block_of_masked_chunks(st, item, count):
+    """([T, count] cache rows with the tokens outside the item's keys dropped, uint32 when K is
+    gathered transposed; [R, count * T] uint8 mask predicate) of the ``count`` chunks at the
+    item's cursor (a static pass: one query tile)."""
+    T, R = st.T, st.R
+    cols = item.cols
+    rows = block_rows(st.kv_indices, item.cursor, count, st.geo, 1, st.entry_rows["1"],
+                      moves=False, unsigned=False)
+    pos = nl.ndarray((T, count), nl.int32, buffer=nl.sbuf, name="block_pos")
+    nisa.iota(dst=pos, pattern=[[T, count]], offset=0, channel_multiplier=1)
+    ok = nl.ndarray((T, count), nl.int32, buffer=nl.sbuf, name="block_ok")
+    nisa.tensor_scalar(dst=pos, data=pos, op0=nl.add, operand0=cols[0:T, POS0:POS0 + 1])
+    nisa.tensor_scalar(dst=ok, data=pos, op0=nl.less, operand0=cols[0:T, LEN:LEN + 1])
+    nisa.tensor_scalar(dst=pos, data=pos, op0=nl.greater_equal, operand0=cols[0:T, WIN:WIN + 1])
+    nisa.tensor_tensor(dst=ok, data1=ok, data2=pos, op=nl.multiply)
+    drop_invalid(rows, rows, ok)
+    if st.geo.kt_dma:
+        rows = transpose_rows(rows)
+    # keys [W, L) of the block's tokens s + t: W - s <= t < L - s, s = POS0
+    hi = nl.ndarray((R, 1), nl.int32, buffer=nl.sbuf, name="lim_hi")
+    lo = nl.ndarray((R, 1), nl.int32, buffer=nl.sbuf, name="lim_lo")
+    nisa.tensor_tensor(dst=hi, data1=cols[0:R, LEN:LEN + 1], data2=cols[0:R, POS0:POS0 + 1],
+                       op=nl.subtract)
+    nisa.tensor_tensor(dst=lo, data1=cols[0:R, WIN:WIN + 1], data2=cols[0:R, POS0:POS0 + 1],
+                       op=nl.subtract)
+    t = nl.ndarray((R, count * T), nl.int32, buffer=nl.sbuf, name="block_t")
+    nisa.iota(dst=t, pattern=[[1, count * T]], offset=0, channel_multiplier=0)
+    keep = nl.ndarray((R, count * T), nl.uint8, buffer=nl.sbuf, name="block_keep")
+    late = nl.ndarray((R, count * T), nl.uint8, buffer=nl.sbuf, name="block_late")
+    nisa.tensor_scalar(dst=keep, data=t, op0=nl.less, operand0=hi)
+    nisa.tensor_scalar(dst=late, data=t, op0=nl.greater_equal, operand0=lo)
+    nisa.tensor_tensor(dst=keep, data1=keep, data2=late, op=nl.multiply)
+    return rows, keep
+
+
+def _load_rows(st, row):
+    """One chunk of a static block (``row``: its [T, 1] rows, dropped tokens past the cache):
+    ((K, V) views, None); skipped V rows read 0."""
+    geo, sources, _, _, v_dtype, _, _, _, zeros = st.consts
+    T, H, D = geo.T, geo.H, geo.D
+    dtype = sources[0][0].dtype
+    tiles = [nl.ndarray((T, H * D), dtype, buffer=nl.sbuf, name="k_sb"),
+             nl.ndarray((T, H * D), dtype, buffer=nl.sbuf, name="v_sb")]
+    if geo.kt_dma:
+        tiles[0] = nl.ndarray((D, H, T), dtype, buffer=nl.sbuf, name="kT_sb")
+    load_chunk_indirect(tiles, sources, st.kv_indices, None, None, geo, row, zeros, dropped=True)
+    views = [KVTile(tiles[0], 0, D), KVTile(tiles[1], 0, D)]
+    if geo.kt_dma:
+        views[0] = KTTile(tiles[0], 0)
+    if v_dtype is not None:
+        views[1] = converted_v(views[1:], v_dtype)[0]
+    return (views[0], views[1]), None
 
 
 def blocks(st, item, count, masked):
@@ -263,7 +333,9 @@ def fold_items(st, items, count, masked):
                 kts[key].append(k_transposed(chunk[0][0], h0, n, st.D, st.mm_dtype, share))
         tile_rows = items[i].q[t][0][0].shape[1]
         keep = None
-        if loaded[0][1] is not None:      # masked: the step's chunks' predicates side by side
+        if items[i].keep is not None:     # a static block: its step's columns of the block's
+            keep = items[i].keep[0:tile_rows, s * width * st.T:(s + 1) * width * st.T]
+        elif loaded[0][1] is not None:    # masked: the step's chunks' predicates side by side
             keep = _joined_keep(loaded, q0 // st.Qt, tile_rows, st.T)
         row_max = None
         if K > 1:                         # into its column of the group's row maxima
@@ -338,6 +410,8 @@ def finish(st, item):
     the identity; a ``chained`` item started from it), keep it in slot STORE and write the
     unit's output and LSE (a later item of the unit writes them again)."""
     for t in range(len(st.tiles)):
+        if st.scratch is None:     # a static pass: the item is its unit's only one
+            break
         n, tile = st.tiles[t][1], item.states[t]
         if not item.chained:
             kept = load_state(st.scratch, item.load, t, st.R, n * st.GQ)

@@ -24,12 +24,14 @@ from .kernel_cursor import advance, drop_invalid
 ROW_LIMIT = 2 ** 24      # fp32 represents every integer below this exactly
 
 
-def load_chunk_indirect(tiles, sources, kv_indices, cursor, valid_t, geo, row=None, zeros=None):
+def load_chunk_indirect(tiles, sources, kv_indices, cursor, valid_t, geo, row=None, zeros=None,
+                        dropped=False):
     """tiles: K and V [T, H*D] in SBUF (K as K^T [D, H, T] when ``geo.kt_dma``); sources: (rows
     [R, D] @ HBM, element offset) per tile; row: the chunk's [T, 1] cache rows when
     ``block_rows`` made them, else made here; zeros: ``zero_rows``, copied by ScalarE over a
     tile whose skipped rows must read 0 (VectorE is the busier engine of masked chunks), or
-    None (a VectorE memset)."""
+    None (a VectorE memset); ``dropped``: ``row`` already skips the tokens outside the keys
+    (``valid_t`` None), the V tile is zeroed all the same."""
     T, D = geo.T, geo.D
     if row is None:
         row = _chunk_rows(kv_indices, cursor, geo)
@@ -43,7 +45,7 @@ def load_chunk_indirect(tiles, sources, kv_indices, cursor, valid_t, geo, row=No
                           vector_offset=transpose_rows(row), indirect_dim=0)
             nisa.dma_transpose(dst=tile, src=src, oob_mode=nisa.oob_mode.skip)
             continue
-        if valid_t is not None:                       # skipped rows must read as 0, not NaN
+        if valid_t is not None or dropped:            # skipped rows must read as 0, not NaN
             if zeros is not None:
                 nisa.activation(dst=tile, op=nl.copy, data=zeros[0:tile.shape[0], 0:tile.shape[1]])
             else:
@@ -222,13 +224,14 @@ def group_entry_rows(tok_tab, geo, group):
     return rows
 
 
-def block_rows(kv_indices, cursor, count, geo, group, entry_rows, moves=True):
+def block_rows(kv_indices, cursor, count, geo, group, entry_rows, moves=True, unsigned=True):
     """[T, count // group] int32 cache rows of the first token of each partition for the
     cursor's next ``count`` whole-page chunks (P <= 128) gathered ``group`` tokens per partition
     (column q: tokens q*T*group + p*group ..), made with one page-id DMA and one VectorE
     instruction for the whole block, so no gather waits on a page-id load behind the previous
     gathers. ``entry_rows``: ``group_entry_rows``. Advances the cursor past the block when it
-    ``moves`` (a cursor of the block's first slot alone, ``{"slot": ...}``, does not)."""
+    ``moves`` (a cursor of the block's first slot alone, ``{"slot": ...}``, does not); int32
+    rows unless ``unsigned`` and gathered transposed (uint32 indices, ``geo.kt_dma``)."""
     T, P = geo.T, geo.page_size
     n = count // group
     per = T * group // P                   # pages per gather
@@ -237,7 +240,7 @@ def block_rows(kv_indices, cursor, count, geo, group, entry_rows, moves=True):
                                                scalar_offset=cursor["slot"][0:1, :],
                                                indirect_dim=0))
     rows = pages
-    if geo.kt_dma:             # the indices of a gather-transpose are uint32 (all valid here)
+    if geo.kt_dma and unsigned:     # a gather-transpose's indices are uint32 (all valid here)
         rows = nl.ndarray((T, n), nl.uint32, buffer=nl.sbuf, name="block_rows")
     nisa.tensor_scalar(dst=rows, data=pages, op0=nl.multiply, operand0=geo.rows_per_page,
                        op1=nl.add, operand1=entry_rows)

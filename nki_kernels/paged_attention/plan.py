@@ -15,12 +15,14 @@ from dataclasses import dataclass
 import numpy as np
 
 from nki_kernels.buckets import bucket, pad_rows
+from nki_kernels.launch_options import host_nc_version
 from nki_kernels.paged_cache.layout import split_cache
 
 from .checks import check_batch_decode_inputs, soft_cap
 from .custom_mask import mask_table, with_mask_free_chunks
 from .work import (NullItems, capacity_chunks, chunk_tokens, decode_work, items_per_iteration,
-                   null_pages, query_blocks, split_work, token_table, whole_units)
+                   null_pages, query_blocks, split_work, static_pass, static_work, token_table,
+                   whole_units)
 
 
 def cache_rows(paged_kv_cache, D):
@@ -60,11 +62,18 @@ def prepare_decode(q, paged_kv_cache, kv_indptr, kv_indices, kv_last_page_len, k
                                      kv_layout, sm_scale, logits_soft_cap, window_left, sinks,
                                      k_scale, v_scale)
     rows = bucket(prob.batch)
-    work = decode_work(prob.table.indptr, prob.kv_lens, window_left, prob.geo.page_size, rows,
-                       cores, capacity=table_capacity(prob.geo, prob.table),
-                       null=null_items(prob.geo, prob.table, rows))
+    null = null_items(prob.geo, prob.table, rows)
+    req = query_blocks(prob.table.indptr, prob.kv_lens, np.ones_like(prob.kv_lens), 1,
+                       window_left, True, prob.geo.page_size)
+    chunks = static_pass(req, prob.geo.page_size, rows, cores, host_nc_version())
+    if chunks:
+        work = static_work(req, prob.geo.page_size, rows, chunks, null)
+    else:
+        work = decode_work(prob.table.indptr, prob.kv_lens, window_left, prob.geo.page_size,
+                           rows, cores, capacity=table_capacity(prob.geo, prob.table), null=null)
     arrays, statics = kernel_arguments(prob, paged_kv_cache, work, None,
-                                       sinks, logits_soft_cap, k_scale, v_scale)
+                                       sinks, logits_soft_cap, k_scale, v_scale,
+                                       static=(chunks,) if chunks else ())
     return DecodeLaunch(arrays, statics, prob.batch, rows)
 
 
@@ -89,10 +98,10 @@ def table_capacity(geo, table) -> int:
 
 
 def kernel_arguments(prob, paged_kv_cache, work, row_tab, sinks,
-                     logits_soft_cap, k_scale, v_scale, mask_bits=None):
+                     logits_soft_cap, k_scale, v_scale, mask_bits=None, static=()):
     """The kernel's array arguments after the cache rows (work tables, padded page list, token
     table, row table, sinks, custom-mask table) and its static arguments, for checked inputs
-    ``prob``."""
+    ``prob`` (``static``: the static pass's chunks per item, ``work.static_pass``, or ())."""
     geo = prob.geo
     k_dtype = split_cache(paged_kv_cache)[0].dtype
     table = prob.table
@@ -106,7 +115,7 @@ def kernel_arguments(prob, paged_kv_cache, work, row_tab, sinks,
               mask_bits)
     statics = (geo.num_heads, geo.page_size, geo.d_row_strides, tuple(geo.token().pattern),
                prob.sm_scale * float(k_scale),
-               float(logits_soft_cap), float(v_scale), mm_dtype)
+               float(logits_soft_cap), float(v_scale), mm_dtype, tuple(static))
     return arrays, statics
 
 
@@ -188,11 +197,17 @@ def plan_prefill(prob, q_lens, qo_indptr, paged_kv_cache, causal,
     if masks is not None:
         items = with_mask_free_chunks(items, masks, qb, prob.geo.page_size)
     n_items = items.L.size
-    work = split_work(items, prob.geo.page_size, bucket(n_items), cores,
-                      items_per_iteration(qb),
-                      table_capacity(prob.geo, prob.table), 1 if qb == 1 else bucket(n_items),
-                      whole_units(qb),
-                      null_items(prob.geo, prob.table, bucket(n_items) * qb, masks))
+    null = null_items(prob.geo, prob.table, bucket(n_items) * qb, masks)
+    # one query per item and no custom mask: a decode step, static when batch_decode's would be
+    chunks = (static_pass(items, prob.geo.page_size, bucket(n_items), cores, host_nc_version())
+              if qb == 1 and masks is None else 0)
+    if chunks:
+        work = static_work(items, prob.geo.page_size, bucket(n_items), chunks, null)
+    else:
+        work = split_work(items, prob.geo.page_size, bucket(n_items), cores,
+                          items_per_iteration(qb),
+                          table_capacity(prob.geo, prob.table), 1 if qb == 1 else bucket(n_items),
+                          whole_units(qb), null)
     # item k covers tokens q0 .. q0 + qb of its request, at padded rows k*qb ..
     tok = items.q0[:, None] + np.arange(qb)[None, :]
     real = tok < q_lens[items.request][:, None]
@@ -207,7 +222,7 @@ def plan_prefill(prob, q_lens, qo_indptr, paged_kv_cache, causal,
                  mask_table(masks, items, qb, gather.size, prob.geo.page_size))
     arrays, statics = kernel_arguments(prob, paged_kv_cache, work, row_tab,
                                        sinks, soft_cap(logits_soft_cap), k_scale, v_scale,
-                                       mask_bits)
+                                       mask_bits, (chunks,) if chunks else ())
     return PrefillLaunch(arrays, statics, gather, scatter, prob.kv_lens)
 
 

@@ -367,6 +367,67 @@ def decode_work(kv_indptr, kv_lens, window_left: int, page_size: int, batch_rows
                       cores, per_iteration, capacity, null=null)
 
 
+# A static pass: a small bucket runs without device loops, each row one masked item of a
+# power-of-two number of chunks covering its request (the chunks past its keys read nothing):
+# no loop barrier (~9 us) and no pipeline fill per kind of item, at the price of one compile per
+# chunk count and compute on the padding. Taken when its modelled cost (per row and per chunk
+# slot, chunk-equivalents fitted to the schedule on trn2: 1 x 1000 28 us static / 89 looped,
+# 4 x 300 52 / 74, 8 x 256 72 / 54, 16 x 128 116 / 71) is below the loops' (``_core_load``),
+# for at most STATIC_MAX_SLOTS chunk slots (the program holds every one).
+STATIC_MAX_CHUNKS = 32
+STATIC_MAX_SLOTS = 32
+STATIC_ROW_COST_CHUNKS = 3.5
+STATIC_SLOT_COST_CHUNKS = 1.7
+
+
+def static_pass(req: _Requests, page_size: int, batch_rows: int, cores: int = 1,
+                nc_version: int = 3) -> int:
+    """Chunks per item of a static pass over one-query items ``req`` (``query_blocks`` of
+    q_block 1: a decode step), or 0 when the step runs device loops: a bucket too large or
+    cheaper looped (``cores``: under LNC=2 each core takes half the rows, the loops half the
+    work), or no block of masked chunks to gather at once (NeuronCore-v2: no indirect DMA;
+    pages over 128 tokens)."""
+    if nc_version < 3 or page_size > 128:
+        return 0
+    chunks_of = (req.c1 - req.c0).astype(np.int64)
+    chunks = 1
+    while chunks < int(chunks_of.max(initial=0)):
+        chunks *= 2
+    if chunks > STATIC_MAX_CHUNKS or chunks * batch_rows > STATIC_MAX_SLOTS:
+        return 0
+    kinds = np.zeros(len(ITEM_CLASSES), np.int64)
+    for b in range(req.L.size):
+        for kind, _, _ in class_items(int(req.full_lo[b]), int(req.full_hi[b]), int(req.c0[b]),
+                                      int(req.c1[b])) or [(0, 0, 0)]:
+            kinds[kind] += 1
+    U = items_per_iteration(1)
+    barriers = loop_iterations(padded_counts(kinds, U), U) * ITERATION_COST_CHUNKS
+    # under LNC=2 the loops' work halves, each core's loop barriers stay
+    looped = (_core_load(chunks_of.sum(), kinds, U, pad=True) - barriers) / cores + barriers
+    rows = -(-batch_rows // cores) if batch_rows > 1 else 1     # each core half the rows
+    static = rows * (STATIC_ROW_COST_CHUNKS + chunks * STATIC_SLOT_COST_CHUNKS)
+    return chunks if static < looped else 0
+
+
+def static_work(req: _Requests, page_size: int, batch_rows: int, chunks: int,
+                null: NullItems) -> DecodeWork:
+    """The table of a static pass: row b, item b over ``chunks`` chunks from its first (a row of
+    the bucket past the items reads no keys: LEN 0 on the sentinel pages, ``null``); the spans
+    are unused (zeros)."""
+    B = req.L.size
+    table = np.zeros((batch_rows, META_COLS), np.int64)
+    if B:
+        table[:B] = req.items(np.arange(B), req.c0, req.c0 + chunks, page_size)
+        table[:B, OUT] = req.out
+    for b in range(B, batch_rows):
+        table[b, PTR] = table[b, SLOT0] = null.slot
+        table[b, C1], table[b, OUT], table[b, W_SPAN] = chunks, b, NO_WINDOW
+    U = items_per_iteration(1)
+    spans = np.zeros((1, span_cols(U)), np.int64)
+    return DecodeWork(table.astype(np.int32), spans.astype(np.int32),
+                      (float(batch_rows * chunks),))
+
+
 def _core_load(chunks, counts, per_iteration, pad=False):
     """Modelled work of a core (in chunks): its chunks, a fixed cost per work item and one per
     loop iteration (``counts``: [..., kinds] items of each kind; ``pad``: each kind's count
@@ -444,8 +505,10 @@ class NullItems(NamedTuple):
 
 
 def null_pages(page_size: int) -> int:
-    """Page-list entries a null item of NULL_MAX_CHUNKS chunks reads its page ids from."""
-    return max(1, NULL_MAX_CHUNKS * chunk_tokens(page_size) // page_size)
+    """Sentinel page-list entries after the real ones: what a null item of NULL_MAX_CHUNKS
+    chunks reads its page ids from, and a static pass's last row past its request's pages
+    (STATIC_MAX_CHUNKS chunks at most)."""
+    return max(1, max(NULL_MAX_CHUNKS, STATIC_MAX_CHUNKS) * chunk_tokens(page_size) // page_size)
 
 
 def _null_row(kind: int, null: NullItems, units: int) -> np.ndarray:

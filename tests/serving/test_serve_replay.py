@@ -18,8 +18,9 @@ pytestmark = pytest.mark.sim_only
 def test_replay_compiles_once_per_bucket(target):
     trace = replay(ServeConfig(steps=14, max_batch=6, prompt_lens=(5, 300), seed=3), target)
     assert trace.max_error < 1e-5
-    batches = {bucket(s.batch) for s in trace.steps}
-    assert trace.compilations["batch_decode_kernel"] == len(batches)
+    # one compile per batch bucket, and per chunk count of a small bucket's static pass
+    keys = {(bucket(s.batch), s.static_chunks) for s in trace.steps}
+    assert trace.compilations["batch_decode_kernel"] == len(keys)
     # append launches: prefill launches (prompt sums) and decode appends (one per request)
     assert trace.compilations["paged_kv_scatter_kernel"] <= 2 * len(trace.steps)
     assert sum(s.compiles for s in trace.steps[len(trace.steps) // 2:]) <= 2
@@ -49,16 +50,21 @@ def test_lnc2_replay_shares_steps_over_two_cores():
     one = replay(ServeConfig(steps=10, max_batch=5, prompt_lens=(5, 300), seed=4), "trn2")
     two = replay(ServeConfig(steps=10, max_batch=5, prompt_lens=(5, 300), seed=4, lnc=2), "trn2")
     assert two.max_error < 1e-5
-    assert two.compilations == one.compilations          # LNC=2 adds no compile keys per bucket
+    # LNC=2 adds no compile keys per bucket (and chunk count of a static pass)
+    keys = {(bucket(s.batch), s.static_chunks) for s in two.steps}
+    assert two.compilations["batch_decode_kernel"] == len(keys)
     for a, b in zip(one.steps, two.steps):
-        # the same K/V bytes, shared; each core also reads its own tables and the split
-        # request's q, and each work item loads and stores its request's fp32 softmax state
-        # and writes its output row (up to 6% over one core, 15% over the minimum, at these
-        # ~400-token steps of a tiny model)
-        assert a.hbm_bytes <= b.hbm_bytes <= 1.06 * a.hbm_bytes
+        if a.static_chunks == b.static_chunks == 0:
+            # looped on both: the same K/V bytes, shared; each core also reads its own tables
+            # and the split request's q, and each work item loads and stores its request's fp32
+            # softmax state and writes its output row (up to 6% over one core, 15% over the
+            # minimum, at these ~400-token steps of a tiny model)
+            assert a.hbm_bytes <= b.hbm_bytes <= 1.06 * a.hbm_bytes
         assert b.hbm_bytes < 1.20 * b.min_hbm_bytes
         assert b.floor_seconds == pytest.approx(a.floor_seconds / 2)
-        assert b.seconds < a.seconds
+        # the second core helps, or (a static pass of one row) stays idle
+        assert b.seconds < a.seconds or (b.static_chunks and b.batch == 1
+                                         and b.seconds == pytest.approx(a.seconds))
 
 
 def test_cli_serve_refuses_lnc2_on_trn1():
@@ -101,7 +107,11 @@ def test_chunked_prefill_replay_mixes_prefill_and_decode(target):
             assert q_rows == bucket(q_rows)
         else:
             assert any(q_rows % qb == 0 and q_rows // qb == bucket(q_rows // qb) for qb in blocks)
-        assert items >= 8 * (q_rows // max(blocks) if not flat else q_rows)
+        static = key[0][-1] != ("tuple",)            # a small bucket's static pass: a row each
+        if static:
+            assert flat and items == q_rows
+        else:
+            assert items >= 8 * (q_rows // max(blocks) if not flat else q_rows)
         assert slot_rows == bucket(slot_rows) or slot_rows % 128 == 0
     assert sum(s.compiles for s in trace.steps[len(trace.steps) // 2:]) <= 2
     assert "chunked prefill, 48 prompt tokens" in summary_markdown(trace)

@@ -1,0 +1,89 @@
+"""The static pass: a small decode bucket runs without device loops (work.static_pass), each row
+one masked item over a power-of-two number of chunks; the chunks past a request's keys read
+nothing. Checked against the reference and against the looped plan of the same step."""
+
+import numpy as np
+import pytest
+
+from nki_kernels import simulate
+from nki_kernels.paged_attention import batch_decode, batch_decode_kernel, batch_decode_ref
+from nki_kernels.paged_attention import work
+from nki_kernels.paged_attention.work import query_blocks, static_pass, static_work, NullItems
+
+from .conftest import make_decode_case
+from .test_serving_shape import FixedCache
+
+
+def _req(lens, window_left=-1, P=16):
+    lens = np.asarray(lens)
+    indptr = np.concatenate([[0], np.cumsum(-(-lens // P))])
+    return query_blocks(indptr, lens, np.ones_like(lens), 1, window_left, True, P)
+
+
+def _moved(trace, tensor):
+    return sum(e.dma_bytes for e in trace if e.engine == "dma"
+               and any(o.tensor == tensor for o in e.operands))
+
+
+def test_the_policy_takes_it_where_loops_cost_more():
+    assert static_pass(_req([1000]), 16, 1) == 8               # 8 chunks: 4 kinds of items
+    assert static_pass(_req([2000]), 16, 1) == 16
+    assert static_pass(_req([256] * 8), 16, 8) == 0            # one kind, one iteration
+    # LNC=2: each core half the rows and no barrier, against a barrier on each core
+    assert static_pass(_req([256] * 8), 16, 8, cores=2) == 2
+    assert static_pass(_req([1000]), 16, 1, nc_version=2) == 0  # no indirect DMA on trn1
+    assert static_pass(_req([1000]), 256, 1) == 0               # pages over 128 tokens
+    assert static_pass(_req([5000]), 16, 1) == 0                # past STATIC_MAX_CHUNKS
+
+
+def test_its_table_covers_each_request_and_pads_the_bucket():
+    req = _req([300, 0, 40])
+    table = static_work(req, 16, 4, 4, NullItems(slot=77, out=4)).items
+    assert table.shape == (4, work.META_COLS)
+    assert list(table[:, work.OUT]) == [0, 1, 2, 3]
+    assert list(table[:3, work.LEN]) == [300, 0, 40] and table[3, work.LEN] == 0
+    assert (table[:, work.C1] - table[:, work.C0] == 4).all()
+    assert table[3, work.PTR] == table[3, work.SLOT0] == 77
+
+
+@pytest.mark.parametrize("case", [
+    dict(lens=[1000]), dict(lens=[300, 0]), dict(lens=[129, 5], window_left=60),
+    dict(lens=[700], sinks=True), dict(lens=[1900], soft_cap=20.0), dict(lens=[1000], lnc=2),
+    dict(lens=[600, 47, 900], lnc=2)])
+def test_it_matches_the_reference_and_the_loops_byte_for_byte(rng, monkeypatch, case):
+    args = make_decode_case(rng, case["lens"], 16, 2, 4, 64)
+    kw = dict(window_left=case.get("window_left", -1),
+              logits_soft_cap=case.get("soft_cap", 0.0), return_lse=True)
+    if case.get("sinks"):
+        kw["sinks"] = rng.standard_normal(8).astype(np.float32)
+    with simulate.use_target("trn2"):
+        out, lse = batch_decode(*args, **kw, lnc=case.get("lnc", 1))
+        trace = simulate.last_trace()
+        assert trace.program_instructions > 0
+        monkeypatch.setattr(work, "STATIC_MAX_SLOTS", 0)
+        out_l, lse_l = batch_decode(*args, **kw, lnc=case.get("lnc", 1))
+        looped = simulate.last_trace()
+    assert not trace.loops and looped.loops              # no device loop in the static pass
+    ref, ref_lse = batch_decode_ref(*args, **kw)
+    np.testing.assert_allclose(out, ref, rtol=2e-5, atol=2e-5)
+    np.testing.assert_allclose(lse, ref_lse, rtol=2e-5, atol=2e-5)
+    np.testing.assert_allclose(out, out_l, rtol=1e-6, atol=1e-6)
+    # the padding chunks and the bucket's padded rows read no keys
+    assert _moved(trace, "k_rows") == _moved(looped, "k_rows")
+
+
+def test_it_compiles_once_per_chunk_count(rng):
+    """One cache, a growing request: 5-8 chunks share a compile, 9-16 take a second."""
+    cache = FixedCache(rng, pages=200)
+    with simulate.use_target("trn2"):
+        simulate.reset_compile_stats()
+        for n in (600, 700, 1000, 1100, 1500):
+            batch_decode(*cache.step([n]))
+            assert not simulate.last_trace().loops
+        assert simulate.compile_stats(batch_decode_kernel)["compilations"] == 2
+
+
+def test_trn1_keeps_the_loops(rng):
+    with simulate.use_target("trn1"):
+        batch_decode(*make_decode_case(rng, [1000], 16, 2, 2, 32))
+        assert simulate.last_trace().loops
