@@ -375,7 +375,7 @@ def decode_work(kv_indptr, kv_lens, window_left: int, page_size: int, batch_rows
 # 4 x 300 52 / 74, 8 x 256 72 / 54, 16 x 128 116 / 71) is below the loops' (``_core_load``),
 # for at most STATIC_MAX_SLOTS chunk slots (the program holds every one).
 STATIC_MAX_CHUNKS = 32
-STATIC_MAX_SLOTS = 32
+STATIC_MAX_SLOTS = 64
 STATIC_ROW_COST_CHUNKS = 3.5
 STATIC_SLOT_COST_CHUNKS = 1.7
 
