@@ -103,8 +103,13 @@ def _paged_case(s, rng, q_lens, kv_lens):
 
 
 def _dec_make(s, rng):
-    B = int(s["batch"])
-    return _paged_case(s, rng, [1] * B, [int(s["kv_len"])] * B)
+    """``batch`` requests of ``kv_len`` keys each, or (``kv_min`` given) of lengths drawn
+    uniformly from [kv_min, kv_len] (a serving batch's spread)."""
+    B, L = int(s["batch"]), int(s["kv_len"])
+    lens = [L] * B
+    if "kv_min" in s:
+        lens = [int(n) for n in rng.integers(int(s["kv_min"]), L + 1, B)]
+    return _paged_case(s, rng, [1] * B, lens)
 
 
 def _dec_run(i):

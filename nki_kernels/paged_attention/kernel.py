@@ -25,7 +25,8 @@ Args (device):
     static: kv heads, page size, row strides, a token's K (or V) pattern (access_patterns
         PagedKVLayout.token), scale = sm_scale * k_scale, soft_cap, v_scale,
         matmul dtype: shapes and model constants only, so one compile serves every step of a
-        shape bucket
+        shape bucket; static_pass: () (device loops) or (chunks,) (a static pass, one compile
+        per chunk count)
 Returns out [B, HQ, D] (q dtype) and lse [B, HQ, 1] fp32, base 2, @ shared HBM.
 
 Control flow is on the device: one loop per kind of work item and width (U items per iteration,
@@ -33,10 +34,14 @@ then U/2, ..., 1 for the remainder), trip counts read from ``spans`` by ``nisa.s
 body of a kind is that kind's static program (a block of 32 chunks: 32 chunks of straight-line
 code). No loop runs per request, so a step pays a loop barrier per U items, not per request and
 kind of chunk, and the program size does not grow with batch or length. A unit's softmax state
-(fp32 [rows, D + 2]: -max, sum, acc) chains from item to item through an HBM scratch: an item
-folds its chunks into a fresh state, merges the state its unit's earlier items left in slot LOAD
-(the identity for its first item), keeps the result in slot STORE and writes the unit's output
-(rewritten by the unit's later items). With ``kernel[2]`` (LNC=2) each program instance runs the
+(fp32 [rows, D + 2]: -max, sum, acc) chains from item to item through an HBM scratch: an item of a
+kind with at most one item per unit (work.chains_in) starts from the state its unit's earlier
+items left in slot LOAD (the identity for its first item), loaded with its setup; the others fold
+their chunks into a fresh state and merge slot LOAD in at their end. Each keeps the result in slot
+STORE and writes the unit's output (rewritten by the unit's later items). Null items (work.NullItems)
+pad a kind's last iteration: every access of theirs is past its tensor and skips. A small bucket
+may run a static pass instead (``static_pass`` = (chunks,), work.static_pass): no device loop,
+each row one masked item of ``chunks`` chunks, written once. With ``kernel[2]`` (LNC=2) each program instance runs the
 items of its own units and of its part of the one unit split between the two (the host cuts the
 step's chunks into equal halves, work.decode_work); the two parts' states are exchanged with
 ``nisa.sendrecv`` and merged, and program 0 writes that unit.
@@ -50,7 +55,8 @@ of the item's query tokens (rows R = heads x G x Qt <= 128 on partitions, kv hea
 ordered (query token, g); each row masked to its own keys; the tiles of one step share the
 chunk's K^T per kv head and its V): scores[R, T]
 accumulate one matmul per head in PSUM fp32 (stationary = that head's qT zero-padded to R columns,
-moving = K^T made on TensorE, D > 128 in 128-row K-tiles), one online softmax for the whole group
+moving = K^T: gathered transposed on NeuronCore-v3+ when K is 2-byte NHD with D <= 128
+(kernel_load.kt_dma_layout), else made on TensorE, D > 128 in 128-row K-tiles), one online softmax for the whole group
 (VectorE max, ScalarE exp with fused row sum, running rescale), and P @ V per head as
 (V_j stationary, head j's columns of P^T moving) into head j's columns of a [D, R] PSUM tile,
 transposed back once per step. Whole units keep their tiles' states side by side (one

@@ -27,3 +27,15 @@ def test_small_steps_are_modelled_above_their_floor():
     table = suite.markdown([dict(workload="w", target="trn2", **decode)])
     assert table.splitlines()[2].startswith("| w | trn2 | 1 (")
     assert decode["bound"] == "bytes" and len(decode["terms"].split(" / ")) == 4
+
+
+def test_a_spread_batch_draws_its_lengths_in_its_range():
+    import numpy as np
+    from nki_kernels.registry import KERNELS
+    sizes = dict(batch=16, kv_len=300, kv_min=100, page_size=16, kv_heads=2, group=2, head_dim=32)
+    case = KERNELS["paged_decode_attention"].make(sizes, np.random.default_rng(0))
+    pages = np.diff(case["kv_indptr"])
+    lens = (pages - 1) * 16 + case["kv_last_page_len"]
+    assert lens.min() >= 100 and lens.max() <= 300 and len(set(lens.tolist())) > 4
+    names = [w for w, _, _ in _suite().SUITE]
+    assert any("spread" in w for w in names)
