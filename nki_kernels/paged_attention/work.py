@@ -370,14 +370,16 @@ def decode_work(kv_indptr, kv_lens, window_left: int, page_size: int, batch_rows
 # A static pass: a small bucket runs without device loops, each row one masked item of a
 # power-of-two number of chunks covering its request (the chunks past its keys read nothing):
 # no loop barrier (~9 us) and no pipeline fill per kind of item, at the price of one compile per
-# chunk count and compute on the padding. Taken when its modelled cost (per row and per chunk
-# slot, chunk-equivalents fitted to the schedule on trn2: 1 x 1000 28 us static / 89 looped,
-# 4 x 300 52 / 74, 8 x 256 72 / 54, 16 x 128 116 / 71) is below the loops' (``_core_load``),
-# for at most STATIC_MAX_SLOTS chunk slots (the program holds every one).
+# chunk count and compute on the padding. Taken when its modelled cost (a launch, per row and per
+# chunk slot, chunk-equivalents fitted to the schedule on trn2: 1 x 1000 28 us static / 89
+# looped, 4 x 300 52 / 74, 8 x 256 72 / 54, 16 x 128 116 / 71, 4 x 50-700 92 / 107; right for
+# 8 of 9 such steps) is below the loops' (``_core_load``), for at most STATIC_MAX_SLOTS chunk
+# slots (the program holds every one).
 STATIC_MAX_CHUNKS = 32
 STATIC_MAX_SLOTS = 64
+STATIC_FIXED_COST_CHUNKS = 5.0
 STATIC_ROW_COST_CHUNKS = 3.5
-STATIC_SLOT_COST_CHUNKS = 1.7
+STATIC_SLOT_COST_CHUNKS = 1.4
 
 
 def static_pass(req: _Requests, page_size: int, batch_rows: int, cores: int = 1,
@@ -405,7 +407,8 @@ def static_pass(req: _Requests, page_size: int, batch_rows: int, cores: int = 1,
     # under LNC=2 the loops' work halves, each core's loop barriers stay
     looped = (_core_load(chunks_of.sum(), kinds, U, pad=True) - barriers) / cores + barriers
     rows = -(-batch_rows // cores) if batch_rows > 1 else 1     # each core half the rows
-    static = rows * (STATIC_ROW_COST_CHUNKS + chunks * STATIC_SLOT_COST_CHUNKS)
+    static = STATIC_FIXED_COST_CHUNKS + rows * (STATIC_ROW_COST_CHUNKS
+                                                + chunks * STATIC_SLOT_COST_CHUNKS)
     return chunks if static < looped else 0
 
 
