@@ -378,6 +378,7 @@ def decode_work(kv_indptr, kv_lens, window_left: int, page_size: int, batch_rows
 STATIC_MAX_CHUNKS = 32
 STATIC_MAX_SLOTS = 64
 STATIC_FIXED_COST_CHUNKS = 5.0
+SPLIT_MERGE_COST_CHUNKS = 5.0          # LNC=2 loops: the split unit's sendrecv and merge
 STATIC_ROW_COST_CHUNKS = 3.5
 STATIC_SLOT_COST_CHUNKS = 1.4
 
@@ -404,8 +405,11 @@ def static_pass(req: _Requests, page_size: int, batch_rows: int, cores: int = 1,
             kinds[kind] += 1
     U = items_per_iteration(1)
     barriers = loop_iterations(padded_counts(kinds, U), U) * ITERATION_COST_CHUNKS
-    # under LNC=2 the loops' work halves, each core's loop barriers stay
+    # under LNC=2 the loops' work halves, each core's loop barriers stay, and the unit cut
+    # between the cores is exchanged and merged
     looped = (_core_load(chunks_of.sum(), kinds, U, pad=True) - barriers) / cores + barriers
+    if cores == 2:
+        looped += SPLIT_MERGE_COST_CHUNKS
     rows = -(-batch_rows // cores) if batch_rows > 1 else 1     # each core half the rows
     static = STATIC_FIXED_COST_CHUNKS + rows * (STATIC_ROW_COST_CHUNKS
                                                 + chunks * STATIC_SLOT_COST_CHUNKS)

@@ -31,6 +31,7 @@ def test_the_policy_takes_it_where_loops_cost_more():
     assert static_pass(_req([256] * 8), 16, 8) == 0            # one kind, one iteration
     # LNC=2: each core half the rows and no barrier, against two barriers on each core
     assert static_pass(_req([300] * 4), 16, 4, cores=2) == 4
+    assert static_pass(_req([512]), 16, 1, cores=2) == 4          # core 0 alone: no merge
     assert static_pass(_req([100, 700, 300, 50]), 16, 4) == 8   # a spread batch
     assert static_pass(_req([1000]), 16, 1, nc_version=2) == 0  # no indirect DMA on trn1
     assert static_pass(_req([1000]), 256, 1) == 0               # pages over 128 tokens
