@@ -243,19 +243,31 @@ def _load_rows(st, row):
     """One chunk of a static block (``row``: its [T, 1] rows, dropped tokens past the cache):
     ((K, V) views, None); skipped V rows read 0."""
     geo, sources, _, _, v_dtype, _, _, _, zeros = st.consts
+    tiles = _chunk_tiles(geo, sources[0][0].dtype)
+    load_chunk_indirect(tiles, sources, st.kv_indices, None, None, geo, row, zeros, dropped=True)
+    views = _chunk_views(geo, tiles)
+    if v_dtype is not None:
+        views[1] = converted_v(views[1:], v_dtype)[0]
+    return (views[0], views[1]), None
+
+
+def _chunk_tiles(geo, dtype):
+    """SBUF tiles of one chunk's K and V, [T, H*D] each (K as K^T [D, H, T] when gathered
+    transposed, ``geo.kt_dma``)."""
     T, H, D = geo.T, geo.H, geo.D
-    dtype = sources[0][0].dtype
     tiles = [nl.ndarray((T, H * D), dtype, buffer=nl.sbuf, name="k_sb"),
              nl.ndarray((T, H * D), dtype, buffer=nl.sbuf, name="v_sb")]
     if geo.kt_dma:
         tiles[0] = nl.ndarray((D, H, T), dtype, buffer=nl.sbuf, name="kT_sb")
-    load_chunk_indirect(tiles, sources, st.kv_indices, None, None, geo, row, zeros, dropped=True)
-    views = [KVTile(tiles[0], 0, D), KVTile(tiles[1], 0, D)]
+    return tiles
+
+
+def _chunk_views(geo, tiles):
+    """[K, V] views of ``_chunk_tiles``."""
+    views = [KVTile(tiles[0], 0, geo.D), KVTile(tiles[1], 0, geo.D)]
     if geo.kt_dma:
         views[0] = KTTile(tiles[0], 0)
-    if v_dtype is not None:
-        views[1] = converted_v(views[1:], v_dtype)[0]
-    return (views[0], views[1]), None
+    return views
 
 
 def blocks(st, item, count, masked):
@@ -510,17 +522,12 @@ def _load_chunk(consts, kv_indices, cursor, bounds, masked, rows=None):
         load_chunk_pages([kv], sources, kv_indices, cursor, tokens, valid_t, geo)
         views = [KVTile(kv, 0, D), KVTile(kv, H * D, D)]
     else:
-        kv_tiles = [nl.ndarray((T, H * D), dtype, buffer=nl.sbuf, name="k_sb"),
-                    nl.ndarray((T, H * D), dtype, buffer=nl.sbuf, name="v_sb")]
-        if geo.kt_dma:                     # K^T [D, H, T] by the gather (indirect only)
-            kv_tiles[0] = nl.ndarray((D, H, T), dtype, buffer=nl.sbuf, name="kT_sb")
+        kv_tiles = _chunk_tiles(geo, dtype)      # K^T by the gather: indirect only
         if indirect:
             load_chunk_indirect(kv_tiles, sources, kv_indices, cursor, valid_t, geo, rows, zeros)
         else:
             load_chunk_pages(kv_tiles, sources, kv_indices, cursor, tokens, valid_t, geo)
-        views = [KVTile(kv_tiles[0], 0, D), KVTile(kv_tiles[1], 0, D)]
-        if geo.kt_dma:
-            views[0] = KTTile(kv_tiles[0], 0)
+        views = _chunk_views(geo, kv_tiles)
     keep = None
     if masked:                     # per tile of query tokens, as ``bounds``
         keep = []

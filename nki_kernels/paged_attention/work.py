@@ -398,11 +398,7 @@ def static_pass(req: _Requests, page_size: int, batch_rows: int, cores: int = 1,
         chunks *= 2
     if chunks > STATIC_MAX_CHUNKS or chunks * batch_rows > STATIC_MAX_SLOTS:
         return 0
-    kinds = np.zeros(len(ITEM_CLASSES), np.int64)
-    for b in range(req.L.size):
-        for kind, _, _ in class_items(int(req.full_lo[b]), int(req.full_hi[b]), int(req.c0[b]),
-                                      int(req.c1[b])) or [(0, 0, 0)]:
-            kinds[kind] += 1
+    kinds = _unit_items(req)[1].sum(axis=0)
     U = items_per_iteration(1)
     barriers = loop_iterations(padded_counts(kinds, U), U) * ITERATION_COST_CHUNKS
     # under LNC=2 the loops' work halves, each core's loop barriers stay, and the unit cut
@@ -433,6 +429,19 @@ def static_work(req: _Requests, page_size: int, batch_rows: int, chunks: int,
     spans = np.zeros((1, span_cols(U)), np.int64)
     return DecodeWork(table.astype(np.int32), spans.astype(np.int32),
                       (float(batch_rows * chunks),))
+
+
+def _unit_items(req: _Requests):
+    """Each unit's ``class_items`` and [units, kinds] how many of each kind (a unit with no keys:
+    one empty item)."""
+    B = req.L.size
+    parts = [class_items(int(req.full_lo[b]), int(req.full_hi[b]), int(req.c0[b]), int(req.c1[b]))
+             for b in range(B)]
+    kinds = np.zeros((B, len(ITEM_CLASSES)), np.int64)
+    for b in range(B):
+        for kind, _, _ in parts[b] or [(0, 0, 0)]:
+            kinds[b, kind] += 1
+    return parts, kinds
 
 
 def _core_load(chunks, counts, per_iteration, pad=False):
@@ -551,12 +560,7 @@ def split_work(req: _Requests, page_size: int, batch_rows: int, cores: int = 1,
     chunks = (req.c1 - req.c0).astype(np.int64)
     if capacity is None:
         capacity = int(chunks.sum()) + 1
-    parts = [class_items(int(req.full_lo[b]), int(req.full_hi[b]), int(req.c0[b]), int(req.c1[b]))
-             for b in range(B)]
-    kinds = np.zeros((B, len(ITEM_CLASSES)), np.int64)
-    for b in range(B):
-        for kind, _, _ in parts[b] or [(0, 0, 0)]:        # no keys: one empty item
-            kinds[b, kind] += 1
+    parts, kinds = _unit_items(req)
     # per core: [(unit, slot, item rows' kinds and ranges)] and the split unit's part
     if cores == 1:
         plan = [[(b, b, parts[b]) for b in range(B)]]

@@ -74,6 +74,7 @@ def test_it_matches_the_reference_and_the_loops_byte_for_byte(rng, monkeypatch, 
     assert _moved(trace, "k_rows") == _moved(looped, "k_rows")
 
 
+@pytest.mark.sim_only
 def test_it_compiles_once_per_chunk_count(rng):
     """One cache, a growing request: 5-8 chunks share a compile, 9-16 take a second."""
     cache = FixedCache(rng, pages=200)
