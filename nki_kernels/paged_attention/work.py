@@ -17,6 +17,7 @@ pattern.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -447,7 +448,7 @@ def _unit_items(req: _Requests):
 def _core_load(chunks, counts, per_iteration, pad=False):
     """Modelled work of a core (in chunks): its chunks, a fixed cost per work item and one per
     loop iteration (``counts``: [..., kinds] items of each kind; ``pad``: each kind's count
-    padded with null items, ``padded_counts``, each costing NULL_ITEM_COST_CHUNKS)."""
+    padded with null items, ``padded_counts``, each costing its kind's ``_null_costs``)."""
     counts = np.asarray(counts, np.int64)
     looped, nulls = counts, 0.0
     if pad:
@@ -466,7 +467,7 @@ def _core_load(chunks, counts, per_iteration, pad=False):
 NULL_MAX_CHUNKS = 8
 NULL_ITEM_FIXED_CHUNKS = 2.0       # a null item's setup and finish, chunk-equivalents (assumed)
 NULL_CHUNK_COST = 0.5              # one of its chunks: compute only, no bytes (assumed)
-NULL_ROWS = 2 * (DECODE_ITEMS_PER_ITERATION - 1) * 9      # two cores, every kind, at most
+NULL_ROWS = 2 * (DECODE_ITEMS_PER_ITERATION - 1) * len(ITEM_CLASSES)   # two cores, every kind
 
 
 def _null_costs():
@@ -481,21 +482,29 @@ def _null_costs():
 def _padded_remainders(per_iteration: int) -> np.ndarray:
     """[kinds, U] the count a kind's remainder r (< U items past its whole iterations) is padded
     to: the one in [r, U] of least modelled cost (iterations, and the null items), r itself on
-    ties or when the kind is never padded."""
-    U = per_iteration
+    ties or when the kind is never padded. Made once per set of the costs it depends on (the
+    plan asks for it per cut candidate and per kind)."""
+    return _remainder_table(per_iteration, NULL_MAX_CHUNKS, NULL_ITEM_FIXED_CHUNKS,
+                            NULL_CHUNK_COST, ITERATION_COST_CHUNKS)
+
+
+@functools.lru_cache(maxsize=None)
+def _remainder_table(U, max_chunks, fixed, per_chunk, iteration) -> np.ndarray:
+    """``_padded_remainders`` for these costs (read-only: cached)."""
     costs = _null_costs()
     table = np.tile(np.arange(U), (len(ITEM_CLASSES), 1))
     for kind in range(len(ITEM_CLASSES)):
         if not np.isfinite(costs[kind]):
             continue
         for r in range(1, U):
-            best, best_cost = r, bin(r).count("1") * ITERATION_COST_CHUNKS
+            best, best_cost = r, bin(r).count("1") * iteration
             for m in range(r + 1, U + 1):
                 iters = 1 if m == U else bin(m).count("1")
-                cost = iters * ITERATION_COST_CHUNKS + (m - r) * costs[kind]
+                cost = iters * iteration + (m - r) * costs[kind]
                 if cost < best_cost:
                     best, best_cost = m, cost
             table[kind, r] = best
+    table.flags.writeable = False
     return table
 
 
@@ -512,9 +521,9 @@ def padded_counts(counts, per_iteration: int) -> np.ndarray:
 
 
 class NullItems(NamedTuple):
-    """Where a launch's null items point: ``slot``, the first of CHUNK_BLOCKS-many page-list
-    entries holding a page past the cache (``null_pages``); ``out``, the first output row past
-    the launch's (padded) rows."""
+    """Where a launch's null items point: ``slot``, the first of the ``null_pages`` page-list
+    entries holding a page past the cache; ``out``, the first output row past the launch's
+    (padded) rows."""
 
     slot: int
     out: int
@@ -671,9 +680,9 @@ def _kind_rows(req: _Requests, plan, split, page_size, batch_rows, cores, U, nul
                         chained.add(slot)
                         mine.append(row)
             if null is not None and mine:
-                target = int(padded_counts(np.eye(len(ITEM_CLASSES), dtype=np.int64)[kind]
-                                           * len(mine), U)[kind])
-                for _ in range(target - len(mine)):
+                n = len(mine)
+                target = n // U * U + int(_padded_remainders(U)[kind, n % U])
+                for _ in range(target - n):
                     mine.append(_null_row(kind, null, batch_rows))
             start = len(rows)
             rows.extend(mine)
