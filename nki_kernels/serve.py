@@ -83,7 +83,7 @@ def _static_chunks(q, cache, table, lnc, target):
     from nki_kernels.paged_attention.plan import prepare_decode
     with simulate.use_target(target):
         launch = prepare_decode(q, cache, *table, "NHD", None, 0.0, -1, None, 1.0, 1.0, lnc)
-    return launch.statics[-1][0] if launch.statics[-1] else 0
+    return launch.static_chunks
 
 
 @dataclass

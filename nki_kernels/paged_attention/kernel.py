@@ -26,7 +26,8 @@ Args (device):
         PagedKVLayout.token), scale = sm_scale * k_scale, soft_cap, v_scale,
         matmul dtype: shapes and model constants only, so one compile serves every step of a
         shape bucket; static_pass: () (device loops) or (chunks,) (a static pass, one compile
-        per chunk count)
+        per chunk count); windowed: whether any request may have a sliding window (False: every
+        window start is 0, and no mask checks it)
 Returns out [B, HQ, D] (q dtype) and lse [B, HQ, 1] fp32, base 2, @ shared HBM.
 
 Control flow is on the device: one loop per kind of work item and width (U items per iteration,
@@ -77,7 +78,7 @@ from nki_kernels.paged_kv_append.kernel import scatter_rows
 
 from .kernel_cursor import Geometry, partition_iota, query_of_row
 from .kernel_items import (SCORES_AHEAD, finish, fold_items, gathered, item_row, loader,
-                           merge_split, prepare, unit, write)
+                           merge_split, prepare, static_block, static_block_rows, unit, write)
 from .kernel_load import (PSUM_BANK_BYTES, ROW_LIMIT, group_entry_rows, kt_dma_layout,
                           zero_rows)
 from .kernel_mask import custom_mask
@@ -95,17 +96,17 @@ from .work import (CHUNK_BLOCKS, ITEM_CLASSES, chains_in, items_per_iteration, l
 @nki.jit
 def batch_decode_kernel(q, k_rows, v_rows, meta, spans, kv_indices, tok_tab, row_tab, sinks,
                         mask_bits, num_kv_heads, page_size, strides, token_pattern, scale, soft_cap,
-                        v_scale, mm_dtype, static_pass=()):
+                        v_scale, mm_dtype, static_pass=(), windowed=True):
     return attention(q, k_rows, v_rows, meta, spans, kv_indices, tok_tab, row_tab, sinks,
                      mask_bits, num_kv_heads, page_size, strides, token_pattern, scale, soft_cap,
-                     v_scale, mm_dtype, static_pass)
+                     v_scale, mm_dtype, static_pass, windowed)
 
 
 @nki.jit
 def append_attention_kernel(q, k_rows, v_rows, key, value, slots, counts, quant, write, meta, spans,
                             kv_indices, tok_tab, row_tab, sinks, mask_bits, num_kv_heads, page_size,
                             strides, token_pattern, scale, soft_cap, v_scale, mm_dtype,
-                            static_pass=()):
+                            static_pass=(), windowed=True):
     """Fused write: the step's new K/V rows are scattered into the cache first, then attention
     reads them with the rest, in one launch. ``key``, ``value``, ``slots``, ``counts``, ``quant``
     and ``write`` = (token pattern, V offset, cache row elements, quantization limit) are
@@ -126,7 +127,7 @@ def append_attention_kernel(q, k_rows, v_rows, key, value, slots, counts, quant,
             nisa.core_barrier(data=t, cores=(0, 1))
     return attention(q, k_rows, v_rows, meta, spans, kv_indices, tok_tab, row_tab, sinks,
                      mask_bits, num_kv_heads, page_size, strides, token_pattern, scale, soft_cap,
-                     v_scale, mm_dtype, static_pass)
+                     v_scale, mm_dtype, static_pass, windowed)
 
 
 class Step(nl.NKIObject):
@@ -141,11 +142,11 @@ class Step(nl.NKIObject):
 
 def attention(q, k_rows, v_rows, meta, spans, kv_indices, tok_tab, row_tab, sinks, mask_bits,
               num_kv_heads, page_size, strides, token_pattern, scale, soft_cap, v_scale, mm_dtype,
-              static_pass=()):
+              static_pass=(), windowed=True):
     """The kernel's body (arguments as above): returns out, lse."""
     st = make_step(q, k_rows, v_rows, meta, kv_indices, tok_tab, row_tab, sinks, mask_bits,
                    num_kv_heads, page_size, strides, token_pattern, scale, soft_cap, v_scale,
-                   mm_dtype, static_pass)
+                   mm_dtype, static_pass, windowed)
     if static_pass:
         run_static_pass(st, static_pass[0])
         return st.out, st.lse
@@ -160,7 +161,7 @@ def attention(q, k_rows, v_rows, meta, spans, kv_indices, tok_tab, row_tab, sink
 
 def make_step(q, k_rows, v_rows, meta, kv_indices, tok_tab, row_tab, sinks, mask_bits,
               num_kv_heads, page_size, strides, token_pattern, scale, soft_cap, v_scale, mm_dtype,
-              static_pass=()):
+              static_pass=(), windowed=True):
     """The launch's ``Step``: geometry and tiling, outputs, step-wide tiles and, for a flat list
     of items in device loops, the HBM scratch of softmax states with its identity slot."""
     B, HQ, D = q.shape
@@ -208,7 +209,7 @@ def make_step(q, k_rows, v_rows, meta, kv_indices, tok_tab, row_tab, sinks, mask
     mask = custom_mask(mask_bits, B, R)
     st = Step(q=q, meta=meta, kv_indices=kv_indices, sinks=sinks, out=out, lse=lse, geo=geo,
               sources=sources, G=G, D=D, T=T, Qb=Qb, Qt=Qt, GQ=GQ, R=R, tiles=tiles, row_q=row_q,
-              tok_sb=tok_sb,
+              tok_sb=tok_sb, windowed=windowed, block_t=None,
               consts=(geo, sources, iota_rt, indirect, v_dtype, mask, Qt, G,
                       zero_rows(T, H * D, k_rows.dtype) if geo.kt_dma else None),
               indirect=indirect, v_dtype=v_dtype, page_size=page_size,
@@ -303,6 +304,9 @@ def run_static_pass(st, chunks):
     no state goes through HBM. No loop barrier, no pipeline fill per kind of item. Under LNC=2
     each core takes half the rows (a bucket of one row: core 0)."""
     rows = st.q.shape[0] // st.Qb
+    # every row's block of chunks has the same token columns: their iota made once
+    st.block_t = nl.ndarray((st.R, chunks * st.T), nl.int32, buffer=nl.sbuf, name="block_t")
+    nisa.iota(dst=st.block_t, pattern=[[1, chunks * st.T]], offset=0, channel_multiplier=0)
     if st.cores == 2 and rows >= 2:
         half = rows // 2
         items_iteration(st, chunks, True, half, False)(st.p * half)
@@ -347,6 +351,8 @@ def items_iteration(st, count, masked, width, chained):
             batch.append(prepare(st, i + k, count, masked, rows[k], k, chained))
         if masked:
             for item in batch:
+                if static_block(st, masked):
+                    static_block_rows(st, item, count)
                 item.loads = {"0": loader(st, item, count, masked)(0)}
         if count:
             fold_items(st, batch, count, masked)     # finishes each item but the last

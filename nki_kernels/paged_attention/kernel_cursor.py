@@ -50,7 +50,8 @@ def item_columns(meta, i, parts, count=1):
 
 
 class Bounds(NamedTuple):
-    """Request b's length and window start on the T token rows and the R score rows."""
+    """Request b's length and window start on the T token rows and the R score rows (the
+    window starts None when the launch has no sliding window: every one is 0)."""
 
     L_t: object
     W_t: object
@@ -58,8 +59,11 @@ class Bounds(NamedTuple):
     W_r: object
 
 
-def request_bounds(cols, T, R):
-    """The item's [WIN, LEN) on T token rows and R score rows (``cols``: ``item_columns``)."""
+def request_bounds(cols, T, R, windowed=True):
+    """The item's [WIN, LEN) on T token rows and R score rows (``cols``: ``item_columns``;
+    ``windowed`` False: no window starts, see ``Bounds``)."""
+    if not windowed:
+        return Bounds(cols[0:T, LEN:LEN + 1], None, cols[0:R, LEN:LEN + 1], None)
     return Bounds(cols[0:T, LEN:LEN + 1], cols[0:T, WIN:WIN + 1], cols[0:R, LEN:LEN + 1],
                   cols[0:R, WIN:WIN + 1])
 
@@ -73,13 +77,13 @@ def query_of_row(row_tab, R, GQ, first=0):
     return t
 
 
-def block_bounds(cols, T, row_qs):
+def block_bounds(cols, T, row_qs, windowed=True):
     """Bounds of a block of query tokens, a list of Bounds per tile of query tokens (``row_qs``:
     their row_q tiles, in order; NKI dicts take string keys only, so these are lists): the
     item's [WIN, LEN) on the T token rows (what it gathers; common to the tiles), and on each
     score row r of a tile (query qi = row_q[r]) its own keys
     [max(0, Q_BASE + qi - W_SPAN), min(HI_BASE + qi, LEN)) (causal mask and window per query).
-    ``cols``: the item's ``item_columns``."""
+    ``cols``: the item's ``item_columns``; ``windowed`` False: no window starts (``Bounds``)."""
     R = row_qs[0].shape[0]
     tok, rows = cols[0:T, :], cols[0:R, :]
     bounds = []
@@ -87,6 +91,9 @@ def block_bounds(cols, T, row_qs):
         L_r = nl.ndarray((R, 1), nl.int32, buffer=nl.sbuf, name="len_r")
         _add_tiles(L_r, rows[:, HI_BASE:HI_BASE + 1], row_q)
         nisa.tensor_tensor(dst=L_r, data1=L_r, data2=rows[:, LEN:LEN + 1], op=nl.minimum)
+        if not windowed:
+            bounds.append(Bounds(tok[:, LEN:LEN + 1], None, L_r, None))
+            continue
         W_r = nl.ndarray((R, 1), nl.int32, buffer=nl.sbuf, name="win_r")
         _add_tiles(W_r, rows[:, Q_BASE:Q_BASE + 1], row_q)
         nisa.tensor_tensor(dst=W_r, data1=W_r, data2=rows[:, W_SPAN:W_SPAN + 1], op=nl.subtract)
@@ -149,10 +156,12 @@ def advance(cursor, page_size, chunks=1):
 
 
 def token_validity(cursor, bounds):
-    """[T, 1] int32: 1 where the chunk's token t is inside [W, L)."""
+    """[T, 1] int32: 1 where the chunk's token t is inside [W, L) (below L: no window)."""
     T = cursor["pos"].shape[0]
     ok = nl.ndarray((T, 1), nl.int32, buffer=nl.sbuf, name="tok_ok")
     nisa.tensor_tensor(dst=ok, data1=cursor["pos"], data2=bounds.L_t, op=nl.less)
+    if bounds.W_t is None:
+        return ok
     late = nl.ndarray((T, 1), nl.int32, buffer=nl.sbuf, name="tok_late")
     nisa.tensor_tensor(dst=late, data1=cursor["pos"], data2=bounds.W_t, op=nl.greater_equal)
     nisa.tensor_tensor(dst=ok, data1=ok, data2=late, op=nl.multiply)

@@ -10,9 +10,10 @@ from nki_kernels.backend import nisa, nl
 
 from .kernel_cursor import (advance, block_bounds, drop_invalid, item_columns, request_bounds,
                             start_cursor, token_validity)
-from .kernel_load import (PSUM_BANK_BYTES, KTTile, KVTile, block_page_ids, block_rows,
-                          converted_v, group_size, load_chunk_indirect, load_chunk_pages,
-                          load_group_indirect, load_group_pages, step_chunks, transpose_rows)
+from .kernel_load import (PSUM_BANK_BYTES, KTTile, KVTile, block_page_ids, block_pages,
+                          block_rows, converted_v, group_size, load_chunk_indirect,
+                          load_chunk_pages, load_group_indirect, load_group_pages,
+                          rows_of_pages, step_chunks, transpose_rows)
 from .kernel_mask import masked_keep
 from .kernel_queries import group_queries, query_block_rows
 from .kernel_softmax import (bank_column, blank_state, chunk_scores, finalize, finalize_bank,
@@ -73,11 +74,12 @@ def gathered(st, count):
 def set_cache_rows(st, item, count, masked):
     """Set the item's ``rows`` and ``pids`` for the ``count`` chunks at its cursor: a mask-free
     block's cache rows (indirect gathers) or page ids (one DMA per page), made up front; None
-    otherwise."""
+    otherwise. A static block only has its page-id DMA issued here (``pids``): its rows and
+    mask come after every item of the iteration has issued its own (``static_block_rows``)."""
     group = 1 if masked else gathered(st, count)
     item.rows, item.pids = None, None
     if static_block(st, masked):
-        item.rows, item.keep = block_of_masked_chunks(st, item, count)
+        item.pids = block_pages(st.kv_indices, item.cursor, count, st.geo, 1)
     elif st.blocked and not masked and st.indirect:
         item.rows = block_rows(st.kv_indices, item.cursor, count, st.geo, group,
                                st.entry_rows[f"{group}"], moves=st.whole)
@@ -137,8 +139,8 @@ def prepare(st, i, count, masked, cols=None, slot=0, chained=False):
         item.cursor = {"slot": cols[0:1, SLOT0:SLOT0 + 1]}
     else:
         # per tile of query tokens: the item's bounds (the token-level ones are common)
-        item.bounds = ([request_bounds(cols, st.T, st.R)] if st.Qb == 1
-                       else block_bounds(cols, st.T, st.row_q))
+        item.bounds = ([request_bounds(cols, st.T, st.R, st.windowed)] if st.Qb == 1
+                       else block_bounds(cols, st.T, st.row_q, st.windowed))
         item.cursor = start_cursor(cols, st.tok_sb, st.R, st.mask, st.iota_t)
     set_cache_rows(st, item, count, masked)
     return item
@@ -192,7 +194,8 @@ def loader(st, item, count, masked):
                 chunks.append(_load_rows(st, rows[:, k:k + 1]))
             else:
                 chunks.append(_load_chunk(st.consts, st.kv_indices, cursor, bounds, masked,
-                                          None if rows is None else rows[:, k:k + 1]))
+                                          None if rows is None else rows[:, k:k + 1],
+                                          k + 1 == count and not st.whole))
         return chunks
     return load
 
@@ -204,38 +207,45 @@ def static_block(st, masked):
     return masked and st.scratch is None and not st.whole and st.blocked and st.indirect
 
 
+def static_block_rows(st, item, count):
+    """Set a static block's ``rows`` and ``keep`` (``block_of_masked_chunks``) from its page ids
+    (``set_cache_rows``)."""
+    item.rows, item.keep = block_of_masked_chunks(st, item, count)
+
+
 def block_of_masked_chunks(st, item, count):
     """([T, count] cache rows with the tokens outside the item's keys dropped, uint32 when K is
     gathered transposed; [R, count * T] uint8 mask predicate) of the ``count`` chunks at the
-    item's cursor (a static pass: one query tile)."""
+    item's cursor, from their page ids (``item.pids``, ``set_cache_rows``; a static pass: one
+    query tile)."""
     T, R = st.T, st.R
     cols = item.cols
-    rows = block_rows(st.kv_indices, item.cursor, count, st.geo, 1, st.entry_rows["1"],
-                      moves=False, unsigned=False)
+    rows = rows_of_pages(item.pids, st.geo, st.entry_rows["1"], unsigned=False)
     pos = nl.ndarray((T, count), nl.int32, buffer=nl.sbuf, name="block_pos")
     nisa.iota(dst=pos, pattern=[[T, count]], offset=0, channel_multiplier=1)
     ok = nl.ndarray((T, count), nl.int32, buffer=nl.sbuf, name="block_ok")
     nisa.tensor_scalar(dst=pos, data=pos, op0=nl.add, operand0=cols[0:T, POS0:POS0 + 1])
     nisa.tensor_scalar(dst=ok, data=pos, op0=nl.less, operand0=cols[0:T, LEN:LEN + 1])
-    nisa.tensor_scalar(dst=pos, data=pos, op0=nl.greater_equal, operand0=cols[0:T, WIN:WIN + 1])
-    nisa.tensor_tensor(dst=ok, data1=ok, data2=pos, op=nl.multiply)
+    if st.windowed:
+        nisa.tensor_scalar(dst=pos, data=pos, op0=nl.greater_equal,
+                           operand0=cols[0:T, WIN:WIN + 1])
+        nisa.tensor_tensor(dst=ok, data1=ok, data2=pos, op=nl.multiply)
     drop_invalid(rows, rows, ok)
     if st.geo.kt_dma:
         rows = transpose_rows(rows)
-    # keys [W, L) of the block's tokens s + t: W - s <= t < L - s, s = POS0
+    # keys [W, L) of the block's tokens s + t: W - s <= t < L - s, s = POS0 (t: st.block_t)
     hi = nl.ndarray((R, 1), nl.int32, buffer=nl.sbuf, name="lim_hi")
-    lo = nl.ndarray((R, 1), nl.int32, buffer=nl.sbuf, name="lim_lo")
     nisa.tensor_tensor(dst=hi, data1=cols[0:R, LEN:LEN + 1], data2=cols[0:R, POS0:POS0 + 1],
                        op=nl.subtract)
-    nisa.tensor_tensor(dst=lo, data1=cols[0:R, WIN:WIN + 1], data2=cols[0:R, POS0:POS0 + 1],
-                       op=nl.subtract)
-    t = nl.ndarray((R, count * T), nl.int32, buffer=nl.sbuf, name="block_t")
-    nisa.iota(dst=t, pattern=[[1, count * T]], offset=0, channel_multiplier=0)
     keep = nl.ndarray((R, count * T), nl.uint8, buffer=nl.sbuf, name="block_keep")
-    late = nl.ndarray((R, count * T), nl.uint8, buffer=nl.sbuf, name="block_late")
-    nisa.tensor_scalar(dst=keep, data=t, op0=nl.less, operand0=hi)
-    nisa.tensor_scalar(dst=late, data=t, op0=nl.greater_equal, operand0=lo)
-    nisa.tensor_tensor(dst=keep, data1=keep, data2=late, op=nl.multiply)
+    nisa.tensor_scalar(dst=keep, data=st.block_t, op0=nl.less, operand0=hi)
+    if st.windowed:
+        lo = nl.ndarray((R, 1), nl.int32, buffer=nl.sbuf, name="lim_lo")
+        nisa.tensor_tensor(dst=lo, data1=cols[0:R, WIN:WIN + 1], data2=cols[0:R, POS0:POS0 + 1],
+                           op=nl.subtract)
+        late = nl.ndarray((R, count * T), nl.uint8, buffer=nl.sbuf, name="block_late")
+        nisa.tensor_scalar(dst=late, data=st.block_t, op0=nl.greater_equal, operand0=lo)
+        nisa.tensor_tensor(dst=keep, data1=keep, data2=late, op=nl.multiply)
     return rows, keep
 
 
@@ -508,10 +518,11 @@ def _v_views(chunks):
     return views
 
 
-def _load_chunk(consts, kv_indices, cursor, bounds, masked, rows=None):
+def _load_chunk(consts, kv_indices, cursor, bounds, masked, rows=None, last=False):
     """Gather the cursor's chunk ((K, V) KVTile pair of tiles [T, H*D], the mask predicates when
     masked), then advance the cursor; ``rows``: the chunk's cache rows from ``block_rows``
-    (which advanced the cursor already)."""
+    (which advanced the cursor already); ``last``: the cursor's last chunk (a flat-list item's
+    cursor ends with it), not advanced."""
     geo, sources, iota_rt, indirect, v_dtype, mask, Qt, G, zeros = consts
     T, H, D = geo.T, geo.H, geo.D
     tokens = bounds[0]                        # token-level bounds: the same for every tile
@@ -535,7 +546,7 @@ def _load_chunk(consts, kv_indices, cursor, bounds, masked, rows=None):
             keep.append(mask_keep(cursor, bounds[j], iota_rt))
             if mask is not None:
                 masked_keep(mask, cursor["mrow"], keep[j], j * Qt, Qt, G)
-    if rows is None:
+    if rows is None and not last:
         advance(cursor, geo.page_size)
     if v_dtype is not None:        # fp8 V as a matmul input before NeuronCore-v4: converted
         views[1] = converted_v(views[1:], v_dtype)[0]

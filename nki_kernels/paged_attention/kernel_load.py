@@ -232,6 +232,16 @@ def block_rows(kv_indices, cursor, count, geo, group, entry_rows, moves=True, un
     gathers. ``entry_rows``: ``group_entry_rows``. Advances the cursor past the block when it
     ``moves`` (a cursor of the block's first slot alone, ``{"slot": ...}``, does not); int32
     rows unless ``unsigned`` and gathered transposed (uint32 indices, ``geo.kt_dma``)."""
+    rows = rows_of_pages(block_pages(kv_indices, cursor, count, geo, group), geo, entry_rows,
+                         unsigned)
+    if moves:
+        advance(cursor, geo.page_size, count)
+    return rows
+
+
+def block_pages(kv_indices, cursor, count, geo, group):
+    """[T, count // group] int32 page ids of ``block_rows``' partitions (one DMA from the page
+    list at the cursor's slot): the first half of ``block_rows``."""
     T, P = geo.T, geo.page_size
     n = count // group
     per = T * group // P                   # pages per gather
@@ -239,13 +249,16 @@ def block_rows(kv_indices, cursor, count, geo, group, entry_rows, moves=True, un
     nisa.dma_copy(dst=pages, src=kv_indices.ap([[1, per], [0, P // group], [per, n]],
                                                scalar_offset=cursor["slot"][0:1, :],
                                                indirect_dim=0))
+    return pages
+
+
+def rows_of_pages(pages, geo, entry_rows, unsigned=True):
+    """The cache rows of ``block_pages``' page ids (their second half of ``block_rows``)."""
     rows = pages
     if geo.kt_dma and unsigned:     # a gather-transpose's indices are uint32 (all valid here)
-        rows = nl.ndarray((T, n), nl.uint32, buffer=nl.sbuf, name="block_rows")
+        rows = nl.ndarray(pages.shape, nl.uint32, buffer=nl.sbuf, name="block_rows")
     nisa.tensor_scalar(dst=rows, data=pages, op0=nl.multiply, operand0=geo.rows_per_page,
                        op1=nl.add, operand1=entry_rows)
-    if moves:
-        advance(cursor, P, count)
     return rows
 
 
@@ -400,6 +413,9 @@ def _drop_pieces_outside(pid, cursor, bounds, span, nslots):
     nisa.tensor_scalar(dst=first, data=first, op0=nl.add, operand0=cursor["pos"][0:1, :])
     ok = nl.ndarray((1, nslots), nl.int32, buffer=nl.sbuf, name="piece_ok")
     nisa.tensor_scalar(dst=ok, data=first, op0=nl.less, operand0=bounds.L_t[0:1, :])
+    if bounds.W_t is None:
+        drop_invalid(pid, pid, ok)
+        return
     last = nl.ndarray((1, nslots), nl.int32, buffer=nl.sbuf, name="piece_end")
     nisa.tensor_scalar(dst=last, data=first, op0=nl.add, operand0=span - 1,
                        op1=nl.greater_equal, operand1=bounds.W_t[0:1, :])

@@ -115,14 +115,16 @@ def store_state(scratch, slot, t, R, st):
 def mask_keep(cursor, bounds, iota_rt):
     """[R, T] uint8: 1 where the chunk's token t is inside [W, L) of the row, else 0 (the
     predicate ``chunk_scores`` selects with). ``iota_rt`` holds t in column t; with s = the
-    chunk's first position, t is inside when W - s <= t < L - s."""
+    chunk's first position, t is inside when W - s <= t < L - s (t < L - s: no window)."""
     R, T = iota_rt.shape
-    hi, lo = nl.ndarray((R, 1), nl.int32, buffer=nl.sbuf, name="lim_hi"), nl.ndarray(
-        (R, 1), nl.int32, buffer=nl.sbuf, name="lim_lo")
+    hi = nl.ndarray((R, 1), nl.int32, buffer=nl.sbuf, name="lim_hi")
     nisa.tensor_tensor(dst=hi, data1=bounds.L_r, data2=cursor["start"], op=nl.subtract)
-    nisa.tensor_tensor(dst=lo, data1=bounds.W_r, data2=cursor["start"], op=nl.subtract)
     ok = nl.ndarray((R, T), nl.uint8, buffer=nl.sbuf, name="ok_g")
     nisa.tensor_scalar(dst=ok, data=iota_rt, op0=nl.less, operand0=hi)
+    if bounds.W_r is None:
+        return ok
+    lo = nl.ndarray((R, 1), nl.int32, buffer=nl.sbuf, name="lim_lo")
+    nisa.tensor_tensor(dst=lo, data1=bounds.W_r, data2=cursor["start"], op=nl.subtract)
     late = nl.ndarray((R, T), nl.uint8, buffer=nl.sbuf, name="late_g")
     nisa.tensor_scalar(dst=late, data=iota_rt, op0=nl.greater_equal, operand0=lo)
     nisa.tensor_tensor(dst=ok, data1=ok, data2=late, op=nl.multiply)

@@ -20,9 +20,9 @@ from nki_kernels.paged_cache.layout import split_cache
 
 from .checks import check_batch_decode_inputs, soft_cap
 from .custom_mask import mask_table, with_mask_free_chunks
-from .work import (NullItems, capacity_chunks, chunk_tokens, decode_work, items_per_iteration,
-                   null_pages, query_blocks, split_work, static_pass, static_work, token_table,
-                   whole_units)
+from .work import (NO_WINDOW, NullItems, capacity_chunks, chunk_tokens, decode_work,
+                   items_per_iteration, null_pages, query_blocks, split_work, static_pass,
+                   static_work, token_table, whole_units, window_span)
 
 
 def cache_rows(paged_kv_cache, D):
@@ -47,6 +47,11 @@ class DecodeLaunch:
     def pad_queries(self, q):
         """q padded with zero rows to the batch bucket (a NumPy array, or a torch tensor)."""
         return pad_rows(q, self.bucket)
+
+    @property
+    def static_chunks(self) -> int:
+        """Chunks per row of the launch's static pass (``work.static_pass``), 0 for device loops."""
+        return static_chunks(self.statics)
 
 
 def prepare_decode(q, paged_kv_cache, kv_indptr, kv_indices, kv_last_page_len, kv_layout, sm_scale,
@@ -73,8 +78,16 @@ def prepare_decode(q, paged_kv_cache, kv_indptr, kv_indices, kv_last_page_len, k
                            rows, cores, capacity=table_capacity(prob.geo, prob.table), null=null)
     arrays, statics = kernel_arguments(prob, paged_kv_cache, work, None,
                                        sinks, logits_soft_cap, k_scale, v_scale,
-                                       static=(chunks,) if chunks else ())
+                                       static=(chunks,) if chunks else (),
+                                       window_left=window_left)
     return DecodeLaunch(arrays, statics, prob.batch, rows)
+
+
+def static_chunks(statics) -> int:
+    """The static pass's chunks per row in a launch's static arguments (``kernel_arguments``),
+    0 for device loops."""
+    static = statics[-2]
+    return static[0] if static else 0
 
 
 def page_table_rows(geo, table) -> int:
@@ -98,10 +111,12 @@ def table_capacity(geo, table) -> int:
 
 
 def kernel_arguments(prob, paged_kv_cache, work, row_tab, sinks,
-                     logits_soft_cap, k_scale, v_scale, mask_bits=None, static=()):
+                     logits_soft_cap, k_scale, v_scale, mask_bits=None, static=(),
+                     window_left=-1):
     """The kernel's array arguments after the cache rows (work tables, padded page list, token
     table, row table, sinks, custom-mask table) and its static arguments, for checked inputs
-    ``prob`` (``static``: the static pass's chunks per item, ``work.static_pass``, or ())."""
+    ``prob`` (``static``: the static pass's chunks per item, ``work.static_pass``, or ();
+    ``window_left``: whether the kernel checks window starts at all is static, a model constant)."""
     geo = prob.geo
     k_dtype = split_cache(paged_kv_cache)[0].dtype
     table = prob.table
@@ -115,7 +130,8 @@ def kernel_arguments(prob, paged_kv_cache, work, row_tab, sinks,
               mask_bits)
     statics = (geo.num_heads, geo.page_size, geo.d_row_strides, tuple(geo.token().pattern),
                prob.sm_scale * float(k_scale),
-               float(logits_soft_cap), float(v_scale), mm_dtype, tuple(static))
+               float(logits_soft_cap), float(v_scale), mm_dtype, tuple(static),
+               window_span(window_left) != NO_WINDOW)
     return arrays, statics
 
 
@@ -222,7 +238,7 @@ def plan_prefill(prob, q_lens, qo_indptr, paged_kv_cache, causal,
                  mask_table(masks, items, qb, gather.size, prob.geo.page_size))
     arrays, statics = kernel_arguments(prob, paged_kv_cache, work, row_tab,
                                        sinks, soft_cap(logits_soft_cap), k_scale, v_scale,
-                                       mask_bits, (chunks,) if chunks else ())
+                                       mask_bits, (chunks,) if chunks else (), window_left)
     return PrefillLaunch(arrays, statics, gather, scatter, prob.kv_lens)
 
 

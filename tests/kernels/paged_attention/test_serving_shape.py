@@ -40,21 +40,28 @@ class FixedCache:
 
 def test_growing_trace_compiles_once_per_batch_bucket(rng, target):
     """Requests grow by one token per step, arrive and finish; the batch moves between the
-    buckets 2 and 4 (powers of two); every step matches the reference."""
+    buckets 2 and 4 (powers of two); every step matches the reference. The window's size is
+    runtime data; whether the launch has one at all is static (one more compile)."""
     simulate.reset_compile_stats()
     cache, batches = FixedCache(rng), []
     for step in range(12):
         batch = 2 if step < 5 else (3 if step < 9 else 4)
         lens = [7 + step + 5 * i for i in range(batch)]
         args = cache.step(lens)
-        out, lse = batch_decode(*args, return_lse=True, window_left=9 if step % 2 else -1)
-        ref, ref_lse = batch_decode_ref(*args, return_lse=True, window_left=9 if step % 2 else -1)
+        out, lse = batch_decode(*args, return_lse=True, window_left=9 if step % 2 else 4)
+        ref, ref_lse = batch_decode_ref(*args, return_lse=True, window_left=9 if step % 2 else 4)
         assert_close(out, ref, lse, ref_lse)
         batches.append(batch)
     stats = simulate.compile_stats(batch_decode_kernel)
     # the window changes every step and is runtime data: it does not add compiles
     assert stats["compilations"] == 2, stats
     assert stats["hits"] == len(batches) - 2
+    args = cache.step([7, 30, 60, 90])
+    for window_left in (-1, 40):             # no window: its own program, then cached
+        out, lse = batch_decode(*args, return_lse=True, window_left=window_left)
+        ref, ref_lse = batch_decode_ref(*args, return_lse=True, window_left=window_left)
+        assert_close(out, ref, lse, ref_lse)
+    assert simulate.compile_stats(batch_decode_kernel)["compilations"] == 3
 
 
 def test_exact_policy_compiles_per_batch_size(rng):
@@ -124,3 +131,22 @@ def test_long_requests_take_mask_free_chunks_in_blocks(rng, target):
     ref, ref_lse = batch_decode_ref(*args, return_lse=True)
     np.testing.assert_allclose(out, ref, rtol=2e-5, atol=2e-5)
     np.testing.assert_allclose(lse, ref_lse, rtol=2e-5, atol=2e-5)
+
+
+@pytest.mark.parametrize("window_left, windowed", [(-1, False), (0, True), (63, True),
+                                                   (1 << 30, False)])
+def test_the_window_check_is_static_only_when_a_window_can_cut(rng, window_left, windowed):
+    """Without a window (or one longer than any cache) every window start is 0 and the kernel
+    is built without its checks; any real window keeps them."""
+    from nki_kernels.paged_attention.checks import check_batch_prefill_inputs
+    from nki_kernels.paged_attention.plan import prefill_parts, prepare_decode
+    cache = FixedCache(rng)
+    args = cache.step([40, 300])
+    decode = prepare_decode(*args, None, 0.0, window_left, None, 1.0, 1.0)
+    assert decode.statics[-1] is windowed
+    q, c, indptr, pages, last, layout = args
+    qo = np.array([0, 4, 8], np.int32)
+    prob, q_lens = check_batch_prefill_inputs(np.repeat(q, 4, axis=0), c, qo, indptr, pages, last,
+                                              layout, True, None, 0.0, window_left, None, 1.0, 1.0)
+    parts = prefill_parts(prob, q_lens, qo, c, True, 0.0, window_left, None, 1.0, 1.0, 1)
+    assert [part.launch.statics[-1] for part in parts] == [windowed]
