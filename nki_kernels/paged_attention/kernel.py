@@ -77,8 +77,9 @@ from nki_kernels.launch_options import program_cores
 from nki_kernels.paged_kv_append.kernel import scatter_rows
 
 from .kernel_cursor import Geometry, partition_iota, query_of_row
-from .kernel_items import (SCORES_AHEAD, finish, fold_items, gathered, item_row, loader,
-                           merge_split, prepare, static_block, static_block_rows, unit, write)
+from .kernel_items import (SCORES_AHEAD, batched_chunks, finish, fold_items, first_chunks,
+                           gathered, item_row, loader, merge_split, prepare, static_block,
+                           static_block_rows, unit, write)
 from .kernel_load import (PSUM_BANK_BYTES, ROW_LIMIT, group_entry_rows, kt_dma_layout,
                           zero_rows)
 from .kernel_mask import custom_mask
@@ -345,11 +346,13 @@ def items_iteration(st, count, masked, width, chained):
     def iteration(i):
         # every item's table row first, one DMA for the iteration: the DMAs that depend on one
         # (queries, page ids) then never queue behind another's
-        rows = item_row(st, i, count, width) if width > 1 else [item_row(st, i, count)]
+        table, rows = item_row(st, i, count, width, tile=True)
         batch = []
         for k in range(width):
             batch.append(prepare(st, i + k, count, masked, rows[k], k, chained))
-        if masked:
+        if batched_chunks(st, count, masked):
+            first_chunks(st, table, batch)
+        elif masked:
             for item in batch:
                 if static_block(st, masked):
                     static_block_rows(st, item, count)

@@ -33,10 +33,11 @@ class Geometry(NamedTuple):
     kt_dma: bool = False    # K gathered transposed ([D, heads, T]: kernel_load.KTTile)
 
 
-def item_columns(meta, i, parts, count=1):
+def item_columns(meta, i, parts, count=1, tile=False):
     """[parts, META_COLS] int32 per item: the table rows of work items i..i+count-1 in every
     partition (i: a device scalar), one DMA for all (the rows are consecutive): an item's
-    scalars, bounds and cursor are all read from its row."""
+    scalars, bounds and cursor are all read from its row. ``tile``: also return the one
+    [parts, count * META_COLS] tile they are views of (first)."""
     t = nl.ndarray((parts, count * META_COLS), nl.int32, buffer=nl.sbuf, name="item")
     if isinstance(i, int):             # a static pass: rows known at compile time
         src = meta.ap([[0, parts], [1, count * META_COLS]], offset=i * META_COLS)
@@ -46,6 +47,8 @@ def item_columns(meta, i, parts, count=1):
     rows = []
     for k in range(count):
         rows.append(t[:, k * META_COLS:(k + 1) * META_COLS])
+    if tile:
+        return t, rows
     return rows if count > 1 else rows[0]
 
 

@@ -12,7 +12,7 @@ from .kernel_cursor import (advance, block_bounds, drop_invalid, item_columns, r
                             start_cursor, token_validity)
 from .kernel_load import (PSUM_BANK_BYTES, KTTile, KVTile, block_page_ids, block_pages,
                           block_rows, converted_v, group_size, load_chunk_indirect,
-                          load_chunk_pages, load_group_indirect, load_group_pages,
+                          load_chunk_pages, load_group_indirect, load_group_pages, piece,
                           rows_of_pages, step_chunks, transpose_rows)
 from .kernel_mask import masked_keep
 from .kernel_queries import group_queries, query_block_rows
@@ -21,7 +21,8 @@ from .kernel_softmax import (bank_column, blank_state, chunk_scores, finalize, f
                              load_state, mask_keep, merge_states, merge_with_partner,
                              poison_state, softmax_begin, softmax_end, state_bank, state_tile,
                              state_views, store_state)
-from .work import C0, C1, CHUNK_BLOCKS, FULL_HI, FULL_LO, LEN, LOAD, OUT, POS0, SLOT0, STORE, WIN
+from .work import (C0, C1, CHUNK_BLOCKS, ENTRY0, FULL_HI, FULL_LO, LEN, LOAD, META_COLS, OUT,
+                   POS0, SLOT0, STORE, WIN)
 
 
 # Chunks per softmax step: a mask-free block gathered several tokens per partition folds them
@@ -137,6 +138,8 @@ def prepare(st, i, count, masked, cols=None, slot=0, chained=False):
     if lean_item(st, masked):      # its one block's rows come from SLOT0 alone: no cursor
         item.bounds = [None]
         item.cursor = {"slot": cols[0:1, SLOT0:SLOT0 + 1]}
+    elif batched_chunks(st, count, masked):     # loaded with its iteration's (first_chunks)
+        item.bounds, item.cursor = [None], None
     else:
         # per tile of query tokens: the item's bounds (the token-level ones are common)
         item.bounds = ([request_bounds(cols, st.T, st.R, st.windowed)] if st.Qb == 1
@@ -154,10 +157,75 @@ def lean_item(st, masked):
     return not st.whole and not masked and st.blocked and st.indirect
 
 
-def item_row(st, i, count, items=1):
+def item_row(st, i, count, items=1, tile=False):
     """Work item i's table row on the partitions its setup reads (one DMA); ``items`` > 1: the
-    rows of items i..i+items-1, as a list, still one DMA."""
-    return item_columns(st.meta, i, max(st.T, st.R) if count else 1, items)
+    rows of items i..i+items-1, as a list, still one DMA (``tile``: with the tile they are
+    views of, ``item_columns``)."""
+    return item_columns(st.meta, i, max(st.T, st.R) if count else 1, items, tile)
+
+
+def batched_chunks(st, count, masked):
+    """Whether a loop iteration's items load their chunk together (``first_chunks``): flat-list
+    decode items of one masked chunk on the indirect path, no custom mask."""
+    return (masked and count == 1 and not st.whole and st.Qb == 1 and st.indirect
+            and st.mask is None and st.scratch is not None)
+
+
+def first_chunks(st, table, batch):
+    """Load the one masked chunk of each of a loop iteration's items ``batch`` together
+    (``batched_chunks``), setting each item's ``loads``. What a chunk's gather needs, its cache
+    rows with the tokens outside the keys dropped and its score rows' key limit, is computed
+    for all the items at once, one instruction a step over [T, W] tiles of the W items' table
+    columns (``table``: the iteration's [parts, W * META_COLS] rows, ``item_row``); per item
+    only its page-id DMA, its gathers and its [R, T] mask predicate."""
+    geo, T, R, W = st.geo, st.T, st.R, len(batch)
+    width = W * META_COLS
+
+    def col(c, parts):                 # column c of every item: [parts, W]
+        return table.ap([[width, parts], [META_COLS, W]], offset=c)
+    span, nslots, _ = piece(geo)
+    pages = nl.ndarray((T, W), nl.int32, buffer=nl.sbuf, name="first_pages")
+    for k in range(W):                 # each item's page ids from its first slot
+        nisa.dma_copy(dst=pages[:, k:k + 1], src=st.kv_indices.ap(
+            [[1, nslots], [0, span], [1, 1]], scalar_offset=batch[k].cols[0:1, SLOT0:SLOT0 + 1],
+            indirect_dim=0))
+    entry = nl.ndarray((T, W), nl.int32, buffer=nl.sbuf, name="first_entry")
+    nisa.tensor_scalar(dst=entry, data=col(ENTRY0, T), op0=nl.add, operand0=st.tok_sb[:, 1:2],
+                       op1=nl.multiply, operand1=geo.entry_stride)
+    pos = nl.ndarray((T, W), nl.int32, buffer=nl.sbuf, name="first_pos")
+    nisa.tensor_scalar(dst=pos, data=col(POS0, T), op0=nl.add, operand0=st.iota_t)
+    ok = nl.ndarray((T, W), nl.int32, buffer=nl.sbuf, name="first_ok")
+    nisa.tensor_tensor(dst=ok, data1=pos, data2=col(LEN, T), op=nl.less)
+    if st.windowed:
+        nisa.tensor_tensor(dst=pos, data1=pos, data2=col(WIN, T), op=nl.greater_equal)
+        nisa.tensor_tensor(dst=ok, data1=ok, data2=pos, op=nl.multiply)
+    nisa.scalar_tensor_tensor(dst=pages, data=pages, op0=nl.multiply,
+                              operand0=geo.rows_per_page, op1=nl.add, operand1=entry)
+    drop_invalid(pages, pages, ok)
+    rows = transpose_rows(pages) if geo.kt_dma else pages
+    # score rows: keys t of the chunk with W - s <= t < L - s, s = POS0
+    hi = nl.ndarray((R, W), nl.int32, buffer=nl.sbuf, name="first_hi")
+    nisa.tensor_tensor(dst=hi, data1=col(LEN, R), data2=col(POS0, R), op=nl.subtract)
+    lo = None
+    if st.windowed:
+        lo = nl.ndarray((R, W), nl.int32, buffer=nl.sbuf, name="first_lo")
+        nisa.tensor_tensor(dst=lo, data1=col(WIN, R), data2=col(POS0, R), op=nl.subtract)
+    geo_, sources, iota_rt, _, v_dtype, _, _, _, zeros = st.consts
+    for k in range(W):
+        keep = nl.ndarray((R, T), nl.uint8, buffer=nl.sbuf, name="ok_g")
+        nisa.tensor_scalar(dst=keep, data=iota_rt, op0=nl.less, operand0=hi[:, k:k + 1])
+        if lo is not None:
+            late = nl.ndarray((R, T), nl.uint8, buffer=nl.sbuf, name="late_g")
+            nisa.tensor_scalar(dst=late, data=iota_rt, op0=nl.greater_equal,
+                               operand0=lo[:, k:k + 1])
+            nisa.tensor_tensor(dst=keep, data1=keep, data2=late, op=nl.multiply)
+        tiles = _chunk_tiles(geo, sources[0][0].dtype)
+        load_chunk_indirect(tiles, sources, st.kv_indices, None, None, geo, rows[:, k:k + 1],
+                            zeros, dropped=True)
+        views = _chunk_views(geo, tiles)
+        if v_dtype is not None:
+            views[1] = converted_v(views[1:], v_dtype)[0]
+        batch[k].loads = {"0": [((views[0], views[1]), [keep])]}
 
 
 def fold_shape(st, count, masked):

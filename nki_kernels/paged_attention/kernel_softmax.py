@@ -198,7 +198,7 @@ def chunk_scores(q_pads, kTs, T, keep, scale, soft_cap, mm_dtype, keep_all=None,
     Without a soft cap, one VectorE pass (``select_reduce``) evicts the raw PSUM scores, puts
     NEG_BIG where ``keep`` (``mask_keep``; ``keep_all``, a tile of ones, for a mask-free chunk)
     is 0 and takes each row's max; the scale joins the exponent. With a cap, ScalarE scales and
-    caps (copy, tanh), VectorE multiplies back and selects the mask."""
+    caps (copy, tanh), VectorE multiplies back and selects the mask (with the row max)."""
     s_ps = _scores(q_pads, kTs, T, mm_dtype)
     R, WT = s_ps.shape
     s = _f32((R, WT), "s")
@@ -213,8 +213,11 @@ def chunk_scores(q_pads, kTs, T, keep, scale, soft_cap, mm_dtype, keep_all=None,
     if soft_cap > 0:
         nisa.activation(dst=s, op=nl.tanh, data=s, scale=1.0 / soft_cap)
         nisa.tensor_scalar(dst=s, data=s, op0=nl.multiply, operand0=float(soft_cap))
-    if keep is not None:
-        nisa.select_reduce(dst=s, predicate=keep, on_true=s, on_false=NEG_BIG)
+    if keep is not None:                       # the row max comes with the selection
+        row_max = _f32((R, 1), "row_max")
+        nisa.select_reduce(dst=s, predicate=keep, on_true=s, on_false=NEG_BIG, reduce_res=row_max,
+                           reduce_cmd=nisa.reduce_cmd.reset_reduce, reduce_op=nl.maximum)
+        return s, row_max, 1.0
     return s, None, 1.0
 
 
@@ -405,10 +408,8 @@ def _inverse_sums(l, v_scale=1.0):
     0): the scale ScalarE applies to the accumulators as it writes the outputs (VectorE carries
     the softmax)."""
     rl = _f32(l.shape, "inv_l")
-    nisa.tensor_scalar(dst=rl, data=l, op0=nl.maximum, operand0=1.0)
-    nisa.reciprocal(dst=rl, data=rl)
-    if float(v_scale) != 1.0:
-        nisa.tensor_scalar(dst=rl, data=rl, op0=nl.multiply, operand0=float(v_scale))
+    nisa.tensor_scalar(dst=rl, data=l, op0=nl.maximum, operand0=1.0, op1=nl.divide,
+                       operand1=float(v_scale), reverse1=True)
     return rl
 
 
@@ -416,6 +417,10 @@ def _log2_sums(l, negm):
     """[R, n] LSE in base 2, (m + ln l) * log2(e), of n states (``negm`` = -m)."""
     ln_l = _f32(l.shape, "ln_l")
     nisa.activation(dst=ln_l, op=nl.log, data=l)
+    if l.shape[1] == 1:                # one state: -m is a per-partition operand
+        nisa.tensor_scalar(dst=ln_l, data=ln_l, op0=nl.subtract, operand0=negm,
+                           op1=nl.multiply, operand1=LN_TO_LOG2)
+        return ln_l
     nisa.tensor_tensor(dst=ln_l, data1=ln_l, data2=negm, op=nl.subtract)
     nisa.tensor_scalar(dst=ln_l, data=ln_l, op0=nl.multiply, operand0=LN_TO_LOG2)
     return ln_l
