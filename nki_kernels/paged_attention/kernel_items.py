@@ -14,15 +14,15 @@ from .kernel_load import (PSUM_BANK_BYTES, KTTile, KVTile, block_page_ids, block
                           block_rows, converted_v, group_size, load_chunk_indirect,
                           load_chunk_pages, load_group_indirect, load_group_pages, piece,
                           rows_of_pages, step_chunks, transpose_rows)
-from .kernel_mask import masked_keep
+from .kernel_mask import mask_start, masked_keep
 from .kernel_queries import group_queries, query_block_rows
 from .kernel_softmax import (bank_column, blank_state, chunk_scores, finalize, finalize_bank,
                              forget_unseen, group_stats, group_sums, head_major, k_transposed,
                              load_state, mask_keep, merge_states, merge_with_partner,
                              poison_state, softmax_begin, softmax_end, state_bank, state_tile,
                              state_views, store_state)
-from .work import (C0, C1, CHUNK_BLOCKS, ENTRY0, FULL_HI, FULL_LO, LEN, LOAD, META_COLS, OUT,
-                   POS0, SLOT0, STORE, WIN)
+from .work import (C0, C1, CHUNK_BLOCKS, ENTRY0, FULL_HI, FULL_LO, HI_BASE, LEN, LOAD,
+                   META_COLS, OUT, POS0, Q_BASE, SLOT0, STORE, W_SPAN, WIN)
 
 
 # Chunks per softmax step: a mask-free block gathered several tokens per partition folds them
@@ -166,9 +166,10 @@ def item_row(st, i, count, items=1, tile=False):
 
 def batched_chunks(st, count, masked):
     """Whether a loop iteration's items load their chunk together (``first_chunks``): flat-list
-    decode items of one masked chunk on the indirect path, no custom mask."""
-    return (masked and count == 1 and not st.whole and st.Qb == 1 and st.indirect
-            and st.mask is None and st.scratch is not None)
+    items of one masked chunk and one tile of query tokens (decode, verification) on the
+    indirect path."""
+    return (masked and count == 1 and not st.whole and st.Qb == st.Qt and st.indirect
+            and st.scratch is not None)
 
 
 def first_chunks(st, table, batch):
@@ -203,14 +204,26 @@ def first_chunks(st, table, batch):
                               operand0=geo.rows_per_page, op1=nl.add, operand1=entry)
     drop_invalid(pages, pages, ok)
     rows = transpose_rows(pages) if geo.kt_dma else pages
-    # score rows: keys t of the chunk with W - s <= t < L - s, s = POS0
+    # score rows: keys t of the chunk with W_r - s <= t < L_r - s, s = POS0 (decode: L_r = LEN,
+    # W_r = WIN; a block of queries: each row's own, from its query qi = row_q, see work.py)
     hi = nl.ndarray((R, W), nl.int32, buffer=nl.sbuf, name="first_hi")
-    nisa.tensor_tensor(dst=hi, data1=col(LEN, R), data2=col(POS0, R), op=nl.subtract)
     lo = None
+    if st.Qb == 1:
+        nisa.tensor_tensor(dst=hi, data1=col(LEN, R), data2=col(POS0, R), op=nl.subtract)
+    else:
+        nisa.tensor_scalar(dst=hi, data=col(HI_BASE, R), op0=nl.add, operand0=st.row_q[0])
+        nisa.tensor_tensor(dst=hi, data1=hi, data2=col(LEN, R), op=nl.minimum)
+        nisa.tensor_tensor(dst=hi, data1=hi, data2=col(POS0, R), op=nl.subtract)
     if st.windowed:
         lo = nl.ndarray((R, W), nl.int32, buffer=nl.sbuf, name="first_lo")
-        nisa.tensor_tensor(dst=lo, data1=col(WIN, R), data2=col(POS0, R), op=nl.subtract)
-    geo_, sources, iota_rt, _, v_dtype, _, _, _, zeros = st.consts
+        if st.Qb == 1:
+            nisa.tensor_tensor(dst=lo, data1=col(WIN, R), data2=col(POS0, R), op=nl.subtract)
+        else:
+            nisa.tensor_scalar(dst=lo, data=col(Q_BASE, R), op0=nl.add, operand0=st.row_q[0])
+            nisa.tensor_tensor(dst=lo, data1=lo, data2=col(W_SPAN, R), op=nl.subtract)
+            nisa.tensor_scalar(dst=lo, data=lo, op0=nl.maximum, operand0=0)
+            nisa.tensor_tensor(dst=lo, data1=lo, data2=col(POS0, R), op=nl.subtract)
+    geo_, sources, iota_rt, _, v_dtype, mask, Qt, G, zeros = st.consts
     for k in range(W):
         keep = nl.ndarray((R, T), nl.uint8, buffer=nl.sbuf, name="ok_g")
         nisa.tensor_scalar(dst=keep, data=iota_rt, op0=nl.less, operand0=hi[:, k:k + 1])
@@ -219,6 +232,8 @@ def first_chunks(st, table, batch):
             nisa.tensor_scalar(dst=late, data=iota_rt, op0=nl.greater_equal,
                                operand0=lo[:, k:k + 1])
             nisa.tensor_tensor(dst=keep, data1=keep, data2=late, op=nl.multiply)
+        if mask is not None:
+            masked_keep(mask, mask_start(batch[k].cols, mask), keep, 0, Qt, G)
         tiles = _chunk_tiles(geo, sources[0][0].dtype)
         load_chunk_indirect(tiles, sources, st.kv_indices, None, None, geo, rows[:, k:k + 1],
                             zeros, dropped=True)
