@@ -141,3 +141,23 @@ def test_mixed_batch_queries_viewing_the_cache_are_read_before_the_write(rng, ta
     want = batch_prefill_ref(q_at_call, cache, qo_indptr, kv_indptr, kv_indices, last, layout,
                              causal=True)
     assert_close(got, want)
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf])
+@pytest.mark.parametrize("q_len", [1, 4])
+def test_a_nonfinite_value_before_the_window_start_is_never_read(rng, target, bad, q_len):
+    """A key and value before every query's window start, in the chunk the window starts in
+    (gathered with it), are dropped from the gather: none of their bits reaches an output."""
+    lens = [300, 200]
+    args = make_prefill_case(rng, [q_len, q_len], lens, 16, 2, 4, 32)
+    window = 38
+    start = 300 - q_len - window             # request 0's first query's window start (chunk 2)
+    bad_at = start - 2                       # still in chunk 2 (from 256), seen by no query
+    for half in (0, 1):                      # its K and V
+        cache = split_cache(args[1])[half]
+        page, entry = args[4][args[3][0] + bad_at // 16], bad_at % 16
+        cache[page, entry] = bad
+    out = batch_prefill(*args, causal=True, window_left=window)
+    ref = batch_prefill_ref(*args, causal=True, window_left=window)
+    assert np.isfinite(out).all()
+    assert_close(out, ref)
