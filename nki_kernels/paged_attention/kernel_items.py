@@ -15,12 +15,12 @@ from .kernel_load import (PSUM_BANK_BYTES, KTTile, KVTile, block_page_ids, block
                           load_chunk_pages, load_group_indirect, load_group_pages, piece,
                           rows_of_pages, step_chunks, transpose_rows)
 from .kernel_mask import mask_start, masked_keep
-from .kernel_queries import group_queries, query_block_rows
-from .kernel_softmax import (bank_column, blank_state, chunk_scores, finalize, finalize_bank,
-                             forget_unseen, group_stats, group_sums, head_major, k_transposed,
+from .kernel_queries import group_queries, query_block_rows, query_tile_rows
+from .kernel_softmax import (bank_column, blank_bank, blank_state, chunk_scores, finalize,
+                             finalize_bank, forget_unseen, group_stats, group_sums, head_major, k_transposed,
                              load_state, mask_keep, merge_states, merge_with_partner,
                              poison_state, softmax_begin, softmax_end, state_bank, state_tile,
-                             state_views, store_state)
+                             state_views, store_state, load_bank, side_by_side, store_bank)
 from .work import (C0, C1, CHUNK_BLOCKS, ENTRY0, FULL_HI, FULL_LO, HI_BASE, LEN, LOAD,
                    META_COLS, OUT, POS0, Q_BASE, SLOT0, STORE, W_SPAN, WIN)
 
@@ -104,6 +104,13 @@ def prepare(st, i, count, masked, cols=None, slot=0, chained=False):
     bank = None
     if st.group > 1:
         bank, states = state_bank(st.R, st.D, len(st.tiles))
+    elif banked(st):               # the tiles' states in one bank: one DMA each way
+        if chained:
+            bank, states = load_bank(st.scratch, load, st.R, len(st.tiles))
+        elif count and st.first_init:
+            bank, states = blank_bank(st.R, st.D, len(st.tiles))
+        else:
+            bank, states = state_bank(st.R, st.D, len(st.tiles))
     else:
         states = []
         for t in range(len(st.tiles)):  # set by the first softmax step when the item has one
@@ -121,6 +128,9 @@ def prepare(st, i, count, masked, cols=None, slot=0, chained=False):
         return item
     queries, loaded = [], {}
     heads = head_major(st.tiles) if st.whole else 0
+    together = None
+    if bank is not None and not st.whole:     # side-by-side tiles: their rows in one DMA
+        together = query_tile_rows(st.q, item.b, st.tiles[0][1], st.G, st.Qt, len(st.tiles))
     for t in range(len(st.tiles)):
         h0, n, q0 = st.tiles[t]
         kept = st.q_pads.get(f"{slot},{t}") if st.q_pads is not None else None
@@ -129,6 +139,8 @@ def prepare(st, i, count, masked, cols=None, slot=0, chained=False):
             if f"{q0}" not in loaded:
                 loaded[f"{q0}"] = query_block_rows(st.q, item.b, heads, st.G, st.Qt, q0)
             rows = loaded[f"{q0}"][:, h0 * st.D:(h0 + 1) * st.D]
+        elif together is not None:
+            rows = together[:, t * st.D:(t + 1) * st.D]
         pads, poison = group_queries(st.q, item.b, h0, n, st.G, st.Qt, st.mm_dtype, q0, kept,
                                      rows, st.dma_pT)
         queries.append(pads)
@@ -155,6 +167,13 @@ def lean_item(st, masked):
     and nothing after (the cursor's positions, entries and the bounds serve masks and later
     chunks only)."""
     return not st.whole and not masked and st.blocked and st.indirect
+
+
+def banked(st):
+    """Whether a flat-list item keeps its tiles' states side by side in one bank, so they move
+    to and from the scratch, and its queries and outputs, in one DMA for all tiles
+    (``kernel_softmax.side_by_side`` tiles: verification of 8 drafts at GQA 4, 2 tiles)."""
+    return st.scratch is not None and side_by_side(st.tiles)
 
 
 def item_row(st, i, count, items=1, tile=False):
@@ -514,6 +533,14 @@ def finish(st, item):
     """Chain the item's state onto its unit's (scratch slot LOAD: the unit's earlier items, or
     the identity; a ``chained`` item started from it), keep it in slot STORE and write the
     unit's output and LSE (a later item of the unit writes them again)."""
+    if item.bank is not None and not st.whole:      # side-by-side tiles: one DMA each way
+        if not item.chained:
+            _, kept = load_bank(st.scratch, item.load, st.R, len(st.tiles))
+            for t in range(len(st.tiles)):
+                merge_states(state_views(item.states[t]), state_views(kept[t]))
+        store_bank(st.scratch, item.store, item.bank, len(st.tiles))
+        write(st, item.states, item.b, item.bank)
+        return
     for t in range(len(st.tiles)):
         if st.scratch is None:     # a static pass: the item is its unit's only one
             break
@@ -527,8 +554,11 @@ def finish(st, item):
 
 def write(st, states, b, bank=None):
     """Output rows and LSE of unit output row ``b`` from its states (one per tile; ``bank``:
-    the ``state_bank`` they are views of, finalized at once when there are no sinks or mask)."""
-    if bank is not None and st.sinks is None and st.mask is None:
+    the ``state_bank`` they are views of, finalized at once when there are no sinks)."""
+    if bank is not None and st.sinks is None:
+        if st.mask is not None:
+            for t in range(len(st.tiles)):
+                forget_unseen(state_views(states[t]), st.exp_scale)
         finalize_bank(bank, st.tiles, st.out, st.lse, b, st.G, st.Qt, st.v_scale)
         return
     for t in range(len(st.tiles)):

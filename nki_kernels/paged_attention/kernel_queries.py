@@ -50,6 +50,19 @@ def query_block_rows(q, t0, heads, G, Qb, q0):
     return rows
 
 
+def query_tile_rows(q, t0, n, G, Qb, tiles):
+    """The rows of ``tiles`` side-by-side tiles of n kv heads (``side_by_side``) in one DMA:
+    SBUF [R, tiles * D], tile t's rows (kv head j, token qi, g) in columns t * D.. holding query
+    head (t * n + j) * G + g of token t0 + qi (a null item's rows are past q's: skipped)."""
+    _, HQ, D = q.shape
+    R = n * G * Qb
+    rows = nl.ndarray((R, tiles * D), q.dtype, buffer=nl.sbuf, name="q_rows")
+    nisa.dma_copy(dst=rows, src=q.ap([[G * D, n], [HQ * D, Qb], [D, G], [n * G * D, tiles],
+                                      [1, D]], offset=0, scalar_offset=t0, indirect_dim=0),
+                  oob_mode=nisa.oob_mode.skip)
+    return rows
+
+
 def group_queries(q, t0, h0, n, G, Qb, mm_dtype, q0=0, kept=None, rows=None, by_dma=False):
     """Per kv head j < n of the group: Q^T tiles [Dp, R] (R = n*G*Qb) in the matmul dtype, holding
     head h0+j's rows in columns j*G*Qb..(j+1)*G*Qb and zeros elsewhere, so the per-head matmuls

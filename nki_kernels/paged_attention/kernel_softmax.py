@@ -39,6 +39,13 @@ def blank_state(rows, D):
     return _f32((rows, D + 2), "state")
 
 
+def blank_bank(rows, D, tiles):
+    """``blank_state`` of ``tiles`` states side by side: an uninitialised [rows, tiles * (D + 2)]
+    bank and its views."""
+    bank = _f32((rows, tiles * (D + 2)), "states")
+    return bank, bank_views(bank, tiles)
+
+
 def state_bank(rows, D, tiles):
     """[rows, tiles * (D + 2)] fp32 SBUF tile of ``tiles`` softmax states side by side, each
     holding the identity, and its per-tile ``state_tile``-shaped views: the one-element state
@@ -109,6 +116,38 @@ def load_state(scratch, slot, t, R, rows):
 
 def store_state(scratch, slot, t, R, st):
     nisa.dma_copy(dst=_slot_rows(scratch, slot, t, R, st.shape[0]), src=st,
+                  oob_mode=nisa.oob_mode.skip)
+
+
+def _bank_rows(scratch, slot, R, tiles):
+    """Every tile's state in scratch slot ``slot`` as a [R, tiles, D + 2] pattern (tiles of R
+    rows each)."""
+    E = scratch.shape[2]
+    return scratch.ap([[E, R], [R * E, tiles], [1, E]], offset=0, scalar_offset=slot,
+                      indirect_dim=0)
+
+
+def bank_views(bank, tiles):
+    """The per-tile ``state_tile``-shaped views of a [R, tiles * (D + 2)] bank."""
+    E = bank.shape[1] // tiles
+    views = []
+    for t in range(tiles):
+        views.append(bank[:, t * E:(t + 1) * E])
+    return views
+
+
+def load_bank(scratch, slot, R, tiles):
+    """A new [R, tiles * (D + 2)] bank holding every tile's state kept in scratch slot ``slot``,
+    in one DMA (a null item's slot is past the scratch: skipped), and its views."""
+    bank = _f32((R, tiles * scratch.shape[2]), "kept_states")
+    nisa.dma_copy(dst=bank, src=_bank_rows(scratch, slot, R, tiles),
+                  oob_mode=nisa.oob_mode.skip)
+    return bank, bank_views(bank, tiles)
+
+
+def store_bank(scratch, slot, bank, tiles):
+    """``store_state`` of every tile of a bank in one DMA."""
+    nisa.dma_copy(dst=_bank_rows(scratch, slot, bank.shape[0], tiles), src=bank,
                   oob_mode=nisa.oob_mode.skip)
 
 
@@ -438,6 +477,14 @@ def finalize_bank(bank, tiles, out, lse, b, G, Qb, v_scale):
     rl = _inverse_sums(l, v_scale)
     ln_l = _log2_sums(l, negm)
     heads = head_major(tiles)
+    if side_by_side(tiles):     # tiles of n kv heads each, one block of queries: one DMA each
+        o = nl.ndarray((R, n * D), out.dtype, buffer=nl.sbuf, name="o")
+        for t in range(n):
+            nisa.activation(dst=o[:, t * D:(t + 1) * D], op=nl.copy,
+                            data=bank[:, t * E + 2:(t + 1) * E], scale=rl[:, t:t + 1])
+        _write_tiles(out, o, b, tiles[0][1], G, Qb, n)
+        _write_tiles(lse, ln_l, b, tiles[0][1], G, Qb, n)
+        return
     if heads:                   # one kv head per tile: one DMA per query block for all heads
         HQ = out.shape[1]
         blocks = n // heads
@@ -463,6 +510,19 @@ def finalize_bank(bank, tiles, out, lse, b, G, Qb, v_scale):
                         scale=rl[:, t:t + 1])
         _write_rows(out, o, b, h0, G, Qb, q0)
         _write_rows(lse, ln_l[:, t:t + 1], b, h0, G, Qb, q0)
+
+
+def side_by_side(tiles):
+    """Whether ``tiles`` (``Step.tiles``) are two or more tiles of the same number of kv heads,
+    one after another, over one block of queries: their states, queries and outputs then move
+    in one DMA for all tiles (``load_bank``, ``query_tile_rows``, ``_write_tiles``)."""
+    if len(tiles) < 2:
+        return False
+    n = tiles[0][1]
+    for t in range(len(tiles)):
+        if tiles[t][0] != t * n or tiles[t][1] != n or tiles[t][2] != 0:
+            return False
+    return True
 
 
 def head_major(tiles):
@@ -497,6 +557,20 @@ def _write_rows(dst, rows, b, h0, G, Qb, q0):
         pattern = [[G * E, R // (G * Qb)], [HQ * E, Qb], [E, G], [1, E]]
     nisa.dma_copy(dst=dst.ap(pattern, offset=(q0 * HQ + h0 * G) * E, scalar_offset=b,
                              indirect_dim=0), src=rows, oob_mode=nisa.oob_mode.skip)
+
+
+def _write_tiles(dst, rows, b, n, G, Qb, tiles):
+    """``_write_rows`` of ``side_by_side`` tiles at once: rows [R, tiles * E], tile t's columns
+    holding its rows (kv head j of the tile, token, g) -> dst[b + token, (t * n + j) * G + g]."""
+    R = rows.shape[0]
+    E = rows.shape[1] // tiles
+    HQ = dst.shape[1]
+    if Qb == 1:
+        pattern = [[E, R], [R * E, tiles], [1, E]]
+    else:
+        pattern = [[G * E, n], [HQ * E, Qb], [E, G], [n * G * E, tiles], [1, E]]
+    nisa.dma_copy(dst=dst.ap(pattern, offset=0, scalar_offset=b, indirect_dim=0), src=rows,
+                  oob_mode=nisa.oob_mode.skip)
 
 
 def merge_with_partner(st, p):

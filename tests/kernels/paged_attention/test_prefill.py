@@ -241,3 +241,20 @@ def test_fused_write_refuses_a_read_only_cache_before_writing(rng):
     with pytest.raises(ValueError, match="v_cache is read-only"):
         batch_prefill(*args, causal=True, append_key=key, append_value=value)
     assert np.array_equal(k_cache, before, equal_nan=True)
+
+
+@pytest.mark.parametrize("H, G, q_len", [(4, 8, 8), (2, 32, 4), (8, 4, 8)])
+@pytest.mark.parametrize("lnc", [1, 2])
+def test_verification_over_several_score_tiles_moves_them_together(rng, target, H, G, q_len, lnc):
+    """Blocks of queries whose kv heads fill two or more score tiles (G x q_len x heads > 128
+    rows): their queries, states and outputs move in one DMA for all tiles; results match the
+    reference with a window, sinks and a custom mask."""
+    if lnc == 2 and target == "trn1":
+        pytest.skip("LNC=2 is trn2's")
+    q_lens, kv_lens = [q_len, q_len - 1, q_len], [q_len + 300, 150, q_len + 41]
+    args = make_prefill_case(rng, q_lens, kv_lens, 16, H, G, 16)
+    sinks = rng.standard_normal(H * G).astype(np.float32)
+    check(args, lnc=lnc, causal=True, window_left=100)
+    check(args, lnc=lnc, causal=True, sinks=sinks)
+    mask = np.concatenate([rng.random(q * k) < 0.6 for q, k in zip(q_lens, kv_lens)])
+    check(args, lnc=lnc, custom_mask=mask)
