@@ -483,13 +483,13 @@ def fold_items(st, items, count, masked):
     pending = []
     for v in range(min(ahead, total)):
         pending.append(score(v))
-    # blocks of queries end each softmax step one unit (DMA_PT_LAG with P^T by DMA) behind its
-    # begin (VectorE then never waits on this unit's exp), unless a gather's V tile is large:
-    # it is not held past its own step. Decode keeps them together (measured slower: the PV of
-    # an item then waits behind the next item's P^T on TensorE, delaying the item's finish).
+    # each softmax step ends one unit (DMA_PT_LAG with P^T by DMA) behind its begin (VectorE
+    # then never waits on this unit's exp), unless a gather's V tile is large: it is not held
+    # past its own step (decode too since its masked items load together, first_chunks: eight
+    # spread and uniform decode steps 1.5% faster)
     held = group * st.geo.H * st.D * st.k_bytes
     halves, owners, lag = [], [], 0                # begun steps not yet ended, their items
-    if st.Qb > 1 and held <= LAG_TILE_BYTES:
+    if held <= LAG_TILE_BYTES:
         lag = DMA_PT_LAG if st.dma_pT else 1
     for v in range(total):
         i, u = v // per_item, v % per_item

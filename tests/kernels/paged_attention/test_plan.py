@@ -335,7 +335,8 @@ def test_one_core_load_is_chunks_and_items():
 def _brute_force_best_load(lens, window_left=-1):
     """The slower core's modelled load under the best cut, listing every cut's items: requests
     of ``lens`` tokens (> 0, chunks of 128 tokens) attending to keys [n - 1 - window_left, n)
-    (all when window_left < 0): chunks wholly inside are mask-free, the others masked."""
+    (all when window_left < 0): chunks wholly inside are mask-free, the others masked. The
+    requests in their order, and (three or more) grouped by the kinds of item they have."""
     chunks = []                                       # (first, end, first full, full end)
     for n in map(int, lens):
         start = max(0, n - 1 - window_left) if window_left >= 0 else 0
@@ -347,15 +348,23 @@ def _brute_force_best_load(lens, window_left=-1):
         return (sum(e - a for _, a, e in items) + len(items) * ITEM_COST_CHUNKS
                 + iters * ITERATION_COST_CHUNKS)
 
-    def items(b, a, e):
-        return class_items(chunks[b][2], chunks[b][3], a, e)
-    best = None
-    for k, (c0, c1, _, _) in enumerate(chunks):
-        left = [it for b in range(k) for it in items(b, *chunks[b][:2])]
-        right = [it for b in range(k + 1, len(lens)) for it in items(b, *chunks[b][:2])]
-        for c in range(c0, c1 + 1):
-            sides = (load(left + items(k, c0, c)), load(right + items(k, c, c1)))
-            best = max(sides) if best is None else min(best, max(sides))
+    def best_in(order):
+        def items(b, a, e):
+            return class_items(order[b][2], order[b][3], a, e)
+        best = None
+        for k, (c0, c1, _, _) in enumerate(order):
+            left = [it for b in range(k) for it in items(b, *order[b][:2])]
+            right = [it for b in range(k + 1, len(order)) for it in items(b, *order[b][:2])]
+            for c in range(c0, c1 + 1):
+                sides = (load(left + items(k, c0, c)), load(right + items(k, c, c1)))
+                best = max(sides) if best is None else min(best, max(sides))
+        return best
+    best = best_in(chunks)
+    if len(chunks) > 2:                    # grouped: by which kinds each request has
+        has = [tuple(any(k == kind for k, _, _ in class_items(lo, hi, a, e))
+                     for kind in range(len(ITEM_CLASSES))) for a, e, lo, hi in chunks]
+        best = min(best, best_in([chunks[b] for b in sorted(range(len(chunks)),
+                                                            key=lambda b: has[b])]))
     return best
 
 
