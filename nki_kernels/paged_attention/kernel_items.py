@@ -532,39 +532,44 @@ def fold_items(st, items, count, masked):
 def finish(st, item):
     """Chain the item's state onto its unit's (scratch slot LOAD: the unit's earlier items, or
     the identity; a ``chained`` item started from it), keep it in slot STORE and write the
-    unit's output and LSE (a later item of the unit writes them again)."""
-    if item.bank is not None and not st.whole:      # side-by-side tiles: one DMA each way
-        if not item.chained:
-            _, kept = load_bank(st.scratch, item.load, st.R, len(st.tiles))
-            for t in range(len(st.tiles)):
-                merge_states(state_views(item.states[t]), state_views(kept[t]))
-        store_bank(st.scratch, item.store, item.bank, len(st.tiles))
-        write(st, item.states, item.b, item.bank)
-        return
+    unit's output and LSE (a later item of the unit writes them again). With a custom mask the
+    rows that saw no key so far are cleared before the store (``forget_unseen``: a later merge
+    weighs them by e^(-NEG_BIG) = 0 either way), so the output's finalize never waits on the
+    store's read of the state."""
+    banked_item = item.bank is not None and not st.whole
+    if banked_item and not item.chained:
+        _, kept = load_bank(st.scratch, item.load, st.R, len(st.tiles))
+        for t in range(len(st.tiles)):
+            merge_states(state_views(item.states[t]), state_views(kept[t]))
     for t in range(len(st.tiles)):
         if st.scratch is None:     # a static pass: the item is its unit's only one
             break
-        n, tile = st.tiles[t][1], item.states[t]
-        if not item.chained:
-            kept = load_state(st.scratch, item.load, t, st.R, n * st.GQ)
+        tile = item.states[t]
+        if not item.chained and not banked_item:
+            kept = load_state(st.scratch, item.load, t, st.R, st.tiles[t][1] * st.GQ)
             merge_states(state_views(tile), state_views(kept))
-        store_state(st.scratch, item.store, t, st.R, tile)
-    write(st, item.states, item.b)
-
-
-def write(st, states, b, bank=None):
-    """Output rows and LSE of unit output row ``b`` from its states (one per tile; ``bank``:
-    the ``state_bank`` they are views of, finalized at once when there are no sinks)."""
-    if bank is not None and st.sinks is None:
         if st.mask is not None:
-            for t in range(len(st.tiles)):
-                forget_unseen(state_views(states[t]), st.exp_scale)
+            forget_unseen(state_views(tile), st.exp_scale)
+        if not banked_item:
+            store_state(st.scratch, item.store, t, st.R, tile)
+    if banked_item:                # side-by-side tiles: one DMA each way
+        store_bank(st.scratch, item.store, item.bank, len(st.tiles))
+    write(st, item.states, item.b, item.bank if banked_item else None,
+          forgotten=st.scratch is not None)
+
+
+def write(st, states, b, bank=None, forgotten=False):
+    """Output rows and LSE of unit output row ``b`` from its states (one per tile; ``bank``:
+    the ``state_bank`` they are views of, finalized at once when there are no sinks);
+    ``forgotten``: a custom mask's unseen rows already cleared (``finish``)."""
+    if st.mask is not None and not forgotten:
+        for t in range(len(st.tiles)):
+            forget_unseen(state_views(states[t]), st.exp_scale)
+    if bank is not None and st.sinks is None:
         finalize_bank(bank, st.tiles, st.out, st.lse, b, st.G, st.Qt, st.v_scale)
         return
     for t in range(len(st.tiles)):
         h0, n, q0 = st.tiles[t]
-        if st.mask is not None:
-            forget_unseen(state_views(states[t]), st.exp_scale)
         finalize(state_views(states[t]), st.out, st.lse, st.sinks, b, h0, st.G, st.Qt,
                  st.v_scale, q0)
 

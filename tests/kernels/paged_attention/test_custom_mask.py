@@ -339,3 +339,24 @@ def test_blocks_of_a_long_request_read_their_own_rows(rng):
     masks[0][250, 100] = False                    # ... but not in the block of query 250
     with simulate.use_target("trn2"):
         check(args, masks)
+
+
+@pytest.mark.parametrize("lnc", [1, 2])
+def test_rows_that_see_keys_in_only_some_items_of_their_request(rng, target, lnc):
+    """A request whose keys span several work items (masked chunks and mask-free blocks, their
+    states chained and merged through the scratch, under LNC=2 split between the cores): rows
+    that see keys only in its first chunk, only in its last, in none, and everywhere."""
+    if lnc == 2 and target == "trn1":
+        pytest.skip("LNC=2 is trn2's")
+    q_lens, kv_lens = [8, 8], [1100, 700]
+    args = make_prefill_case(rng, q_lens, kv_lens, 16, 4, 8, 16)      # two score tiles
+    masks = [np.ones((q, k), bool) for q, k in zip(q_lens, kv_lens)]
+    masks[0][0, 128:] = False           # first chunk only
+    masks[0][1, :1024] = False          # last chunk only
+    masks[0][2] = False                 # nothing
+    masks[1][3, :5] = False
+    masks[1][4, 600:] = False
+    masks[1][5] = False
+    out, lse = check(args, masks, lnc=lnc)
+    assert (out[[2, 13]] == 0).all() and np.isneginf(lse[[2, 13]]).all()
+    assert np.isfinite(out).all() and np.isfinite(lse[[0, 1, 3, 8, 11, 12]]).all()
