@@ -82,9 +82,10 @@ def kt_dma_layout(indirect, k_dtype, mm_dtype, T, D, H, entry_stride, token_patt
 
 
 def zero_rows(T, width, dtype):
-    """A [T, width] SBUF tile of zeros, set once per launch (GpSimd)."""
+    """A [T, width] SBUF tile of zeros, set once per launch (VectorE: GpSimd sets the identity
+    state that the launch's first DMA writes)."""
     zeros = nl.ndarray((T, width), dtype, buffer=nl.sbuf, name="zero_rows")
-    nisa.memset(dst=zeros, value=0.0, engine=nisa.engine.gpsimd)
+    nisa.memset(dst=zeros, value=0.0, engine=nisa.engine.vector)
     return zeros
 
 
