@@ -294,6 +294,12 @@ def run_whole_units(st, span):
     def split_unit(_):
         item = unit(st, nisa.scalar_load(span[0:1, 2:3]))
         merge_split(st, item.states, item.b, item.bank)
+    if st.q.shape[0] // st.Qb == 1:    # a bucket of one unit: no loop (one loop barrier less)
+        if st.cores == 2:              # the unit split between the cores (work.split_work)
+            split_unit(0)
+        else:
+            whole_unit(nisa.scalar_load(span[0:1, 0:1]))
+        return
     first, end = nisa.scalar_load(span[0:1, 0:1]), nisa.scalar_load(span[0:1, 1:2])
     nl.fori_loop(first, end, whole_unit)
     if st.cores == 2:          # the split unit, when there is one (a single unit): 0 or 1 trip

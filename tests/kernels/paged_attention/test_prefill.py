@@ -258,3 +258,17 @@ def test_verification_over_several_score_tiles_moves_them_together(rng, target, 
     check(args, lnc=lnc, causal=True, sinks=sinks)
     mask = np.concatenate([rng.random(q * k) < 0.6 for q, k in zip(q_lens, kv_lens)])
     check(args, lnc=lnc, custom_mask=mask)
+
+
+@pytest.mark.parametrize("q_len", [20, 100])
+@pytest.mark.parametrize("lnc", [1, 2])
+def test_a_bucket_of_one_block_of_queries_runs_it_without_a_loop(rng, target, q_len, lnc):
+    """One request whose queries are one whole block (a bucket of one unit): the kernel runs it
+    straight (under LNC=2 both cores' parts of it, merged), matching the reference."""
+    if lnc == 2 and target == "trn1":
+        pytest.skip("LNC=2 is trn2's")
+    args = make_prefill_case(rng, [q_len], [q_len + 290], 16, 2, 4, 32)
+    from nki_kernels.paged_attention.plan import query_block
+    assert -(-q_len // query_block(q_len, 4, 2, 32, lnc)) == (1 if lnc == 1 or q_len <= 32 else 2)
+    check(args, lnc=lnc, causal=True)
+    check(args, lnc=lnc, causal=True, window_left=50)
