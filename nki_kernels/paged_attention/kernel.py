@@ -252,14 +252,14 @@ def make_step(q, k_rows, v_rows, meta, kv_indices, tok_tab, row_tab, sinks, mask
             nisa.dma_copy(dst=st.scratch[identity, t * R:(t + 1) * R, :], src=start)
     # blocks of queries: the zero-padded query stationaries of the item slots of an iteration,
     # zeroed once here (tiles of several kv heads only: one head's stationary has no padding),
-    # for as many slots as a kind's loop of the bucket's units can fill (a further slot, of a
-    # kind that repeats per unit, zeroes its own). Measured (trn2): verify 16 x 4 drafts x 1k
+    # for as many slots as a kind's loop over the core's share of the bucket's units fills (a
+    # further slot, of a kind that repeats per unit or a core given more units, zeroes its own). Measured (trn2): verify 16 x 4 drafts x 1k
     # 670 -> 627 us; decode keeps a memset per item (its pads are 4x narrower, and a short
     # launch waits for the slots' memsets: 1 x 512 30 -> 36 us)
     if per_group > 1 and Qb > 1:
         st.q_pads = {}
         engines = (nisa.engine.gpsimd, nisa.engine.vector)
-        for slot in range(min(items_per_iteration(Qb), B // Qb + 1)):
+        for slot in range(min(items_per_iteration(Qb), -(-(B // Qb) // program_cores()) + 1)):
             for t in range(len(tiles)):
                 st.q_pads[f"{slot},{t}"] = query_pads(tiles[t][1], tiles[t][1] * GQ, D,
                                                       mm_dtype, engines[slot % 2])
