@@ -540,14 +540,14 @@ def finish(st, item):
     if banked_item and not item.chained:
         _, kept = load_bank(st.scratch, item.load, st.R, len(st.tiles))
         for t in range(len(st.tiles)):
-            merge_states(state_views(item.states[t]), state_views(kept[t]))
+            merge_states(item.states[t], kept[t])
     for t in range(len(st.tiles)):
         if st.scratch is None:     # a static pass: the item is its unit's only one
             break
         tile = item.states[t]
         if not item.chained and not banked_item:
             kept = load_state(st.scratch, item.load, t, st.R, st.tiles[t][1] * st.GQ)
-            merge_states(state_views(tile), state_views(kept))
+            merge_states(tile, kept)
         if st.mask is not None:
             forget_unseen(state_views(tile), st.exp_scale)
         if not banked_item:

@@ -578,23 +578,22 @@ def merge_with_partner(st, p):
     merge the two in place (``merge_states``): both cores end with the same state."""
     peer = _f32(st.shape, "peer_state")
     nisa.sendrecv(src=st, dst=peer, send_to_rank=1 - p, recv_from_rank=1 - p, pipe_id=0)
-    merge_states(state_views(st), state_views(peer))
+    merge_states(st, peer)
 
 
-def merge_states(state, other):
-    """state <- the softmax state of both key sets: m = max(m0, m1), l = l0 a0 + l1 a1,
+def merge_states(st, other):
+    """st <- the softmax state of both key sets: m = max(m0, m1), l = l0 a0 + l1 a1,
     acc = acc0 a0 + acc1 a1 with a_i = exp(m_i - m); an empty one (l = 0, the finite -NEG_BIG
-    max) weighs 0. ``state``, ``other``: [negm, l, acc] (``state_views``)."""
-    negm, l, acc = state
+    max) weighs 0. ``st``, ``other``: ``state_tile``-shaped tiles [rows, D + 2] (or views):
+    l and acc are adjacent columns, rescaled and summed as one block."""
+    negm, peer_negm = st[:, 0:1], other[:, 0:1]
     R = negm.shape[0]
     negm_new, a_mine, a_peer = _f32((R, 1), "neg_m"), _f32((R, 1), "alpha"), _f32((R, 1), "alpha")
-    nisa.tensor_tensor(dst=negm_new, data1=negm, data2=other[0], op=nl.minimum)
+    nisa.tensor_tensor(dst=negm_new, data1=negm, data2=peer_negm, op=nl.minimum)
     nisa.activation(dst=a_mine, op=nl.exp, data=negm, bias=negm_new, scale=-1.0)
-    nisa.activation(dst=a_peer, op=nl.exp, data=other[0], bias=negm_new, scale=-1.0)
-    nisa.tensor_scalar(dst=l, data=l, op0=nl.multiply, operand0=a_mine)
-    nisa.scalar_tensor_tensor(dst=l, data=other[1], op0=nl.multiply, operand0=a_peer, op1=nl.add,
-                              operand1=l)
-    nisa.tensor_scalar(dst=acc, data=acc, op0=nl.multiply, operand0=a_mine)
-    nisa.scalar_tensor_tensor(dst=acc, data=other[2], op0=nl.multiply, operand0=a_peer,
-                              op1=nl.add, operand1=acc)
+    nisa.activation(dst=a_peer, op=nl.exp, data=peer_negm, bias=negm_new, scale=-1.0)
+    sums = st[:, 1:st.shape[1]]
+    nisa.tensor_scalar(dst=sums, data=sums, op0=nl.multiply, operand0=a_mine)
+    nisa.scalar_tensor_tensor(dst=sums, data=other[:, 1:other.shape[1]], op0=nl.multiply,
+                              operand0=a_peer, op1=nl.add, operand1=sums)
     nisa.tensor_copy(dst=negm, src=negm_new)

@@ -642,8 +642,8 @@ def _cut(req: _Requests, parts, kinds, chunks, batch_rows, U, pad, slots):
     lo_k, hi_k = int(req.full_lo[split]), int(req.full_hi[split])
     halves = (class_items(lo_k, hi_k, int(req.c0[split]), cut),
               class_items(lo_k, hi_k, cut, int(req.c1[split])))
-    plan = [[(b, int(slots[b]), parts[b]) for b in range(split)]
-            + [(split, batch_rows, halves[0])],
+    plan = [[(split, batch_rows, halves[0])]
+            + [(b, int(slots[b]), parts[b]) for b in range(split)],
             [(split, batch_rows + 1, halves[1])]
             + [(b, int(slots[b]), parts[b]) for b in range(split + 1, B)]]
     return req, plan, split, cut, (float(side[0][best]), float(side[1][best]))
