@@ -262,7 +262,7 @@ def make_step(q, k_rows, v_rows, meta, kv_indices, tok_tab, row_tab, sinks, mask
         for slot in range(min(items_per_iteration(Qb), -(-(B // Qb) // program_cores()) + 1)):
             for t in range(len(tiles)):
                 st.q_pads[f"{slot},{t}"] = query_pads(tiles[t][1], tiles[t][1] * GQ, D,
-                                                      mm_dtype, engines[slot % 2])
+                                                      mm_dtype, engines[len(st.q_pads) % 2])
     return st
 
 
