@@ -86,7 +86,7 @@ from .kernel_mask import custom_mask
 from .kernel_queries import query_pads
 from .kernel_softmax import load_state, state_tile
 from .work import (CHUNK_BLOCKS, ITEM_CLASSES, chains_in, items_per_iteration, loop_widths,
-                   span_column, state_slots, whole_units)
+                   span_column, starts_fresh, state_slots, whole_units)
 
 
 # Mask-free chunks of a work item come in blocks of work.CHUNK_BLOCKS: a block of 32 chunks (4096
@@ -333,8 +333,8 @@ def run_item_loops(st, span, span_cols):
             col = span_column(kind, width, U)
             first = nisa.scalar_load(span[0:1, col:col + 1])
             end = nisa.scalar_load(span[0:1, col + 1:col + 2])
-            nl.fori_loop(first, end, items_iteration(st, count, masked, width, chains_in(kind)),
-                         step=width)
+            nl.fori_loop(first, end, items_iteration(st, count, masked, width, chains_in(kind),
+                                                     starts_fresh(kind)), step=width)
     if st.cores == 2:          # the unit split between the cores: its part's state is in a slot
         slot = nisa.scalar_load(span[0:1, span_cols - 2:span_cols - 1])
         b = nisa.scalar_load(span[0:1, span_cols - 1:span_cols])
@@ -344,20 +344,21 @@ def run_item_loops(st, span, span_cols):
         merge_split(st, parts, b)
 
 
-def items_iteration(st, count, masked, width, chained):
+def items_iteration(st, count, masked, width, chained, fresh=False):
     """The body of a loop over ``width`` items of one kind: every item's setup first, a masked
     kind's first gathers before any softmax (each one's addresses on VectorE never wait behind
     another's softmax), then all the items' chunks as one software pipeline (the next item's
     scores are made while this one's softmax runs); an item finishes inside the next one's
     chunks, after that one's first softmax step, so its DMAs sit behind gathers already
-    issued. ``chained``: the items start from their units' states (``work.chains_in``)."""
+    issued. ``chained``: the items start from their units' states (``work.chains_in``);
+    ``fresh``: those are the identity (``work.starts_fresh``), nothing to load."""
     def iteration(i):
         # every item's table row first, one DMA for the iteration: the DMAs that depend on one
         # (queries, page ids) then never queue behind another's
         table, rows = item_row(st, i, count, width, tile=True)
         batch = []
         for k in range(width):
-            batch.append(prepare(st, i + k, count, masked, rows[k], k, chained))
+            batch.append(prepare(st, i + k, count, masked, rows[k], k, chained, fresh))
         if batched_chunks(st, count, masked):
             first_chunks(st, table, batch)
         elif masked:

@@ -88,18 +88,22 @@ def set_cache_rows(st, item, count, masked):
         item.pids = block_page_ids(st.kv_indices, item.cursor, count, st.geo)
 
 
-def prepare(st, i, count, masked, cols=None, slot=0, chained=False):
+def prepare(st, i, count, masked, cols=None, slot=0, chained=False, fresh=False):
     """Work item i's setup, issued for all items of a loop iteration before any of their
     chunks: its table row (``cols``, when the caller loaded it: ``item_row``), queries, bounds,
     cursor and a mask-free block's cache rows, so the next item's first gather never waits
     behind this one's chunks (the state slots it chains through: flat list only). ``slot``:
     the item's place in its loop iteration (its kept query pads, ``Step.q_pads``);
-    ``chained``: its states start as its unit's (scratch slot LOAD), loaded here."""
+    ``chained``: its states start as its unit's (scratch slot LOAD), loaded here, unless
+    ``fresh``: the unit's state is still the identity (``work.starts_fresh``): the item starts
+    a state of its own, as an unchained item, and has nothing to merge at its end (no LOAD)."""
     if cols is None:
         cols = item_row(st, i, count)
+    if fresh:
+        chained = False
     load, store = None, None
     if st.scratch is not None:
-        load = nisa.scalar_load(cols[0:1, LOAD:LOAD + 1])
+        load = None if fresh else nisa.scalar_load(cols[0:1, LOAD:LOAD + 1])
         store = nisa.scalar_load(cols[0:1, STORE:STORE + 1])
     bank = None
     if st.group > 1:
@@ -531,13 +535,15 @@ def fold_items(st, items, count, masked):
 
 def finish(st, item):
     """Chain the item's state onto its unit's (scratch slot LOAD: the unit's earlier items, or
-    the identity; a ``chained`` item started from it), keep it in slot STORE and write the
+    the identity; a ``chained`` item started from it, a fresh one has none: its LOAD is
+    None), keep it in slot STORE and write the
     unit's output and LSE (a later item of the unit writes them again). With a custom mask the
     rows that saw no key so far are cleared before the store (``forget_unseen``: a later merge
     weighs them by e^(-NEG_BIG) = 0 either way), so the output's finalize never waits on the
     store's read of the state."""
     banked_item = item.bank is not None and not st.whole
-    if banked_item and not item.chained:
+    merges = not item.chained and item.load is not None
+    if banked_item and merges:
         _, kept = load_bank(st.scratch, item.load, st.R, len(st.tiles))
         for t in range(len(st.tiles)):
             merge_states(item.states[t], kept[t])
@@ -545,7 +551,7 @@ def finish(st, item):
         if st.scratch is None:     # a static pass: the item is its unit's only one
             break
         tile = item.states[t]
-        if not item.chained and not banked_item:
+        if merges and not banked_item:
             kept = load_state(st.scratch, item.load, t, st.R, st.tiles[t][1] * st.GQ)
             merge_states(tile, kept)
         if st.mask is not None:

@@ -172,6 +172,7 @@ CHUNK_BLOCKS = (32, 16, 8, 4, 2, 1)
 # chunk, its further masked chunks (a sliding window's start, a query block straddling chunks),
 # then the mask-free blocks. The kernel runs the loops in this order.
 ITEM_CLASSES = ((0, False), (1, True), (1, True)) + tuple((size, False) for size in CHUNK_BLOCKS)
+FIRST_MASKED = 1                    # the kind of a unit's first masked chunk
 MASKED_AGAIN = 2                    # the kind of a unit's second and later masked chunks
 
 
@@ -182,6 +183,13 @@ def chains_in(kind: int) -> bool:
     stored by an earlier loop). A unit's further masked chunks and its blocks of
     CHUNK_BLOCKS[0] chunks may repeat: those items merge."""
     return kind != MASKED_AGAIN and ITEM_CLASSES[kind][0] != CHUNK_BLOCKS[0]
+
+
+def starts_fresh(kind: int) -> bool:
+    """Whether the items of ``kind`` are always their unit's first on their core, so they start
+    from the identity state without loading it: a unit's first masked chunk (the kinds run in
+    ITEM_CLASSES order, and only units with no keys have an item of kind 0)."""
+    return kind == FIRST_MASKED
 
 
 def loop_widths(per_iteration: int) -> list:

@@ -16,7 +16,8 @@ from nki_kernels.paged_attention.work import (
     POS0, PTR, Q_BASE, SLOT0, STORE, W_SPAN, WHOLE_UNIT_SPAN_COLS,
     WIN, capacity_chunks, causal_pairs, chunk_tokens,
     _part_items, class_items, core_rows, decode_work, items_per_iteration, loop_widths, token_table,
-    query_blocks, request_table, span_cols, span_column, split_work, state_slots, table_rows,
+    query_blocks, request_table, span_cols, span_column, split_work, starts_fresh, state_slots,
+    table_rows,
     whole_units)
 
 U = DECODE_ITEMS_PER_ITERATION              # decode items per loop iteration
@@ -255,6 +256,8 @@ def _check_work(req, work, rows_bucket, U, P, cores):
             if slot != unit:
                 split_slots[p] = slot
             assert row[LOAD] == (slot if slot in stored else ident)
+            if starts_fresh(kind):             # the kernel starts it from the identity
+                assert row[LOAD] == ident
             stored.add(slot)
             seen.setdefault(unit, []).extend(range(a, e))
             if size == 0:
