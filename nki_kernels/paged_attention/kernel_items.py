@@ -17,10 +17,11 @@ from .kernel_load import (PSUM_BANK_BYTES, KTTile, KVTile, block_page_ids, block
 from .kernel_mask import mask_start, masked_keep
 from .kernel_queries import group_queries, query_block_rows, query_tile_rows
 from .kernel_softmax import (bank_column, blank_bank, blank_state, chunk_scores, finalize,
-                             finalize_bank, forget_unseen, group_stats, group_sums, head_major, k_transposed,
-                             load_state, mask_keep, merge_states, merge_with_partner,
-                             poison_state, softmax_begin, softmax_end, state_bank, state_tile,
-                             state_views, store_state, load_bank, side_by_side, store_bank)
+                             finalize_bank, forget_unseen, group_stats, group_sums, head_major,
+                             k_transposed, keys_between, load_bank, load_state, mask_keep,
+                             merge_states, merge_with_partner, poison_state, side_by_side,
+                             softmax_begin, softmax_end, state_bank, state_tile, state_views,
+                             store_bank, store_state)
 from .work import (C0, C1, CHUNK_BLOCKS, ENTRY0, FULL_HI, FULL_LO, HI_BASE, LEN, LOAD,
                    META_COLS, OUT, POS0, Q_BASE, SLOT0, STORE, W_SPAN, WIN)
 
@@ -198,18 +199,38 @@ def batched_chunks(st, count, masked):
 def first_chunks(st, table, batch):
     """Load the one masked chunk of each of a loop iteration's items ``batch`` together
     (``batched_chunks``), setting each item's ``loads``. What a chunk's gather needs, its cache
-    rows with the tokens outside the keys dropped and its score rows' key limit, is computed
-    for all the items at once, one instruction a step over [T, W] tiles of the W items' table
-    columns (``table``: the iteration's [parts, W * META_COLS] rows, ``item_row``); per item
-    only its page-id DMA, its gathers and its [R, T] mask predicate."""
-    geo, T, R, W = st.geo, st.T, st.R, len(batch)
-    width = W * META_COLS
+    rows with the tokens outside the keys dropped and its score rows' key limits, is computed
+    for all the items at once, one instruction a step over [T, W] / [R, W] views of the W items'
+    table columns (``table``: the iteration's [parts, W * META_COLS] rows, ``item_row``); per
+    item only its page-id DMA, its gathers and its [R, T] mask predicate."""
+    geo, W = st.geo, len(batch)
 
     def col(c, parts):                 # column c of every item: [parts, W]
-        return table.ap([[width, parts], [META_COLS, W]], offset=c)
+        return table.ap([[W * META_COLS, parts], [META_COLS, W]], offset=c)
+    rows = _first_rows(st, col, batch)
+    hi, lo = _first_limits(st, col, W)
+    _, sources, iota_rt, _, v_dtype, mask, Qt, G, zeros = st.consts
+    for k in range(W):
+        keep = keys_between(iota_rt, hi[:, k:k + 1], None if lo is None else lo[:, k:k + 1])
+        if mask is not None:
+            masked_keep(mask, mask_start(batch[k].cols, mask), keep, 0, Qt, G)
+        tiles = _chunk_tiles(geo, sources[0][0].dtype)
+        load_chunk_indirect(tiles, sources, st.kv_indices, None, None, geo, rows[:, k:k + 1],
+                            zeros, dropped=True)
+        views = _chunk_views(geo, tiles)
+        if v_dtype is not None:
+            views[1] = converted_v(views[1:], v_dtype)[0]
+        batch[k].loads = {"0": [((views[0], views[1]), [keep])]}
+
+
+def _first_rows(st, col, batch):
+    """[T, W] cache rows of the items' chunks (``first_chunks``), tokens outside [WIN, LEN)
+    dropped (uint32 when K is gathered transposed): each item's page ids by one DMA from its
+    first slot, the rest one instruction a step for all items."""
+    geo, T, W = st.geo, st.T, len(batch)
     span, nslots, _ = piece(geo)
     pages = nl.ndarray((T, W), nl.int32, buffer=nl.sbuf, name="first_pages")
-    for k in range(W):                 # each item's page ids from its first slot
+    for k in range(W):
         nisa.dma_copy(dst=pages[:, k:k + 1], src=st.kv_indices.ap(
             [[1, nslots], [0, span], [1, 1]], scalar_offset=batch[k].cols[0:1, SLOT0:SLOT0 + 1],
             indirect_dim=0))
@@ -226,44 +247,32 @@ def first_chunks(st, table, batch):
     nisa.scalar_tensor_tensor(dst=pages, data=pages, op0=nl.multiply,
                               operand0=geo.rows_per_page, op1=nl.add, operand1=entry)
     drop_invalid(pages, pages, ok)
-    rows = transpose_rows(pages) if geo.kt_dma else pages
-    # score rows: keys t of the chunk with W_r - s <= t < L_r - s, s = POS0 (decode: L_r = LEN,
-    # W_r = WIN; a block of queries: each row's own, from its query qi = row_q, see work.py)
+    return transpose_rows(pages) if geo.kt_dma else pages
+
+
+def _first_limits(st, col, W):
+    """[R, W] key limits (hi, lo) of the items' score rows relative to their chunk (keys t with
+    lo <= t < hi; lo None without a window): decode rows L - s and W - s (s = POS0); a block
+    of queries' rows each their own, from its query qi = row_q (work.py's L_r, W_r)."""
+    R = st.R
     hi = nl.ndarray((R, W), nl.int32, buffer=nl.sbuf, name="first_hi")
-    lo = None
     if st.Qb == 1:
         nisa.tensor_tensor(dst=hi, data1=col(LEN, R), data2=col(POS0, R), op=nl.subtract)
     else:
         nisa.tensor_scalar(dst=hi, data=col(HI_BASE, R), op0=nl.add, operand0=st.row_q[0])
         nisa.tensor_tensor(dst=hi, data1=hi, data2=col(LEN, R), op=nl.minimum)
         nisa.tensor_tensor(dst=hi, data1=hi, data2=col(POS0, R), op=nl.subtract)
-    if st.windowed:
-        lo = nl.ndarray((R, W), nl.int32, buffer=nl.sbuf, name="first_lo")
-        if st.Qb == 1:
-            nisa.tensor_tensor(dst=lo, data1=col(WIN, R), data2=col(POS0, R), op=nl.subtract)
-        else:
-            nisa.tensor_scalar(dst=lo, data=col(Q_BASE, R), op0=nl.add, operand0=st.row_q[0])
-            nisa.tensor_tensor(dst=lo, data1=lo, data2=col(W_SPAN, R), op=nl.subtract)
-            nisa.tensor_scalar(dst=lo, data=lo, op0=nl.maximum, operand0=0)
-            nisa.tensor_tensor(dst=lo, data1=lo, data2=col(POS0, R), op=nl.subtract)
-    geo_, sources, iota_rt, _, v_dtype, mask, Qt, G, zeros = st.consts
-    for k in range(W):
-        keep = nl.ndarray((R, T), nl.uint8, buffer=nl.sbuf, name="ok_g")
-        nisa.tensor_scalar(dst=keep, data=iota_rt, op0=nl.less, operand0=hi[:, k:k + 1])
-        if lo is not None:
-            late = nl.ndarray((R, T), nl.uint8, buffer=nl.sbuf, name="late_g")
-            nisa.tensor_scalar(dst=late, data=iota_rt, op0=nl.greater_equal,
-                               operand0=lo[:, k:k + 1])
-            nisa.tensor_tensor(dst=keep, data1=keep, data2=late, op=nl.multiply)
-        if mask is not None:
-            masked_keep(mask, mask_start(batch[k].cols, mask), keep, 0, Qt, G)
-        tiles = _chunk_tiles(geo, sources[0][0].dtype)
-        load_chunk_indirect(tiles, sources, st.kv_indices, None, None, geo, rows[:, k:k + 1],
-                            zeros, dropped=True)
-        views = _chunk_views(geo, tiles)
-        if v_dtype is not None:
-            views[1] = converted_v(views[1:], v_dtype)[0]
-        batch[k].loads = {"0": [((views[0], views[1]), [keep])]}
+    if not st.windowed:
+        return hi, None
+    lo = nl.ndarray((R, W), nl.int32, buffer=nl.sbuf, name="first_lo")
+    if st.Qb == 1:
+        nisa.tensor_tensor(dst=lo, data1=col(WIN, R), data2=col(POS0, R), op=nl.subtract)
+    else:
+        nisa.tensor_scalar(dst=lo, data=col(Q_BASE, R), op0=nl.add, operand0=st.row_q[0])
+        nisa.tensor_tensor(dst=lo, data1=lo, data2=col(W_SPAN, R), op=nl.subtract)
+        nisa.tensor_scalar(dst=lo, data=lo, op0=nl.maximum, operand0=0)
+        nisa.tensor_tensor(dst=lo, data1=lo, data2=col(POS0, R), op=nl.subtract)
+    return hi, lo
 
 
 def fold_shape(st, count, masked):
@@ -343,16 +352,12 @@ def block_of_masked_chunks(st, item, count):
     hi = nl.ndarray((R, 1), nl.int32, buffer=nl.sbuf, name="lim_hi")
     nisa.tensor_tensor(dst=hi, data1=cols[0:R, LEN:LEN + 1], data2=cols[0:R, POS0:POS0 + 1],
                        op=nl.subtract)
-    keep = nl.ndarray((R, count * T), nl.uint8, buffer=nl.sbuf, name="block_keep")
-    nisa.tensor_scalar(dst=keep, data=st.block_t, op0=nl.less, operand0=hi)
+    lo = None
     if st.windowed:
         lo = nl.ndarray((R, 1), nl.int32, buffer=nl.sbuf, name="lim_lo")
         nisa.tensor_tensor(dst=lo, data1=cols[0:R, WIN:WIN + 1], data2=cols[0:R, POS0:POS0 + 1],
                            op=nl.subtract)
-        late = nl.ndarray((R, count * T), nl.uint8, buffer=nl.sbuf, name="block_late")
-        nisa.tensor_scalar(dst=late, data=st.block_t, op0=nl.greater_equal, operand0=lo)
-        nisa.tensor_tensor(dst=keep, data1=keep, data2=late, op=nl.multiply)
-    return rows, keep
+    return rows, keys_between(st.block_t, hi, lo, "block_keep")
 
 
 def _load_rows(st, row):

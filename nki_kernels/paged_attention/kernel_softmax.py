@@ -155,19 +155,26 @@ def mask_keep(cursor, bounds, iota_rt):
     """[R, T] uint8: 1 where the chunk's token t is inside [W, L) of the row, else 0 (the
     predicate ``chunk_scores`` selects with). ``iota_rt`` holds t in column t; with s = the
     chunk's first position, t is inside when W - s <= t < L - s (t < L - s: no window)."""
-    R, T = iota_rt.shape
+    R = iota_rt.shape[0]
     hi = nl.ndarray((R, 1), nl.int32, buffer=nl.sbuf, name="lim_hi")
     nisa.tensor_tensor(dst=hi, data1=bounds.L_r, data2=cursor["start"], op=nl.subtract)
-    ok = nl.ndarray((R, T), nl.uint8, buffer=nl.sbuf, name="ok_g")
-    nisa.tensor_scalar(dst=ok, data=iota_rt, op0=nl.less, operand0=hi)
-    if bounds.W_r is None:
-        return ok
-    lo = nl.ndarray((R, 1), nl.int32, buffer=nl.sbuf, name="lim_lo")
-    nisa.tensor_tensor(dst=lo, data1=bounds.W_r, data2=cursor["start"], op=nl.subtract)
-    late = nl.ndarray((R, T), nl.uint8, buffer=nl.sbuf, name="late_g")
-    nisa.tensor_scalar(dst=late, data=iota_rt, op0=nl.greater_equal, operand0=lo)
-    nisa.tensor_tensor(dst=ok, data1=ok, data2=late, op=nl.multiply)
-    return ok
+    lo = None
+    if bounds.W_r is not None:
+        lo = nl.ndarray((R, 1), nl.int32, buffer=nl.sbuf, name="lim_lo")
+        nisa.tensor_tensor(dst=lo, data1=bounds.W_r, data2=cursor["start"], op=nl.subtract)
+    return keys_between(iota_rt, hi, lo)
+
+
+def keys_between(t, hi, lo=None, name="ok_g"):
+    """[R, n] uint8 predicate 1 where lo <= t < hi (``t``: key offsets, [R, n] int32; ``hi``,
+    ``lo``: [R, 1] per-row limits; ``lo`` None: no lower limit, a launch without a window)."""
+    keep = nl.ndarray(t.shape, nl.uint8, buffer=nl.sbuf, name=name)
+    nisa.tensor_scalar(dst=keep, data=t, op0=nl.less, operand0=hi)
+    if lo is not None:
+        late = nl.ndarray(t.shape, nl.uint8, buffer=nl.sbuf, name="late_g")
+        nisa.tensor_scalar(dst=late, data=t, op0=nl.greater_equal, operand0=lo)
+        nisa.tensor_tensor(dst=keep, data1=keep, data2=late, op=nl.multiply)
+    return keep
 
 
 def transpose_dtype(dtype):
