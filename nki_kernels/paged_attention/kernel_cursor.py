@@ -90,19 +90,32 @@ def block_bounds(cols, T, row_qs, windowed=True):
     R = row_qs[0].shape[0]
     tok, rows = cols[0:T, :], cols[0:R, :]
     bounds = []
+
+    def row_col(c):
+        return rows[:, c:c + 1]
     for row_q in row_qs:
-        L_r = nl.ndarray((R, 1), nl.int32, buffer=nl.sbuf, name="len_r")
-        _add_tiles(L_r, rows[:, HI_BASE:HI_BASE + 1], row_q)
-        nisa.tensor_tensor(dst=L_r, data1=L_r, data2=rows[:, LEN:LEN + 1], op=nl.minimum)
-        if not windowed:
-            bounds.append(Bounds(tok[:, LEN:LEN + 1], None, L_r, None))
-            continue
-        W_r = nl.ndarray((R, 1), nl.int32, buffer=nl.sbuf, name="win_r")
-        _add_tiles(W_r, rows[:, Q_BASE:Q_BASE + 1], row_q)
-        nisa.tensor_tensor(dst=W_r, data1=W_r, data2=rows[:, W_SPAN:W_SPAN + 1], op=nl.subtract)
-        nisa.tensor_scalar(dst=W_r, data=W_r, op0=nl.maximum, operand0=0)
-        bounds.append(Bounds(tok[:, LEN:LEN + 1], tok[:, WIN:WIN + 1], L_r, W_r))
+        L_r, W_r = query_row_keys(row_col, row_q, windowed)
+        bounds.append(Bounds(tok[:, LEN:LEN + 1], tok[:, WIN:WIN + 1] if windowed else None,
+                             L_r, W_r))
     return bounds
+
+
+def query_row_keys(col, row_q, windowed=True):
+    """Each score row's keys [W_r, L_r) of a block of query tokens (query qi = row_q[r], [R, 1]):
+    L_r = min(HI_BASE + qi, LEN), W_r = max(0, Q_BASE + qi - W_SPAN) (work.py; causal mask and
+    window per query), [R, n] int32 for ``col(c)``: column c of n items' table rows, [R, n].
+    W_r is None when not ``windowed``."""
+    shape = col(LEN).shape
+    L_r = nl.ndarray(shape, nl.int32, buffer=nl.sbuf, name="len_r")
+    nisa.tensor_scalar(dst=L_r, data=col(HI_BASE), op0=nl.add, operand0=row_q)
+    nisa.tensor_tensor(dst=L_r, data1=L_r, data2=col(LEN), op=nl.minimum)
+    if not windowed:
+        return L_r, None
+    W_r = nl.ndarray(shape, nl.int32, buffer=nl.sbuf, name="win_r")
+    nisa.tensor_scalar(dst=W_r, data=col(Q_BASE), op0=nl.add, operand0=row_q)
+    nisa.tensor_tensor(dst=W_r, data1=W_r, data2=col(W_SPAN), op=nl.subtract)
+    nisa.tensor_scalar(dst=W_r, data=W_r, op0=nl.maximum, operand0=0)
+    return L_r, W_r
 
 
 def _add_tiles(dst, a, b):

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from nki_kernels.backend import nisa, nl
 
-from .kernel_cursor import (advance, block_bounds, drop_invalid, item_columns, request_bounds,
-                            start_cursor, token_validity)
+from .kernel_cursor import (advance, block_bounds, drop_invalid, item_columns, query_row_keys,
+                            request_bounds, start_cursor, token_validity)
 from .kernel_load import (PSUM_BANK_BYTES, KTTile, KVTile, block_page_ids, block_pages,
                           block_rows, converted_v, group_size, load_chunk_indirect,
                           load_chunk_pages, load_group_indirect, load_group_pages, piece,
@@ -22,8 +22,8 @@ from .kernel_softmax import (bank_column, blank_bank, blank_state, chunk_scores,
                              merge_states, merge_with_partner, poison_state, side_by_side,
                              softmax_begin, softmax_end, state_bank, state_tile, state_views,
                              store_bank, store_state)
-from .work import (C0, C1, CHUNK_BLOCKS, ENTRY0, FULL_HI, FULL_LO, HI_BASE, LEN, LOAD,
-                   META_COLS, OUT, POS0, Q_BASE, SLOT0, STORE, W_SPAN, WIN)
+from .work import (C0, C1, CHUNK_BLOCKS, ENTRY0, FULL_HI, FULL_LO, LEN, LOAD, META_COLS, OUT,
+                   POS0, SLOT0, STORE, WIN)
 
 
 # Chunks per softmax step: a mask-free block gathered several tokens per partition folds them
@@ -255,24 +255,19 @@ def _first_limits(st, col, W):
     lo <= t < hi; lo None without a window): decode rows L - s and W - s (s = POS0); a block
     of queries' rows each their own, from its query qi = row_q (work.py's L_r, W_r)."""
     R = st.R
-    hi = nl.ndarray((R, W), nl.int32, buffer=nl.sbuf, name="first_hi")
+
+    def row_col(c):
+        return col(c, R)
     if st.Qb == 1:
-        nisa.tensor_tensor(dst=hi, data1=col(LEN, R), data2=col(POS0, R), op=nl.subtract)
+        keys = [row_col(LEN), row_col(WIN) if st.windowed else None]
     else:
-        nisa.tensor_scalar(dst=hi, data=col(HI_BASE, R), op0=nl.add, operand0=st.row_q[0])
-        nisa.tensor_tensor(dst=hi, data1=hi, data2=col(LEN, R), op=nl.minimum)
-        nisa.tensor_tensor(dst=hi, data1=hi, data2=col(POS0, R), op=nl.subtract)
-    if not st.windowed:
-        return hi, None
-    lo = nl.ndarray((R, W), nl.int32, buffer=nl.sbuf, name="first_lo")
-    if st.Qb == 1:
-        nisa.tensor_tensor(dst=lo, data1=col(WIN, R), data2=col(POS0, R), op=nl.subtract)
-    else:
-        nisa.tensor_scalar(dst=lo, data=col(Q_BASE, R), op0=nl.add, operand0=st.row_q[0])
-        nisa.tensor_tensor(dst=lo, data1=lo, data2=col(W_SPAN, R), op=nl.subtract)
-        nisa.tensor_scalar(dst=lo, data=lo, op0=nl.maximum, operand0=0)
-        nisa.tensor_tensor(dst=lo, data1=lo, data2=col(POS0, R), op=nl.subtract)
-    return hi, lo
+        keys = list(query_row_keys(row_col, st.row_q[0], st.windowed))
+    limits = [None, None]
+    for k in range(2):
+        if keys[k] is not None:
+            limits[k] = nl.ndarray((R, W), nl.int32, buffer=nl.sbuf, name="first_limit")
+            nisa.tensor_tensor(dst=limits[k], data1=keys[k], data2=row_col(POS0), op=nl.subtract)
+    return limits[0], limits[1]
 
 
 def fold_shape(st, count, masked):
