@@ -42,6 +42,8 @@ SUITE = [
     ("verify 16 x 4 drafts x 1024", "paged_prefill_attention",
      dict(batch=16, q_len=4, kv_len=1024)),
     ("verify 8 x 8 drafts x 2048", "paged_prefill_attention", dict(batch=8, q_len=8, kv_len=2048)),
+    ("verify 16 x 4 drafts x 700-1300 (spread)", "paged_prefill_attention",
+     dict(batch=16, q_len=4, kv_len=1300, kv_min=700)),
     ("tree verify 8 x 8 drafts x 2048 (custom mask)", "paged_tree_verification",
      dict(batch=8, q_len=8, kv_len=2048)),
     ("chunked prefill 256 over 1k", "paged_prefill_attention",

@@ -147,10 +147,15 @@ def _dec_flops(i):
 def _pf_make(s, rng):
     """``batch`` requests of ``q_len`` new tokens over ``kv_len`` keys each (the new ones
     included), plus with ``prefill`` > 0 one more request: a prefill chunk of that many tokens
-    over ``prefill_kv`` keys (a mixed batch). Causal."""
+    over ``prefill_kv`` keys (a mixed batch); ``kv_min`` given: the requests' keys drawn
+    uniformly from [max(kv_min, q_len), kv_len]. Causal."""
     B, extra = int(s["batch"]), int(s.get("prefill", 0))
     q_lens = [int(s["q_len"])] * B + ([extra] if extra else [])
-    kv_lens = [int(s["kv_len"])] * B + ([int(s.get("prefill_kv", extra))] if extra else [])
+    kv_lens = [int(s["kv_len"])] * B
+    if "kv_min" in s:
+        lo = max(int(s["kv_min"]), int(s["q_len"]))
+        kv_lens = [int(n) for n in rng.integers(lo, int(s["kv_len"]) + 1, B)]
+    kv_lens += [int(s.get("prefill_kv", extra))] if extra else []
     case = _paged_case(s, rng, q_lens, kv_lens)
     qo_indptr = np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int32)
     return dict(case, qo_indptr=qo_indptr, causal=True)

@@ -86,7 +86,7 @@ from .kernel_mask import custom_mask
 from .kernel_queries import query_pads
 from .kernel_softmax import load_state, state_tile
 from .work import (CHUNK_BLOCKS, ITEM_CLASSES, chains_in, items_per_iteration, loop_widths,
-                   span_column, starts_fresh, state_slots, whole_units)
+                   span_column, starts_fresh, state_slots, TAIL_CHUNKS, whole_units)
 
 
 # Mask-free chunks of a work item come in blocks of work.CHUNK_BLOCKS: a block of 32 chunks (4096
@@ -313,9 +313,7 @@ def run_static_pass(st, chunks):
     no state goes through HBM. No loop barrier, no pipeline fill per kind of item. Under LNC=2
     each core takes half the rows (a bucket of one row: core 0)."""
     rows = st.q.shape[0] // st.Qb
-    # every row's block of chunks has the same token columns: their iota made once
-    st.block_t = nl.ndarray((st.R, chunks * st.T), nl.int32, buffer=nl.sbuf, name="block_t")
-    nisa.iota(dst=st.block_t, pattern=[[1, chunks * st.T]], offset=0, channel_multiplier=0)
+    block_columns(st, chunks)
     if st.cores == 2 and rows >= 2:
         half = rows // 2
         items_iteration(st, chunks, True, half, False)(st.p * half)
@@ -323,10 +321,19 @@ def run_static_pass(st, chunks):
         items_iteration(st, chunks, True, rows, False)(0)
 
 
+def block_columns(st, chunks):
+    """``st.block_t``: [R, chunks * T] token columns of a static block of ``chunks`` chunks
+    (every block's the same: the iota made once)."""
+    st.block_t = nl.ndarray((st.R, chunks * st.T), nl.int32, buffer=nl.sbuf, name="block_t")
+    nisa.iota(dst=st.block_t, pattern=[[1, chunks * st.T]], offset=0, channel_multiplier=0)
+
+
 def run_item_loops(st, span, span_cols):
     """A flat list of items: one loop per kind of item and width (U items an iteration, then
     U/2, ..., 1), trip counts from the core's span row; under LNC=2 then the split unit."""
     U = items_per_iteration(st.Qb)
+    if static_block(st, True, TAIL_CHUNKS):      # the tails' mask columns
+        block_columns(st, TAIL_CHUNKS)
     for kind in range(len(ITEM_CLASSES)):
         count, masked = ITEM_CLASSES[kind]
         for width in loop_widths(U):
@@ -342,6 +349,10 @@ def run_item_loops(st, span, span_cols):
         for t in range(len(st.tiles)):
             parts.append(load_state(st.scratch, slot, t, st.R, st.tiles[t][1] * st.GQ))
         merge_split(st, parts, b)
+
+
+# Tail items (work.TAIL) of a loop iteration whose gathers are issued before any softmax
+TAIL_AHEAD = 2
 
 
 def items_iteration(st, count, masked, width, chained, fresh=False):
@@ -362,10 +373,13 @@ def items_iteration(st, count, masked, width, chained, fresh=False):
         if batched_chunks(st, count, masked):
             first_chunks(st, table, batch)
         elif masked:
-            for item in batch:
-                if static_block(st, masked):
-                    static_block_rows(st, item, count)
-                item.loads = {"0": loader(st, item, count, masked)(0)}
+            for k in range(width):
+                if static_block(st, masked, count):
+                    static_block_rows(st, batch[k], count)
+                # a flat list's tails: the first two items' gathers up front (the pipeline
+                # fetches the rest two steps ahead), so SBUF holds a few blocks, not all
+                if k < TAIL_AHEAD or st.scratch is None or count == 1:
+                    batch[k].loads = {"0": loader(st, batch[k], count, masked)(0)}
         if count:
             fold_items(st, batch, count, masked)     # finishes each item but the last
         else:

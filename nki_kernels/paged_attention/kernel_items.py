@@ -80,7 +80,7 @@ def set_cache_rows(st, item, count, masked):
     mask come after every item of the iteration has issued its own (``static_block_rows``)."""
     group = 1 if masked else gathered(st, count)
     item.rows, item.pids = None, None
-    if static_block(st, masked):
+    if static_block(st, masked, count):
         item.pids = block_pages(st.kv_indices, item.cursor, count, st.geo, 1)
     elif st.blocked and not masked and st.indirect:
         item.rows = block_rows(st.kv_indices, item.cursor, count, st.geo, group,
@@ -152,7 +152,8 @@ def prepare(st, i, count, masked, cols=None, slot=0, chained=False, fresh=False)
         if poison is not None:
             poison_state(states[t], poison)
     item.q = queries
-    if lean_item(st, masked):      # its one block's rows come from SLOT0 alone: no cursor
+    if lean_item(st, masked) or static_block(st, masked, count):
+        # its one block's rows (and a static block's mask) come from SLOT0 alone: no cursor
         item.bounds = [None]
         item.cursor = {"slot": cols[0:1, SLOT0:SLOT0 + 1]}
     elif batched_chunks(st, count, masked):     # loaded with its iteration's (first_chunks)
@@ -274,7 +275,7 @@ def fold_shape(st, count, masked):
     """(tokens per partition of a gather, chunks per softmax step, softmax steps) of an item
     of ``count`` chunks."""
     group = 1 if masked else gathered(st, count)
-    if static_block(st, masked):       # as many chunks a step as one PSUM bank of scores holds
+    if static_block(st, masked, count):   # as many chunks a step as one PSUM bank of scores
         width = min(count, PSUM_BANK_BYTES // (4 * st.T))
     else:
         width = (step_chunks(st.geo, group) if group > 1 else
@@ -310,11 +311,12 @@ def loader(st, item, count, masked):
     return load
 
 
-def static_block(st, masked):
-    """Whether an item's masked chunks load as one block (a static pass on the indirect path):
-    their rows, tokens dropped and mask predicate made once for all of them up front, so no
-    chunk's gather waits on the one before."""
-    return masked and st.scratch is None and not st.whole and st.blocked and st.indirect
+def static_block(st, masked, count):
+    """Whether an item's ``count`` masked chunks load as one block (a static pass's items, a
+    flat list's tails, on the indirect path): their rows, tokens dropped and mask predicate made
+    once for all of them up front, so no chunk's gather waits on the one before."""
+    return (masked and (st.scratch is None or count > 1) and not st.whole and st.blocked
+            and st.indirect and st.mask is None)
 
 
 def static_block_rows(st, item, count):
@@ -343,16 +345,20 @@ def block_of_masked_chunks(st, item, count):
     drop_invalid(rows, rows, ok)
     if st.geo.kt_dma:
         rows = transpose_rows(rows)
-    # keys [W, L) of the block's tokens s + t: W - s <= t < L - s, s = POS0 (t: st.block_t)
-    hi = nl.ndarray((R, 1), nl.int32, buffer=nl.sbuf, name="lim_hi")
-    nisa.tensor_tensor(dst=hi, data1=cols[0:R, LEN:LEN + 1], data2=cols[0:R, POS0:POS0 + 1],
-                       op=nl.subtract)
-    lo = None
-    if st.windowed:
-        lo = nl.ndarray((R, 1), nl.int32, buffer=nl.sbuf, name="lim_lo")
-        nisa.tensor_tensor(dst=lo, data1=cols[0:R, WIN:WIN + 1], data2=cols[0:R, POS0:POS0 + 1],
-                           op=nl.subtract)
-    return rows, keys_between(st.block_t, hi, lo, "block_keep")
+    # keys [W_r, L_r) of score row r, the block's tokens s + t: W_r - s <= t < L_r - s,
+    # s = POS0 (t: st.block_t); decode rows W and L, a block of queries' each their own
+    def row_col(c):
+        return cols[0:R, c:c + 1]
+    if st.Qb == 1:
+        keys = [row_col(LEN), row_col(WIN) if st.windowed else None]
+    else:
+        keys = list(query_row_keys(row_col, st.row_q[0], st.windowed))
+    limits = [None, None]
+    for k in range(2):
+        if keys[k] is not None:
+            limits[k] = nl.ndarray((R, 1), nl.int32, buffer=nl.sbuf, name="block_limit")
+            nisa.tensor_tensor(dst=limits[k], data1=keys[k], data2=row_col(POS0), op=nl.subtract)
+    return rows, keys_between(st.block_t, limits[0], limits[1], "block_keep")
 
 
 def _load_rows(st, row):

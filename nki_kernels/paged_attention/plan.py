@@ -22,7 +22,7 @@ from .checks import check_batch_decode_inputs, soft_cap
 from .custom_mask import mask_table, with_mask_free_chunks
 from .work import (NO_WINDOW, NullItems, capacity_chunks, chunk_tokens, decode_work,
                    items_per_iteration, null_pages, query_blocks, split_work, static_pass,
-                   static_work, token_table, whole_units, window_span)
+                   static_work, tail_items, token_table, whole_units, window_span)
 
 
 def cache_rows(paged_kv_cache, D):
@@ -32,6 +32,13 @@ def cache_rows(paged_kv_cache, D):
     if fused:
         return np.ascontiguousarray(paged_kv_cache).reshape(-1, D), None
     return np.ascontiguousarray(k).reshape(-1, D), np.ascontiguousarray(v).reshape(-1, D)
+
+
+def _tails(prob, paged_kv_cache, whole=False, masks=None) -> bool:
+    """``work.tail_items`` for this launch (the kernel's row view of the cache: ``cache_rows``)."""
+    k, _, fused = split_cache(paged_kv_cache)
+    rows = int(np.prod((paged_kv_cache if fused else k).shape)) // prob.geo.head_dim
+    return tail_items(host_nc_version(), prob.geo.page_size, rows, whole, masks)
 
 
 @dataclass(frozen=True)
@@ -215,6 +222,7 @@ def plan_prefill(prob, q_lens, qo_indptr, paged_kv_cache, causal,
     n_items = items.L.size
     null = null_items(prob.geo, prob.table, bucket(n_items) * qb, masks)
     # one query per item and no custom mask: a decode step, static when batch_decode's would be
+    tails = qb > 1 and _tails(prob, paged_kv_cache, whole_units(qb), masks)
     chunks = (static_pass(items, prob.geo.page_size, bucket(n_items), cores, host_nc_version())
               if qb == 1 and masks is None else 0)
     if chunks:
@@ -223,7 +231,7 @@ def plan_prefill(prob, q_lens, qo_indptr, paged_kv_cache, causal,
         work = split_work(items, prob.geo.page_size, bucket(n_items), cores,
                           items_per_iteration(qb),
                           table_capacity(prob.geo, prob.table), 1 if qb == 1 else bucket(n_items),
-                          whole_units(qb), null)
+                          whole_units(qb), null, tails)
     # item k covers tokens q0 .. q0 + qb of its request, at padded rows k*qb ..
     tok = items.q0[:, None] + np.arange(qb)[None, :]
     real = tok < q_lens[items.request][:, None]

@@ -171,9 +171,17 @@ CHUNK_BLOCKS = (32, 16, 8, 4, 2, 1)
 # (chunks, masked): an item with no keys (it only writes its empty result), a unit's first masked
 # chunk, its further masked chunks (a sliding window's start, a query block straddling chunks),
 # then the mask-free blocks. The kernel runs the loops in this order.
-ITEM_CLASSES = ((0, False), (1, True), (1, True)) + tuple((size, False) for size in CHUNK_BLOCKS)
+# With tails (``tail_items``) a unit's last chunks, its masked tail and the mask-free chunks
+# past its last whole block of TAIL_CHUNKS, are one masked item of TAIL_CHUNKS chunks instead
+# (the slots past its keys read nothing): the unit's mask-free blocks are then multiples of
+# TAIL_CHUNKS, and a decode step runs two or three kinds of item (two or three loops) instead of
+# up to five.
+TAIL_CHUNKS = 4
+ITEM_CLASSES = ((0, False), (1, True), (TAIL_CHUNKS, True), (1, True)) + tuple(
+    (size, False) for size in CHUNK_BLOCKS)
 FIRST_MASKED = 1                    # the kind of a unit's first masked chunk
-MASKED_AGAIN = 2                    # the kind of a unit's second and later masked chunks
+TAIL = 2                            # the kind of a unit's tail (with tails)
+MASKED_AGAIN = 3                    # the kind of a unit's further masked chunks
 
 
 def chains_in(kind: int) -> bool:
@@ -187,9 +195,19 @@ def chains_in(kind: int) -> bool:
 
 def starts_fresh(kind: int) -> bool:
     """Whether the items of ``kind`` are always their unit's first on their core, so they start
-    from the identity state without loading it: a unit's first masked chunk (the kinds run in
-    ITEM_CLASSES order, and only units with no keys have an item of kind 0)."""
-    return kind == FIRST_MASKED
+    from the identity state without loading it: a unit's first masked chunk, its tail (the kinds
+    run in ITEM_CLASSES order, a unit with a tail has no FIRST_MASKED item, and only units with
+    no keys have an item of kind 0)."""
+    return kind in (FIRST_MASKED, TAIL)
+
+
+def tail_items(nc_version: int, page_size: int, cache_rows: int, whole: bool = False,
+               masks=None) -> bool:
+    """Whether a flat list's units end in a TAIL item: the kernel gathers its masked chunks as
+    one block (indirect DMA, NeuronCore-v3+, pages of at most 128 tokens, a cache of fewer than
+    2**24 rows), no custom mask (its chunks' mask bits are per chunk), not whole units."""
+    return (nc_version >= 3 and page_size <= 128 and cache_rows < 1 << 24 and not whole
+            and masks is None)
 
 
 def loop_widths(per_iteration: int) -> list:
@@ -310,11 +328,16 @@ def core_rows(span_row, per_iteration: int) -> list:
     return rows
 
 
-def class_items(full_lo, full_hi, a, e):
+def class_items(full_lo, full_hi, a, e, tails=False):
     """[(kind, first chunk, end chunk)] of a unit's chunks [a, e) with mask-free range
     [full_lo, full_hi): each masked chunk alone (the first of kind 1, later ones MASKED_AGAIN),
     the mask-free ones in CHUNK_BLOCKS (all the 32-blocks that fit, then at most one of each
-    smaller size); kinds index ITEM_CLASSES."""
+    smaller size); kinds index ITEM_CLASSES. ``tails``: the chunks past the mask-free range's
+    whole blocks of TAIL_CHUNKS are one TAIL item (its first TAIL_CHUNKS; masked chunks past
+    those alone), the masked chunks before the range (a window's start) alone, the first of
+    them of kind 1 only when there is no tail."""
+    if tails:
+        return _tail_items(full_lo, full_hi, a, e)
     out = []
     for c in range(a, e):
         if not full_lo <= c < full_hi:
@@ -328,10 +351,32 @@ def class_items(full_lo, full_hi, a, e):
     return out
 
 
-def _kind_counts(full_lo, full_hi, a, e):
+def _tail_items(full_lo, full_hi, a, e):
+    """``class_items`` with tails."""
+    lo = min(max(a, full_lo), e)
+    hi = max(min(e, full_hi), lo)
+    x = lo + (hi - lo) // TAIL_CHUNKS * TAIL_CHUNKS
+    out = []
+    if x < e:
+        out.append((TAIL, x, min(e, x + TAIL_CHUNKS)))
+    for c in range(a, lo):
+        out.append((FIRST_MASKED if not out else MASKED_AGAIN, c, c + 1))
+    for c in range(x + TAIL_CHUNKS, e):
+        out.append((MASKED_AGAIN, c, c + 1))
+    for kind, (size, masked) in enumerate(ITEM_CLASSES):
+        if size and not masked:
+            while x - lo >= size:
+                out.append((kind, lo, lo + size))
+                lo += size
+    return out
+
+
+def _kind_counts(full_lo, full_hi, a, e, tails=False):
     """[..., kinds] items of each ITEM_CLASSES kind ``class_items`` makes of chunks [a, e)
     (arrays of cuts), counted without listing; an empty range has none."""
     a, e = np.asarray(a, np.int64), np.asarray(e, np.int64)
+    if tails:
+        return _tail_counts(full_lo, full_hi, a, e)
     free = np.maximum(0, np.minimum(e, full_hi) - np.maximum(a, full_lo))
     out = np.zeros(np.broadcast(a, e).shape + (len(ITEM_CLASSES),), np.int64)
     masked = (np.clip(full_lo, a, e) - a) + (e - np.clip(full_hi, a, e))
@@ -344,9 +389,27 @@ def _kind_counts(full_lo, full_hi, a, e):
     return out
 
 
-def _part_items(full_lo, full_hi, a, e):
+def _tail_counts(full_lo, full_hi, a, e):
+    """``_kind_counts`` with tails."""
+    lo = np.minimum(np.maximum(a, full_lo), e)
+    hi = np.maximum(np.minimum(e, full_hi), lo)
+    free = (hi - lo) // TAIL_CHUNKS * TAIL_CHUNKS
+    rest = e - lo - free                           # chunks of the tail and past it
+    out = np.zeros(np.broadcast(a, e, lo).shape + (len(ITEM_CLASSES),), np.int64)
+    out[..., TAIL] = rest > 0
+    head = lo - a
+    out[..., FIRST_MASKED] = (head > 0) & (rest == 0)
+    out[..., MASKED_AGAIN] = head - out[..., FIRST_MASKED] + np.maximum(0, rest - TAIL_CHUNKS)
+    big = CHUNK_BLOCKS[0]
+    for kind, (size, masked) in enumerate(ITEM_CLASSES):
+        if size and not masked:
+            out[..., kind] = free // big if size == big else (free % big) // size % 2
+    return out
+
+
+def _part_items(full_lo, full_hi, a, e, tails=False):
     """Items ``class_items`` makes of chunks [a, e) (arrays of cuts), counted without listing."""
-    return _kind_counts(full_lo, full_hi, a, e).sum(axis=-1)
+    return _kind_counts(full_lo, full_hi, a, e, tails).sum(axis=-1)
 
 
 def loop_iterations(counts, per_iteration: int):
@@ -360,20 +423,20 @@ def loop_iterations(counts, per_iteration: int):
 
 def decode_work(kv_indptr, kv_lens, window_left: int, page_size: int, batch_rows: int,
                 cores: int = 1, per_iteration: int = None, capacity: int = None,
-                null: NullItems = None) -> DecodeWork:
+                null: NullItems = None, tails: bool = False) -> DecodeWork:
     """Share a decode step between ``cores`` (1, or 2 under LNC=2) program instances.
 
     Two cores: requests keep their order and the sequence of all their chunks is cut in two
     halves of equal modelled work: core 0 takes the requests before the cut, core 1 those after
     it, and the request the cut falls in is split at a chunk boundary (split-KV), so one long
     request uses both cores as evenly as many short ones. ``capacity``: chunks the page table can
-    hold (sets the table's static row count; default: what these requests need); ``null``:
-    see ``split_work``.
+    hold (sets the table's static row count; default: what these requests need); ``null``,
+    ``tails``: see ``split_work``.
     """
     if per_iteration is None:
         per_iteration = items_per_iteration(1)
     return split_work(_requests(kv_indptr, kv_lens, window_left, page_size), page_size, batch_rows,
-                      cores, per_iteration, capacity, null=null)
+                      cores, per_iteration, capacity, null=null, tails=tails)
 
 
 # A static pass: a small bucket runs without device loops, each row one masked item of a
@@ -393,7 +456,7 @@ STATIC_SLOT_COST_CHUNKS = 1.4
 
 
 def static_pass(req: _Requests, page_size: int, batch_rows: int, cores: int = 1,
-                nc_version: int = 3) -> int:
+                nc_version: int = 3, tails: bool = False) -> int:
     """Chunks per item of a static pass over one-query items ``req`` (``query_blocks`` of
     q_block 1: a decode step), or 0 when the step runs device loops: a bucket too large or
     cheaper looped (``cores``: under LNC=2 each core takes half the rows, the loops half the
@@ -407,7 +470,7 @@ def static_pass(req: _Requests, page_size: int, batch_rows: int, cores: int = 1,
         chunks *= 2
     if chunks > STATIC_MAX_CHUNKS or chunks * batch_rows > STATIC_MAX_SLOTS:
         return 0
-    kinds = _unit_items(req)[1].sum(axis=0)
+    kinds = _unit_items(req, tails)[1].sum(axis=0)
     U = items_per_iteration(1)
     barriers = loop_iterations(padded_counts(kinds, U), U) * ITERATION_COST_CHUNKS
     # under LNC=2 the loops' work halves, each core's loop barriers stay, and the unit cut
@@ -440,12 +503,12 @@ def static_work(req: _Requests, page_size: int, batch_rows: int, chunks: int,
                       (float(batch_rows * chunks),))
 
 
-def _unit_items(req: _Requests):
+def _unit_items(req: _Requests, tails=False):
     """Each unit's ``class_items`` and [units, kinds] how many of each kind (a unit with no keys:
     one empty item)."""
     B = req.L.size
-    parts = [class_items(int(req.full_lo[b]), int(req.full_hi[b]), int(req.c0[b]), int(req.c1[b]))
-             for b in range(B)]
+    parts = [class_items(int(req.full_lo[b]), int(req.full_hi[b]), int(req.c0[b]), int(req.c1[b]),
+                         tails) for b in range(B)]
     kinds = np.zeros((B, len(ITEM_CLASSES)), np.int64)
     for b in range(B):
         for kind, _, _ in parts[b] or [(0, 0, 0)]:
@@ -560,14 +623,16 @@ def _null_row(kind: int, null: NullItems, units: int) -> np.ndarray:
 
 def split_work(req: _Requests, page_size: int, batch_rows: int, cores: int = 1,
                per_iteration: int = 1, capacity: int = None, sharing: int = 1,
-               whole: bool = False, null: NullItems = None) -> DecodeWork:
+               whole: bool = False, null: NullItems = None, tails: bool = False) -> DecodeWork:
     """decode_work over any work items (requests or query blocks, ``query_blocks``); units are
     numbered by row, ``batch_rows`` of them (a bucket); ``sharing``: see ``table_rows``.
     ``whole``: one item per unit (``whole_units``), the spans [cores, WHOLE_UNIT_SPAN_COLS]:
     the core's whole units [FIRST, END), the row of its part of the unit split between two
     cores (a part with no chunks when the cut leaves it none) and whether one is: with two
     units or more each core takes whole units of its own, cut at a unit edge. ``null``: where
-    null items point (``NullItems``): a flat list's kinds are then padded with them."""
+    null items point (``NullItems``): a flat list's kinds are then padded with them. ``tails``:
+    each unit's last chunks are one TAIL item (``class_items``; ``tail_items`` says when the
+    kernel takes them), its LEN clipped to the item's chunks."""
     U = per_iteration
     pad = null is not None and not whole
     loop_widths(U)                      # refuses a per_iteration that is not a power of two
@@ -577,7 +642,8 @@ def split_work(req: _Requests, page_size: int, batch_rows: int, cores: int = 1,
     chunks = (req.c1 - req.c0).astype(np.int64)
     if capacity is None:
         capacity = int(chunks.sum()) + 1
-    parts, kinds = _unit_items(req)
+    tails = tails and not whole
+    parts, kinds = _unit_items(req, tails)
     # per core: [(unit, slot, item rows' kinds and ranges)] and the split unit's part
     if cores == 1:
         plan = [[(b, b, parts[b]) for b in range(B)]]
@@ -603,13 +669,13 @@ def split_work(req: _Requests, page_size: int, batch_rows: int, cores: int = 1,
         # the cut of the units in their order, or grouped by the kinds of item they have (each
         # core then runs fewer kinds, so fewer loops: a spread batch), whichever leaves the
         # slower core less modelled work
-        options = [_cut(req, parts, kinds, chunks, batch_rows, U, pad, np.arange(B))]
+        options = [_cut(req, parts, kinds, chunks, batch_rows, U, pad, np.arange(B), tails)]
         if not whole and B > 2:
             grouped = np.lexsort(tuple(kinds[:, k] > 0 for k in range(kinds.shape[1]))[::-1])
             if (grouped != np.arange(B)).any():
                 moved = _Requests(*(f[grouped] if isinstance(f, np.ndarray) else f for f in req))
                 options.append(_cut(moved, [parts[b] for b in grouped], kinds[grouped],
-                                    chunks[grouped], batch_rows, U, pad, grouped))
+                                    chunks[grouped], batch_rows, U, pad, grouped, tails))
         req, plan, split, cut, loads = min(options, key=lambda o: (max(o[4]), o[4][0]))
     if whole:
         rows, spans = _whole_rows(req, plan, split, cut, page_size)
@@ -625,7 +691,7 @@ def split_work(req: _Requests, page_size: int, batch_rows: int, cores: int = 1,
     return DecodeWork(table.astype(np.int32), spans.astype(np.int32), loads)
 
 
-def _cut(req: _Requests, parts, kinds, chunks, batch_rows, U, pad, slots):
+def _cut(req: _Requests, parts, kinds, chunks, batch_rows, U, pad, slots, tails=False):
     """Two cores' share of units ``req`` in their order: every cut (unit k, chunk c) gives core 0
     the units before k and chunks [c0, c) of k, core 1 the rest; the cut with the least
     modelled time of the slower core (its chunks, items and loop iterations, each kind's loops
@@ -641,15 +707,15 @@ def _cut(req: _Requests, parts, kinds, chunks, batch_rows, U, pad, slots):
                                    np.cumsum(kinds, axis=0)])
     before_chunks = np.concatenate([[0], np.cumsum(chunks)])
     side = [_core_load(before_chunks[k] + (c - c0),
-                       before_kinds[k] + _kind_counts(lo, hi, c0, c), U, pad),
+                       before_kinds[k] + _kind_counts(lo, hi, c0, c, tails), U, pad),
             _core_load(before_chunks[B] - before_chunks[k + 1] + (c1 - c),
-                       before_kinds[B] - before_kinds[k + 1] + _kind_counts(lo, hi, c, c1),
+                       before_kinds[B] - before_kinds[k + 1] + _kind_counts(lo, hi, c, c1, tails),
                        U, pad)]
     best = np.lexsort((np.abs(side[0] - side[1]), np.maximum(side[0], side[1])))[0]
     split, cut = int(k[best]), int(c[best])
     lo_k, hi_k = int(req.full_lo[split]), int(req.full_hi[split])
-    halves = (class_items(lo_k, hi_k, int(req.c0[split]), cut),
-              class_items(lo_k, hi_k, cut, int(req.c1[split])))
+    halves = (class_items(lo_k, hi_k, int(req.c0[split]), cut, tails),
+              class_items(lo_k, hi_k, cut, int(req.c1[split]), tails))
     plan = [[(split, batch_rows, halves[0])]
             + [(b, int(slots[b]), parts[b]) for b in range(split)],
             [(split, batch_rows + 1, halves[1])]
@@ -701,6 +767,8 @@ def _kind_rows(req: _Requests, plan, split, page_size, batch_rows, cores, U, nul
                 for k_, a, e in its:
                     if k_ == kind:
                         row = req.items(np.array([b]), np.array([a]), np.array([e]), page_size)[0]
+                        if kind == TAIL:     # its slots past e read nothing (a split part's)
+                            row[LEN] = min(row[LEN], e * chunk_tokens(page_size))
                         row[LOAD] = slot if slot in chained else ident
                         row[STORE] = slot
                         chained.add(slot)

@@ -12,10 +12,10 @@ from nki_kernels.paged_cache.layout import CacheGeometry
 from nki_kernels.paged_attention.work import (
     C0, C1, CHUNK_BLOCKS, DECODE_ITEMS_PER_ITERATION, ENTRY0, FULL_HI, FULL_LO, HI_BASE,
     ITEM_CLASSES, ITEM_COST_CHUNKS, ITERATION_COST_CHUNKS, LEN, LOAD, MASKED_AGAIN, META_COLS,
-    NO_WINDOW, OUT,
+    NO_WINDOW, OUT, TAIL, TAIL_CHUNKS,
     POS0, PTR, Q_BASE, SLOT0, STORE, W_SPAN, WHOLE_UNIT_SPAN_COLS,
     WIN, capacity_chunks, causal_pairs, chunk_tokens,
-    _part_items, class_items, core_rows, decode_work, items_per_iteration, loop_widths, token_table,
+    _kind_counts, _part_items, class_items, core_rows, decode_work, items_per_iteration, loop_widths, token_table,
     query_blocks, request_table, span_cols, span_column, split_work, starts_fresh, state_slots,
     table_rows,
     whole_units)
@@ -209,6 +209,37 @@ def test_class_items_split_a_range_into_masked_chunks_and_blocks():
     assert list(CHUNK_BLOCKS) == sorted(CHUNK_BLOCKS, reverse=True) and CHUNK_BLOCKS[-1] == 1
 
 
+@pytest.mark.parametrize("seed", range(4))
+def test_tails_end_each_range_and_leave_whole_blocks(seed):
+    """With tails: every chunk of [a, e) once; the chunks before the mask-free range are single
+    masked chunks (the first of kind 1 only without a tail), the mask-free blocks are whole
+    multiples of TAIL_CHUNKS from its start, and one tail of at most TAIL_CHUNKS chunks holds
+    the rest (single masked chunks past it); the counts the cut uses agree."""
+    rng = np.random.default_rng(seed)
+    for _ in range(300):
+        a = int(rng.integers(0, 6))
+        e = a + int(rng.integers(0, 40))
+        full_lo = int(rng.integers(a, e + 2))
+        full_hi = int(rng.integers(full_lo, e + 2))
+        items = class_items(full_lo, full_hi, a, e, tails=True)
+        assert sorted(c for _, lo, hi in items for c in range(lo, hi)) == list(range(a, e))
+        tails = [(lo, hi) for k, lo, hi in items if k == TAIL]
+        lo_free = min(max(a, full_lo), e)
+        blocks = [(lo, hi) for k, lo, hi in items if not ITEM_CLASSES[k][1] and k]
+        for lo, hi in blocks:
+            assert (hi - lo) % TAIL_CHUNKS == 0 and full_lo <= lo and hi <= full_hi
+        assert sum(hi - lo for lo, hi in blocks) == max(0, min(e, full_hi) - lo_free) // (
+            TAIL_CHUNKS) * TAIL_CHUNKS
+        assert len(tails) <= 1 and all(0 < hi - lo <= TAIL_CHUNKS for lo, hi in tails)
+        singles = [(k, lo) for k, lo, hi in items if ITEM_CLASSES[k] == (1, True)]
+        for k, lo in singles:
+            assert lo < lo_free or (tails and lo >= tails[0][1])
+            assert k == MASKED_AGAIN or (not tails and lo == a)
+        counts = np.bincount([k for k, _, _ in items], minlength=len(ITEM_CLASSES))
+        np.testing.assert_array_equal(
+            _kind_counts(full_lo, full_hi, np.array(a), np.array(e), tails=True), counts)
+
+
 def test_causal_pairs_counts_each_query_key_pair():
     ql, kv = np.array([1, 5, 0, 300]), np.array([10, 5, 7, 1000])
     want = sum(_visible(int(k), int(q), i, -1, True)[1] for q, k in zip(ql, kv) for i in range(q))
@@ -217,8 +248,9 @@ def test_causal_pairs_counts_each_query_key_pair():
 
 def _check_work(req, work, rows_bucket, U, P, cores):
     """Every unit's chunks [c0, c1) run exactly once over the cores, each item a row of
-    req.items over its range with the kind's size; chains: a unit's first item on a core loads
-    the identity, later ones the slot it stored; the split unit's parts in slots rows + p."""
+    req.items over its range with the kind's size (a tail: up to its size, its LEN clipped to
+    its chunks); chains: a unit's first item on a core loads the identity, later ones the slot
+    it stored; the split unit's parts in slots rows + p."""
     kinds = dict(enumerate(ITEM_CLASSES))
     ident = state_slots(rows_bucket) - 1
     assert work.items.shape == (table_rows(rows_bucket, int((req.c1 - req.c0).sum()) + 1),
@@ -244,8 +276,13 @@ def _check_work(req, work, rows_bucket, U, P, cores):
                 _only(span, k, U), U))
             size, masked = kinds[kind]
             a, e = int(row[C0]), int(row[C1])
-            assert e - a == size
             want = req.items(np.array([unit]), np.array([a]), np.array([e]), P)[0]
+            if kind == TAIL:
+                assert 0 < e - a <= size
+                want[LEN] = min(want[LEN], e * chunk_tokens(P))
+                masked = not (req.full_lo[unit] <= a and e <= req.full_hi[unit])
+            else:
+                assert e - a == size
             np.testing.assert_array_equal(np.delete(row, [LOAD, STORE]), np.delete(want, [LOAD,
                                                                                           STORE]))
             if size:
@@ -286,9 +323,10 @@ def _split_unit(work, req):
     return int(np.flatnonzero(req.out == work.spans[0][-1])[0])
 
 
+@pytest.mark.parametrize("tails", [False, True])
 @pytest.mark.parametrize("U", [1, 2, 4])
 @pytest.mark.parametrize("seed", range(12))
-def test_work_runs_every_chunk_once_and_two_cores_balance(seed, U):
+def test_work_runs_every_chunk_once_and_two_cores_balance(seed, U, tails):
     rng = np.random.default_rng(seed)
     P = int(rng.choice([1, 16, 128, 256]))
     indptr, kv, ql = _random_batch(rng, P)
@@ -297,8 +335,8 @@ def test_work_runs_every_chunk_once_and_two_cores_balance(seed, U):
     qb = int(rng.choice([1, 8]))
     req = query_blocks(indptr, kv, np.minimum(ql, kv), qb, int(rng.choice([-1, 50])), True, P)
     rows = req.L.size + int(rng.integers(0, 3))
-    one = split_work(req, P, rows, 1, U)
-    two = split_work(req, P, rows, 2, U)
+    one = split_work(req, P, rows, 1, U, tails=tails)
+    two = split_work(req, P, rows, 2, U, tails=tails)
     _check_work(req, one, rows, U, P, 1)
     _check_work(req, two, rows, U, P, 2)
     # loads: the split unit pays its items on both cores; the halves within one item's work

@@ -89,8 +89,8 @@ def test_program_size_is_independent_of_lengths_and_work_follows_them(rng, targe
     assert executed[0] == executed[1]               # 4 chunks per request in both steps
     assert read[0] == read[1]                        # same 401-token window in both
     loops = [l["iterations"] for l in trace.loops if l["depth"] == 0]
-    # one loop per kind of work item (empty, a unit's first masked chunk, its further masked
-    # chunks, mask-free blocks of 32, 16, 8, 4, 2, 1) and width (16, 8, 4, 2 and 1 items per
+    # one loop per kind of work item (empty, a unit's first masked chunk, its tail, its further
+    # masked chunks, mask-free blocks of 32, 16, 8, 4, 2, 1; decode has no tails) and width (16, 8, 4, 2 and 1 items per
     # iteration): each request has a masked first and last chunk (two first ones: one iteration
     # of 2; two further ones: one of 2) and a block of 2 mask-free chunks (two items: one
     # iteration of 2); the two requests' items share iterations
@@ -98,7 +98,7 @@ def test_program_size_is_independent_of_lengths_and_work_follows_them(rng, targe
     expected = [0] * (len(ITEM_CLASSES) * len(widths))
     expected[1 * len(widths) + widths.index(2)] = 1      # first masked chunks
     expected[MASKED_AGAIN * len(widths) + widths.index(2)] = 1      # further masked chunks
-    expected[7 * len(widths) + widths.index(2)] = 1      # blocks of 2
+    expected[ITEM_CLASSES.index((2, False)) * len(widths) + widths.index(2)] = 1  # blocks of 2
     assert loops == expected
     assert not [l for l in trace.loops if l["depth"] > 0]      # no loop per request
 
@@ -111,7 +111,7 @@ def test_padded_batch_rows_do_no_work(rng):
     trace = simulate.last_trace()
     loops = [l["iterations"] for l in trace.loops]
     widths = loop_widths(items_per_iteration(1))
-    assert widths == [16, 8, 4, 2, 1] and len(loops) == 9 * 5     # 9 kinds x 5 widths
+    assert widths == [16, 8, 4, 2, 1] and len(loops) == 10 * 5    # 10 kinds x 5 widths
     assert loops[5:10] == [0, 1, 0, 0, 0] and sum(loops) == 1      # masked chunks: 5 + 3 null
 
 
@@ -126,8 +126,9 @@ def test_long_requests_take_mask_free_chunks_in_blocks(rng, target):
     trace = simulate.last_trace()
     loops = [l["iterations"] for l in trace.loops]
     # one iteration of width 1 (the last of each kind's loops) for kinds masked, 32, 8, 1
-    widths_1 = loops[4::5]          # empty, masked, masked again, 32, 16, 8, 4, 2, 1
-    assert len(loops) == 9 * 5 and widths_1 == [0, 1, 0, 1, 0, 1, 0, 0, 1] and sum(loops) == 4
+    widths_1 = loops[4::5]          # empty, masked, tail, masked again, 32, 16, 8, 4, 2, 1
+    assert len(loops) == 10 * 5 and widths_1 == [0, 1, 0, 0, 1, 0, 1, 0, 0, 1]
+    assert sum(loops) == 4
     ref, ref_lse = batch_decode_ref(*args, return_lse=True)
     np.testing.assert_allclose(out, ref, rtol=2e-5, atol=2e-5)
     np.testing.assert_allclose(lse, ref_lse, rtol=2e-5, atol=2e-5)
