@@ -20,7 +20,7 @@ import numpy as np
 from nki_kernels.buckets import bucket
 from nki_kernels.paged_cache.checks import require_int32_vector
 
-from .work import chunk_tokens
+from .work import TAIL_CHUNKS, chunk_tokens
 
 BITORDERS = ("big", "little")
 
@@ -143,10 +143,12 @@ def _mask_indptr(mask_indptr, nbytes, total):
 
 
 def mask_chunks(kv_lens, page_size) -> int:
-    """C: chunks per query row of the mask table, a bucket of the longest request's chunks."""
+    """C: chunks per query row of the mask table, a bucket of the longest request's chunks,
+    and TAIL_CHUNKS - 1 more (zero bits): a tail item (``work.TAIL``) reads the bits of all its
+    chunk slots, those past its unit's keys included."""
     T = chunk_tokens(page_size)
     longest = int(np.max(np.asarray(kv_lens, np.int64), initial=0))
-    return bucket(max(1, -(-longest // T)))
+    return bucket(max(1, -(-longest // T))) + TAIL_CHUNKS - 1
 
 
 def mask_table(masks, items, q_block, rows, page_size):

@@ -316,7 +316,7 @@ def static_block(st, masked, count):
     flat list's tails, on the indirect path): their rows, tokens dropped and mask predicate made
     once for all of them up front, so no chunk's gather waits on the one before."""
     return (masked and (st.scratch is None or count > 1) and not st.whole and st.blocked
-            and st.indirect and st.mask is None)
+            and st.indirect)
 
 
 def static_block_rows(st, item, count):
@@ -358,7 +358,12 @@ def block_of_masked_chunks(st, item, count):
         if keys[k] is not None:
             limits[k] = nl.ndarray((R, 1), nl.int32, buffer=nl.sbuf, name="block_limit")
             nisa.tensor_tensor(dst=limits[k], data1=keys[k], data2=row_col(POS0), op=nl.subtract)
-    return rows, keys_between(st.block_t, limits[0], limits[1], "block_keep")
+    keep = keys_between(st.block_t, limits[0], limits[1], "block_keep")
+    if st.mask is not None:       # each chunk slot's custom-mask bits
+        start = mask_start(cols, st.mask)
+        for k in range(count):
+            masked_keep(st.mask, start, keep[:, k * T:(k + 1) * T], 0, st.Qt, st.G, k)
+    return rows, keep
 
 
 def _load_rows(st, row):

@@ -39,17 +39,18 @@ def mask_start(cols, mask):
     return row
 
 
-def masked_keep(mask, mask_row, keep, q0, Qt, G):
+def masked_keep(mask, mask_row, keep, q0, Qt, G, chunk=0):
     """``keep`` [R, T] uint8 (the row's key range, ``mask_keep``) and-ed in place with the custom
-    mask bits of the chunk at ``mask_row`` for a tile of score rows (kv head, query token
-    q0 + i of the item, g): one DMA of the rows' packed bytes, one shift, one and."""
+    mask bits of the chunk at ``mask_row`` (``chunk`` chunks further: a tail's slots) for a tile
+    of score rows (kv head, query token q0 + i of the item, g): one DMA of the rows' packed
+    bytes, one shift, one and."""
     R, T = keep.shape
     C, TB = mask.chunks, mask.bits.shape[1]
     heads = R // (Qt * G)
     packed = nl.ndarray((R, TB), nl.uint8, buffer=nl.sbuf, name="mask_bytes")
     nisa.dma_copy(dst=packed, src=mask.bits.ap([[0, heads], [C * TB, Qt], [0, G], [1, TB]],
-                                               offset=q0 * C * TB, scalar_offset=mask_row,
-                                               indirect_dim=0))
+                                               offset=(q0 * C + chunk) * TB,
+                                               scalar_offset=mask_row, indirect_dim=0))
     bits = nl.ndarray((R, TB * 8), nl.uint8, buffer=nl.sbuf, name="mask_bits")
     nisa.tensor_tensor(dst=bits.ap([[TB * 8, R], [8, TB], [1, 8]]),
                        data1=packed.ap([[TB, R], [1, TB], [0, 8]]),

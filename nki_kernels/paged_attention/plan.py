@@ -34,11 +34,11 @@ def cache_rows(paged_kv_cache, D):
     return np.ascontiguousarray(k).reshape(-1, D), np.ascontiguousarray(v).reshape(-1, D)
 
 
-def _tails(prob, paged_kv_cache, whole=False, masks=None) -> bool:
+def _tails(prob, paged_kv_cache, whole=False) -> bool:
     """``work.tail_items`` for this launch (the kernel's row view of the cache: ``cache_rows``)."""
     k, _, fused = split_cache(paged_kv_cache)
     rows = int(np.prod((paged_kv_cache if fused else k).shape)) // prob.geo.head_dim
-    return tail_items(host_nc_version(), prob.geo.page_size, rows, whole, masks)
+    return tail_items(host_nc_version(), prob.geo.page_size, rows, whole)
 
 
 @dataclass(frozen=True)
@@ -222,7 +222,7 @@ def plan_prefill(prob, q_lens, qo_indptr, paged_kv_cache, causal,
     n_items = items.L.size
     null = null_items(prob.geo, prob.table, bucket(n_items) * qb, masks)
     # one query per item and no custom mask: a decode step, static when batch_decode's would be
-    tails = qb > 1 and _tails(prob, paged_kv_cache, whole_units(qb), masks)
+    tails = qb > 1 and _tails(prob, paged_kv_cache, whole_units(qb))
     chunks = (static_pass(items, prob.geo.page_size, bucket(n_items), cores, host_nc_version())
               if qb == 1 and masks is None else 0)
     if chunks:

@@ -201,13 +201,11 @@ def starts_fresh(kind: int) -> bool:
     return kind in (FIRST_MASKED, TAIL)
 
 
-def tail_items(nc_version: int, page_size: int, cache_rows: int, whole: bool = False,
-               masks=None) -> bool:
+def tail_items(nc_version: int, page_size: int, cache_rows: int, whole: bool = False) -> bool:
     """Whether a flat list's units end in a TAIL item: the kernel gathers its masked chunks as
     one block (indirect DMA, NeuronCore-v3+, pages of at most 128 tokens, a cache of fewer than
-    2**24 rows), no custom mask (its chunks' mask bits are per chunk), not whole units."""
-    return (nc_version >= 3 and page_size <= 128 and cache_rows < 1 << 24 and not whole
-            and masks is None)
+    2**24 rows), not whole units."""
+    return nc_version >= 3 and page_size <= 128 and cache_rows < 1 << 24 and not whole
 
 
 def loop_widths(per_iteration: int) -> list:

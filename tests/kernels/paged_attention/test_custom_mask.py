@@ -10,7 +10,7 @@ from nki_kernels.paged_attention import (batch_prefill, batch_prefill_ragged,
                                          batch_decode_kernel, packbits, segment_packbits)
 from nki_kernels.paged_attention.custom_mask import (mask_table, request_masks,
                                                      with_mask_free_chunks)
-from nki_kernels.paged_attention.work import query_blocks
+from nki_kernels.paged_attention.work import TAIL_CHUNKS, query_blocks
 
 from .conftest import assert_close
 from .test_prefill import make_prefill_case
@@ -243,8 +243,11 @@ def test_mask_table_layout():
     masks[0][1, [0, 9, 19]] = True
     items = query_blocks(np.array([0, 2]), np.array([20]), np.array([2]), 2, -1, False, 16)
     table = mask_table(masks, items, 2, 2, 16)
-    assert table.shape == (2 * 1, 16)                 # one chunk of 128 keys (pages of 16)
-    assert table[1, 0] == 1 and table[1, 1] == 2 and table[1, 2] == 8 and table[0].sum() == 0
+    # one chunk of 128 keys (pages of 16), then a tail's further slots' (zero) bits
+    assert table.shape == (2 * TAIL_CHUNKS, 16)
+    rows = table.reshape(2, TAIL_CHUNKS, 16)
+    assert rows[1, 0, 0] == 1 and rows[1, 0, 1] == 2 and rows[1, 0, 2] == 8
+    assert rows[0].sum() == 0 and rows[:, 1:].sum() == 0
 
 
 def test_mask_free_chunks_follow_the_mask():

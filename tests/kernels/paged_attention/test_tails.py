@@ -46,3 +46,24 @@ def test_a_split_units_first_part_ends_its_tail_at_the_cut(rng):
         with simulate.use_target("trn2"):
             check(args, lnc=2, causal=True)
 
+
+
+@pytest.mark.parametrize("lnc", [1, 2])
+@pytest.mark.parametrize("hole", [None, 300], ids=["tree", "hole"])
+def test_custom_masks_take_each_slots_bits(rng, lnc, hole):
+    """Custom masks: a draft tree over each request's prefix (its drafts see the prefix, their
+    ancestors and themselves), and the same with a key of the prefix hidden from one query (the
+    chunks from there on are masked: single chunks, then the tail): every tail slot ands its own
+    chunk's bits."""
+    q_lens, kv_lens = [8, 5, 3], [1000, 700, 131]
+    args = make_prefill_case(rng, q_lens, kv_lens, 16, 2, 4, 32)
+    masks = []
+    for q, kv in zip(q_lens, kv_lens):
+        m = np.ones((q, kv), bool)
+        m[:, kv - q:] = np.tril(rng.random((q, q)) < 0.6) | np.eye(q, dtype=bool)
+        if hole is not None and kv > hole:
+            m[q // 2, hole] = False
+        masks.append(m.reshape(-1))
+    with simulate.use_target("trn2"):
+        check(args, lnc=lnc, custom_mask=np.concatenate(masks))
+        assert _tail_blocks() > 0
