@@ -85,7 +85,8 @@ from .kernel_load import (PSUM_BANK_BYTES, ROW_LIMIT, group_entry_rows, kt_dma_l
 from .kernel_mask import custom_mask
 from .kernel_queries import query_pads
 from .kernel_softmax import load_state, state_tile
-from .work import (CHUNK_BLOCKS, ITEM_CLASSES, chains_in, items_per_iteration, loop_widths,
+from .work import (CHUNK_BLOCKS, ITEM_CLASSES, chains_in, item_query_bytes,
+                   items_per_iteration, loop_widths,
                    span_column, starts_fresh, state_slots, TAIL_CHUNKS, whole_units)
 
 
@@ -259,7 +260,7 @@ def make_step(q, k_rows, v_rows, meta, kv_indices, tok_tab, row_tab, sinks, mask
     if per_group > 1 and Qb > 1:
         st.q_pads = {}
         engines = (nisa.engine.gpsimd, nisa.engine.vector)
-        for slot in range(min(items_per_iteration(Qb), -(-(B // Qb) // program_cores()) + 1)):
+        for slot in range(min(flat_items(q, Qb, mm_dtype), -(-(B // Qb) // program_cores()) + 1)):
             for t in range(len(tiles)):
                 st.q_pads[f"{slot},{t}"] = query_pads(tiles[t][1], tiles[t][1] * GQ, D,
                                                       mm_dtype, engines[len(st.q_pads) % 2])
@@ -321,6 +322,13 @@ def run_static_pass(st, chunks):
         items_iteration(st, chunks, True, rows, False)(0)
 
 
+def flat_items(q, Qb, mm_dtype):
+    """Items per iteration of the flat list's loops (``work.items_per_iteration``, as the host
+    planned them for these queries)."""
+    return items_per_iteration(Qb, item_query_bytes(q.shape[1], Qb, q.shape[2],
+                                                    dtype_bytes(mm_dtype)))
+
+
 def block_columns(st, chunks):
     """``st.block_t``: [R, chunks * T] token columns of a static block of ``chunks`` chunks
     (every block's the same: the iota made once)."""
@@ -331,7 +339,7 @@ def block_columns(st, chunks):
 def run_item_loops(st, span, span_cols):
     """A flat list of items: one loop per kind of item and width (U items an iteration, then
     U/2, ..., 1), trip counts from the core's span row; under LNC=2 then the split unit."""
-    U = items_per_iteration(st.Qb)
+    U = flat_items(st.q, st.Qb, st.mm_dtype)
     if static_block(st, True, TAIL_CHUNKS):      # the tails' mask columns
         block_columns(st, TAIL_CHUNKS)
     for kind in range(len(ITEM_CLASSES)):

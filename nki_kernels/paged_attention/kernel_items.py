@@ -35,6 +35,12 @@ from .work import (C0, C1, CHUNK_BLOCKS, ENTRY0, FULL_HI, FULL_LO, LEN, LOAD, ME
 FOLD_WIDTH = 4
 
 
+# K and V bytes per partition of the one-chunk masked items' gathers a loop iteration issues
+# before any softmax (``first_chunks``): all 16 of a Llama-3-8B decode (4 KiB each); an fp32
+# cache of 4 kv heads x 256 loads 8 up front (16 overflowed SBUF beside verification's tiles)
+UPFRONT_BYTES = 64 * 1024
+
+
 # Largest V tile (bytes per partition) a softmax step's end may hold one unit past its begin
 LAG_TILE_BYTES = 16 * 1024
 
@@ -203,7 +209,9 @@ def first_chunks(st, table, batch):
     rows with the tokens outside the keys dropped and its score rows' key limits, is computed
     for all the items at once, one instruction a step over [T, W] / [R, W] views of the W items'
     table columns (``table``: the iteration's [parts, W * META_COLS] rows, ``item_row``); per
-    item only its page-id DMA, its gathers and its [R, T] mask predicate."""
+    item only its page-id DMA, its gathers and its [R, T] mask predicate. The first items'
+    gathers are issued here, as many as UPFRONT_BYTES of K and V per partition holds; the
+    others' (their ``rows`` and ``keep`` set) by the pipeline, two steps ahead."""
     geo, W = st.geo, len(batch)
 
     def col(c, parts):                 # column c of every item: [parts, W]
@@ -211,10 +219,14 @@ def first_chunks(st, table, batch):
     rows = _first_rows(st, col, batch)
     hi, lo = _first_limits(st, col, W)
     _, sources, iota_rt, _, v_dtype, mask, Qt, G, zeros = st.consts
+    ahead = max(2, min(W, UPFRONT_BYTES // (2 * st.geo.H * st.D * st.k_bytes)))
     for k in range(W):
         keep = keys_between(iota_rt, hi[:, k:k + 1], None if lo is None else lo[:, k:k + 1])
         if mask is not None:
             masked_keep(mask, mask_start(batch[k].cols, mask), keep, 0, Qt, G)
+        if k >= ahead:              # gathered by the pipeline (``loader``), as a static block
+            batch[k].rows, batch[k].keep = rows[:, k:k + 1], keep
+            continue
         tiles = _chunk_tiles(geo, sources[0][0].dtype)
         load_chunk_indirect(tiles, sources, st.kv_indices, None, None, geo, rows[:, k:k + 1],
                             zeros, dropped=True)
@@ -313,10 +325,11 @@ def loader(st, item, count, masked):
 
 def static_block(st, masked, count):
     """Whether an item's ``count`` masked chunks load as one block (a static pass's items, a
-    flat list's tails, on the indirect path): their rows, tokens dropped and mask predicate made
-    once for all of them up front, so no chunk's gather waits on the one before."""
+    flat list's tails, on the indirect path; one tile of query tokens, whose rows share one mask
+    predicate): their rows, tokens dropped and mask predicate made once for all of them up
+    front, so no chunk's gather waits on the one before."""
     return (masked and (st.scratch is None or count > 1) and not st.whole and st.blocked
-            and st.indirect)
+            and st.indirect and st.Qb == st.Qt)
 
 
 def static_block_rows(st, item, count):

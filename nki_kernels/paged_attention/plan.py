@@ -21,7 +21,7 @@ from nki_kernels.paged_cache.layout import split_cache
 from .checks import check_batch_decode_inputs, soft_cap
 from .custom_mask import mask_table, with_mask_free_chunks
 from .work import (NO_WINDOW, NullItems, capacity_chunks, chunk_tokens, decode_work,
-                   items_per_iteration, null_pages, query_blocks, split_work, static_pass,
+                   item_query_bytes, items_per_iteration, null_pages, query_blocks, split_work, static_pass,
                    static_work, tail_items, token_table, whole_units, window_span)
 
 
@@ -34,11 +34,13 @@ def cache_rows(paged_kv_cache, D):
     return np.ascontiguousarray(k).reshape(-1, D), np.ascontiguousarray(v).reshape(-1, D)
 
 
-def _tails(prob, paged_kv_cache, whole=False) -> bool:
-    """``work.tail_items`` for this launch (the kernel's row view of the cache: ``cache_rows``)."""
+def _tails(prob, paged_kv_cache, qb) -> bool:
+    """``work.tail_items`` for this launch's units of ``qb`` queries (the kernel's row view of
+    the cache: ``cache_rows``; its query tiles: ``kernel.make_step``)."""
     k, _, fused = split_cache(paged_kv_cache)
     rows = int(np.prod((paged_kv_cache if fused else k).shape)) // prob.geo.head_dim
-    return tail_items(host_nc_version(), prob.geo.page_size, rows, whole)
+    query_tiles = -(-qb // max(1, 128 // prob.group))
+    return tail_items(host_nc_version(), prob.geo.page_size, rows, whole_units(qb), query_tiles)
 
 
 @dataclass(frozen=True)
@@ -131,7 +133,7 @@ def kernel_arguments(prob, paged_kv_cache, work, row_tab, sinks,
     padded = np.zeros((real + null_pages(geo.page_size), 1), np.int32)
     padded[:table.pages, 0] = table.indices[:table.pages]
     padded[real:, 0] = geo.num_pages          # null items' pages: past the cache, skipped
-    mm_dtype = k_dtype.name if k_dtype.itemsize >= 2 else "bfloat16"
+    mm_dtype = k_dtype.name if k_dtype.itemsize >= 2 else "bfloat16"   # max(2, itemsize) bytes
     sinks32 = None if sinks is None else np.asarray(sinks, np.float32).reshape(-1, 1)
     arrays = (work.items, work.spans, padded, token_table(geo.page_size), row_tab, sinks32,
               mask_bits)
@@ -222,14 +224,17 @@ def plan_prefill(prob, q_lens, qo_indptr, paged_kv_cache, causal,
     n_items = items.L.size
     null = null_items(prob.geo, prob.table, bucket(n_items) * qb, masks)
     # one query per item and no custom mask: a decode step, static when batch_decode's would be
-    tails = qb > 1 and _tails(prob, paged_kv_cache, whole_units(qb))
+    tails = qb > 1 and _tails(prob, paged_kv_cache, qb)
     chunks = (static_pass(items, prob.geo.page_size, bucket(n_items), cores, host_nc_version())
               if qb == 1 and masks is None else 0)
     if chunks:
         work = static_work(items, prob.geo.page_size, bucket(n_items), chunks, null)
     else:
+        k_bytes = split_cache(paged_kv_cache)[0].dtype.itemsize
         work = split_work(items, prob.geo.page_size, bucket(n_items), cores,
-                          items_per_iteration(qb),
+                          items_per_iteration(qb, item_query_bytes(
+                              prob.geo.num_heads * prob.group, qb, prob.geo.head_dim,
+                              max(2, k_bytes))),
                           table_capacity(prob.geo, prob.table), 1 if qb == 1 else bucket(n_items),
                           whole_units(qb), null, tails)
     # item k covers tokens q0 .. q0 + qb of its request, at padded rows k*qb ..

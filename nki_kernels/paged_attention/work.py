@@ -201,11 +201,14 @@ def starts_fresh(kind: int) -> bool:
     return kind in (FIRST_MASKED, TAIL)
 
 
-def tail_items(nc_version: int, page_size: int, cache_rows: int, whole: bool = False) -> bool:
+def tail_items(nc_version: int, page_size: int, cache_rows: int, whole: bool = False,
+               query_tiles: int = 1) -> bool:
     """Whether a flat list's units end in a TAIL item: the kernel gathers its masked chunks as
     one block (indirect DMA, NeuronCore-v3+, pages of at most 128 tokens, a cache of fewer than
-    2**24 rows), not whole units."""
-    return nc_version >= 3 and page_size <= 128 and cache_rows < 1 << 24 and not whole
+    2**24 rows) with one mask predicate, its items' queries one tile of score rows
+    (``query_tiles``: tiles of a unit's queries, 128 // group each), not whole units."""
+    return (nc_version >= 3 and page_size <= 128 and cache_rows < 1 << 24 and not whole
+            and query_tiles == 1)
 
 
 def loop_widths(per_iteration: int) -> list:
@@ -304,12 +307,31 @@ def whole_units(q_block: int) -> bool:
     return q_block > FLAT_LIST_MAX_QUERIES
 
 
-def items_per_iteration(q_block: int) -> int:
+# SBUF per partition an iteration's items may hold in query stationaries (each item prepares its
+# queries before any item's chunks): verification of 16 drafts at GQA 16 with an fp32 cache and
+# head_dim 256 holds 8 KiB an item, and 16 items overflowed SBUF (4 an iteration now); a
+# Llama-3-8B item holds 256 B (decode) to 512 B (8 drafts).
+ITERATION_QUERY_BYTES = 32 * 1024
+
+
+def item_query_bytes(q_heads: int, q_block: int, head_dim: int, mm_bytes: int) -> int:
+    """Bytes per partition of a flat-list item's query stationaries: its q_heads x q_block rows
+    of head_dim (in pieces of 128 partitions) in the matmul dtype."""
+    return -(-head_dim // 128) * q_heads * q_block * mm_bytes
+
+
+def items_per_iteration(q_block: int, query_bytes: int = 0) -> int:
     """Items per iteration of the flat list's loops (a power of two): DECODE_ITEMS_PER_ITERATION
-    for decode and verification items whatever the bucket (a lone long request's blocks are several items too; the
-    remainder of each kind runs in narrower loops, so nothing is padded); whole units take an
-    iteration each."""
-    return 1 if whole_units(q_block) else DECODE_ITEMS_PER_ITERATION
+    for decode and verification items whatever the bucket (a lone long request's blocks are
+    several items too; the remainder of each kind runs in narrower loops, so nothing is
+    padded), halved (down to 2) while their queries (``query_bytes`` each,
+    ``item_query_bytes``) exceed ITERATION_QUERY_BYTES; whole units take an iteration each."""
+    if whole_units(q_block):
+        return 1
+    per = DECODE_ITEMS_PER_ITERATION
+    while per > 2 and per * query_bytes > ITERATION_QUERY_BYTES:
+        per //= 2
+    return per
 
 
 def core_rows(span_row, per_iteration: int) -> list:

@@ -67,3 +67,13 @@ def test_custom_masks_take_each_slots_bits(rng, lnc, hole):
     with simulate.use_target("trn2"):
         check(args, lnc=lnc, custom_mask=np.concatenate(masks))
         assert _tail_blocks() > 0
+
+
+def test_wide_verification_items_fit_sbuf(rng):
+    """16 drafts at GQA 16 with an fp32 cache and head_dim 256: 8 KiB of query stationaries per
+    item, so a loop iteration takes fewer items (work.ITERATION_QUERY_BYTES; sixteen overflowed
+    SBUF) and the one-chunk masked items' gathers beyond UPFRONT_BYTES wait for the pipeline."""
+    args = make_prefill_case(rng, [16] * 9, [40, 300, 129, 16, 200, 77, 500, 18, 260], 16, 4, 16,
+                             256)
+    with simulate.use_target("trn2"):
+        check(args, causal=True)
