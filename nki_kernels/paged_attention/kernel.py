@@ -289,7 +289,8 @@ def state_group(whole, row_max, tiles):
 def run_whole_units(st, span):
     """Large blocks of queries: one loop over the core's whole units, each written when complete;
     under LNC=2 then, when the step is one unit, the core's part of it, merged with the other
-    core's."""
+    core's. A bucket of one unit runs it without the loop; under LNC=2 one of two, each core
+    its own (the host gives each core one, an empty one if need be)."""
     def whole_unit(i):
         item = unit(st, i)
         write(st, item.states, item.b, item.bank)
@@ -301,6 +302,9 @@ def run_whole_units(st, span):
             split_unit(0)
         else:
             whole_unit(nisa.scalar_load(span[0:1, 0:1]))
+        return
+    if st.cores == 2 and st.q.shape[0] // st.Qb == 2:    # one unit each (work.split_work)
+        whole_unit(nisa.scalar_load(span[0:1, 0:1]))
         return
     first, end = nisa.scalar_load(span[0:1, 0:1]), nisa.scalar_load(span[0:1, 1:2])
     nl.fori_loop(first, end, whole_unit)

@@ -222,7 +222,9 @@ def plan_prefill(prob, q_lens, qo_indptr, paged_kv_cache, causal,
     if masks is not None:
         items = with_mask_free_chunks(items, masks, qb, prob.geo.page_size)
     n_items = items.L.size
-    null = null_items(prob.geo, prob.table, bucket(n_items) * qb, masks)
+    # (whole units take no null items, only a row past the launch's: a custom mask is no bar)
+    null = null_items(prob.geo, prob.table, bucket(n_items) * qb,
+                      None if whole_units(qb) else masks)
     # one query per item and no custom mask: a decode step, static when batch_decode's would be
     tails = qb > 1 and _tails(prob, paged_kv_cache, qb)
     chunks = (static_pass(items, prob.geo.page_size, bucket(n_items), cores, host_nc_version())

@@ -670,6 +670,17 @@ def split_work(req: _Requests, page_size: int, batch_rows: int, cores: int = 1,
         split, cut, loads = None, None, (float(_core_load(chunks.sum(), kinds.sum(axis=0), U, pad)),)
     elif B == 0:
         plan, split, cut, loads = [[], []], None, None, (0.0, 0.0)
+    elif whole and B == 1 and batch_rows == 2:
+        if null is None:
+            raise ValueError("a bucket of two whole units on two cores holding one: null (its "
+                             "rows' end, NullItems.out) places the empty one")
+        # a bucket of two holding one unit (a bucket policy's minimum): the unit on core 0, an
+        # empty one on core 1 over the bucket's padded rows (the second half of the rows up to
+        # ``null.out``), so with two units each core runs exactly one and the kernel no loop
+        # over them (``run_whole_units``)
+        plan = [[(0, 0, parts[0])], [(-1, null.out // 2, [])]]
+        split, cut = None, None
+        loads = (float(_core_load(chunks.sum(), kinds.sum(axis=0), U)), 0.0)
     elif whole and B > 1:
         # whole units on two cores: each core runs units of its own, cut at the unit edge
         # where the slower core has the least modelled work; no unit is split (a split one
@@ -751,8 +762,12 @@ def _whole_rows(req: _Requests, plan, split, cut, page_size):
     rows, spans = [], np.zeros((len(plan), WHOLE_UNIT_SPAN_COLS), np.int64)
     for p, units in enumerate(plan):
         spans[p, 0] = len(rows)
-        for b, _, _ in units:
-            if b != split:
+        for b, slot, _ in units:
+            if b == -1:                   # an empty unit over the bucket's padded rows
+                row = np.zeros(META_COLS, np.int64)
+                row[OUT], row[W_SPAN] = slot, NO_WINDOW
+                rows.append(row)
+            elif b != split:
                 rows.append(req.items(np.array([b]), req.c0[b:b + 1], req.c1[b:b + 1],
                                       page_size)[0])
         spans[p, 1] = len(rows)

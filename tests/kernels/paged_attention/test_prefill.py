@@ -272,3 +272,22 @@ def test_a_bucket_of_one_block_of_queries_runs_it_without_a_loop(rng, target, q_
     assert -(-q_len // query_block(q_len, 4, 2, 32, lnc)) == (1 if lnc == 1 or q_len <= 32 else 2)
     check(args, lnc=lnc, causal=True)
     check(args, lnc=lnc, causal=True, window_left=50)
+
+
+@pytest.mark.parametrize("minimum", [1, 2])
+def test_two_cores_run_a_bucket_of_two_blocks_one_each_without_a_loop(rng, minimum):
+    """LNC=2, a bucket of two blocks of queries: each core runs one (no loop over units, so no
+    loop is nested in another). With a bucket policy of minimum 2 a single block still does: it
+    runs on core 0 and an empty one over the bucket's padded rows on core 1."""
+    from nki_kernels.buckets import BucketPolicy, set_bucket_policy
+    old = set_bucket_policy(BucketPolicy(minimum, 2))
+    try:
+        for q_lens, kv_lens in (([100], [900]), ([20], [500]), ([30, 9], [200, 700])):
+            args = make_prefill_case(rng, q_lens, kv_lens, 16, 2, 4, 32)
+            with simulate.use_target("trn2"):
+                check(args, lnc=2, causal=True)
+                loops = simulate.last_trace().loops
+                check(args, lnc=2, causal=True, window_left=120)
+            assert loops and not [l for l in loops if l["depth"] > 0]
+    finally:
+        set_bucket_policy(old)
