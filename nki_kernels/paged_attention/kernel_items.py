@@ -264,13 +264,17 @@ def _first_rows(st, col, batch):
 
 
 def _first_limits(st, col, W):
-    """[R, W] key limits (hi, lo) of the items' score rows relative to their chunk (keys t with
-    lo <= t < hi; lo None without a window): decode rows L - s and W - s (s = POS0); a block
-    of queries' rows each their own, from its query qi = row_q (work.py's L_r, W_r)."""
-    R = st.R
-
+    """[R, W] ``key_limits`` of the W items' score rows (``col``: ``first_chunks``)."""
     def row_col(c):
-        return col(c, R)
+        return col(c, st.R)
+    return key_limits(st, row_col, W)
+
+
+def key_limits(st, row_col, width):
+    """[R, width] key limits (hi, lo) of items' score rows relative to their first token s =
+    POS0 (keys t with lo <= t < hi; lo None without a window): decode rows L - s and W - s; a
+    block of queries' rows each their own, from its query qi = row_q (work.py's L_r, W_r).
+    ``row_col(c)``: column c of the items' table rows on the R score rows, [R, width]."""
     if st.Qb == 1:
         keys = [row_col(LEN), row_col(WIN) if st.windowed else None]
     else:
@@ -278,7 +282,7 @@ def _first_limits(st, col, W):
     limits = [None, None]
     for k in range(2):
         if keys[k] is not None:
-            limits[k] = nl.ndarray((R, W), nl.int32, buffer=nl.sbuf, name="first_limit")
+            limits[k] = nl.ndarray((st.R, width), nl.int32, buffer=nl.sbuf, name="key_limit")
             nisa.tensor_tensor(dst=limits[k], data1=keys[k], data2=row_col(POS0), op=nl.subtract)
     return limits[0], limits[1]
 
@@ -358,20 +362,11 @@ def block_of_masked_chunks(st, item, count):
     drop_invalid(rows, rows, ok)
     if st.geo.kt_dma:
         rows = transpose_rows(rows)
-    # keys [W_r, L_r) of score row r, the block's tokens s + t: W_r - s <= t < L_r - s,
-    # s = POS0 (t: st.block_t); decode rows W and L, a block of queries' each their own
+    # score row r keeps the block's tokens s + t (t: st.block_t) with lo_r <= t < hi_r
     def row_col(c):
         return cols[0:R, c:c + 1]
-    if st.Qb == 1:
-        keys = [row_col(LEN), row_col(WIN) if st.windowed else None]
-    else:
-        keys = list(query_row_keys(row_col, st.row_q[0], st.windowed))
-    limits = [None, None]
-    for k in range(2):
-        if keys[k] is not None:
-            limits[k] = nl.ndarray((R, 1), nl.int32, buffer=nl.sbuf, name="block_limit")
-            nisa.tensor_tensor(dst=limits[k], data1=keys[k], data2=row_col(POS0), op=nl.subtract)
-    keep = keys_between(st.block_t, limits[0], limits[1], "block_keep")
+    hi, lo = key_limits(st, row_col, 1)
+    keep = keys_between(st.block_t, hi, lo, "block_keep")
     if st.mask is not None:       # each chunk slot's custom-mask bits
         start = mask_start(cols, st.mask)
         for k in range(count):

@@ -362,7 +362,13 @@ def class_items(full_lo, full_hi, a, e, tails=False):
     for c in range(a, e):
         if not full_lo <= c < full_hi:
             out.append((1 if not out else MASKED_AGAIN, c, c + 1))
-    lo, hi = max(a, full_lo), min(e, full_hi)
+    return out + _blocks(max(a, full_lo), min(e, full_hi))
+
+
+def _blocks(lo, hi):
+    """[(kind, first, end)] of the mask-free chunks [lo, hi) in CHUNK_BLOCKS: all the 32-blocks
+    that fit, then at most one of each smaller size."""
+    out = []
     for kind, (size, masked) in enumerate(ITEM_CLASSES):
         if size and not masked:
             while hi - lo >= size:
@@ -383,12 +389,7 @@ def _tail_items(full_lo, full_hi, a, e):
         out.append((FIRST_MASKED if not out else MASKED_AGAIN, c, c + 1))
     for c in range(x + TAIL_CHUNKS, e):
         out.append((MASKED_AGAIN, c, c + 1))
-    for kind, (size, masked) in enumerate(ITEM_CLASSES):
-        if size and not masked:
-            while x - lo >= size:
-                out.append((kind, lo, lo + size))
-                lo += size
-    return out
+    return out + _blocks(lo, x)
 
 
 def _kind_counts(full_lo, full_hi, a, e, tails=False):
@@ -402,6 +403,11 @@ def _kind_counts(full_lo, full_hi, a, e, tails=False):
     masked = (np.clip(full_lo, a, e) - a) + (e - np.clip(full_hi, a, e))
     out[..., 1] = np.minimum(masked, 1)
     out[..., MASKED_AGAIN] = masked - out[..., 1]
+    return _block_counts(out, free)
+
+
+def _block_counts(out, free):
+    """``out`` [..., kinds] with the counts of ``_blocks`` of ``free`` mask-free chunks set."""
     big = CHUNK_BLOCKS[0]
     for kind, (size, masked) in enumerate(ITEM_CLASSES):
         if size and not masked:
@@ -420,11 +426,7 @@ def _tail_counts(full_lo, full_hi, a, e):
     head = lo - a
     out[..., FIRST_MASKED] = (head > 0) & (rest == 0)
     out[..., MASKED_AGAIN] = head - out[..., FIRST_MASKED] + np.maximum(0, rest - TAIL_CHUNKS)
-    big = CHUNK_BLOCKS[0]
-    for kind, (size, masked) in enumerate(ITEM_CLASSES):
-        if size and not masked:
-            out[..., kind] = free // big if size == big else (free % big) // size % 2
-    return out
+    return _block_counts(out, free)
 
 
 def _part_items(full_lo, full_hi, a, e, tails=False):
