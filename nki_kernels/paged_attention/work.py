@@ -786,6 +786,20 @@ def _whole_rows(req: _Requests, plan, split, cut, page_size):
     return rows, spans
 
 
+def _last_items_keep_nothing(rows, batch_rows):
+    """A unit's last item on a core (``rows``: the core's, in the order it runs them) stores no
+    state (STORE: the slot past the scratch, whose store skips): no later item loads it. The
+    parts of a unit split between the cores (slots batch_rows, batch_rows + 1) keep theirs for
+    the merge; null items' already point past."""
+    past = state_slots(batch_rows)
+    last = {}
+    for i, row in enumerate(rows):
+        last[int(row[STORE])] = i
+    for slot, i in last.items():
+        if slot < batch_rows:
+            rows[i][STORE] = past
+
+
 def _kind_rows(req: _Requests, plan, split, page_size, batch_rows, cores, U, null=None):
     """Work-item rows and spans of the flat list: per core, items grouped by kind (ITEM_CLASSES
     order) in unit order, each chained from its unit's previous item through the scratch; with
@@ -796,6 +810,7 @@ def _kind_rows(req: _Requests, plan, split, page_size, batch_rows, cores, U, nul
     rows, spans = [], np.zeros((cores, span_cols(U)), np.int64)
     for p, units in enumerate(plan):
         chained = set()
+        first_row = len(rows)
         for kind, _ in enumerate(ITEM_CLASSES):
             mine = []
             for b, slot, its in units:
@@ -822,6 +837,7 @@ def _kind_rows(req: _Requests, plan, split, page_size, batch_rows, cores, U, nul
                 n = (len(rows) - start) // w * w
                 spans[p, col], spans[p, col + 1] = start, start + n
                 start += n
+        _last_items_keep_nothing(rows[first_row:], batch_rows)
         if split is not None:
             spans[p, -2] = batch_rows + p if batch_rows + p in chained else ident
             spans[p, -1] = req.out[split]

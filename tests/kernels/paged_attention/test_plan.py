@@ -250,9 +250,10 @@ def _check_work(req, work, rows_bucket, U, P, cores):
     """Every unit's chunks [c0, c1) run exactly once over the cores, each item a row of
     req.items over its range with the kind's size (a tail: up to its size, its LEN clipped to
     its chunks); chains: a unit's first item on a core loads the identity, later ones the slot
-    it stored; the split unit's parts in slots rows + p."""
+    it stored, its last one there stores nothing (the slot past the scratch); the split unit's
+    parts in slots rows + p."""
     kinds = dict(enumerate(ITEM_CLASSES))
-    ident = state_slots(rows_bucket) - 1
+    ident, past = state_slots(rows_bucket) - 1, state_slots(rows_bucket)
     assert work.items.shape == (table_rows(rows_bucket, int((req.c1 - req.c0).sum()) + 1),
                                 META_COLS)
     assert work.spans.shape == (cores, span_cols(U))
@@ -266,6 +267,7 @@ def _check_work(req, work, rows_bucket, U, P, cores):
                 col = span_column(kind, w, U)
                 assert (span[col + 1] - span[col]) % w == 0
         order = core_rows(span, U)
+        ended = set()
         assert order == sorted(order) and not used & set(order)
         used |= set(order)
         for i in order:
@@ -289,6 +291,10 @@ def _check_work(req, work, rows_bucket, U, P, cores):
                 inside = req.full_lo[unit] <= a and e <= req.full_hi[unit]
                 assert masked == (not inside)
             slot = int(row[STORE])
+            assert unit not in ended                 # nothing after a unit's last item
+            if slot == past:                         # its last item here keeps no state
+                ended.add(unit)
+                slot = unit
             assert slot == unit or slot == rows_bucket + p
             if slot != unit:
                 split_slots[p] = slot
@@ -363,7 +369,7 @@ def test_one_core_load_is_chunks_and_items():
     assert work.loads == (pytest.approx(3 + 3 * ITEM_COST_CHUNKS + 3 * ITERATION_COST_CHUNKS),)
     order = core_rows(work.spans[0], U)
     assert [tuple(work.items[i][[C0, C1, LOAD, STORE]]) for i in order] == [
-        (6, 7, state_slots(1) - 1, 0), (8, 9, 0, 0), (7, 8, 0, 0)]
+        (6, 7, state_slots(1) - 1, 0), (8, 9, 0, 0), (7, 8, 0, state_slots(1))]
     kinds = [next(k for k in range(len(ITEM_CLASSES)) if i in core_rows(
         _only(work.spans[0], k, U), U)) for i in order]
     assert kinds == [1, MASKED_AGAIN, len(ITEM_CLASSES) - 1]
