@@ -78,8 +78,8 @@ from nki_kernels.paged_kv_append.kernel import scatter_rows
 
 from .kernel_cursor import Geometry, partition_iota, query_of_row
 from .kernel_items import (SCORES_AHEAD, batched_chunks, finish, fold_items, first_chunks,
-                           gathered, item_row, loader, merge_split, prepare, static_block,
-                           static_block_rows, unit, write)
+                           fold_shape, gathered, item_row, loader, merge_split, prepare,
+                           static_block, static_block_rows, unit, write)
 from .kernel_load import (PSUM_BANK_BYTES, ROW_LIMIT, group_entry_rows, kt_dma_layout,
                           zero_rows)
 from .kernel_mask import custom_mask
@@ -366,6 +366,10 @@ def run_item_loops(st, span, span_cols):
 
 # Tail items (work.TAIL) of a loop iteration whose gathers are issued before any softmax
 TAIL_AHEAD = 2
+# K and V bytes per partition of a static pass's first gathers issued before any softmax: a
+# Llama-3-8B step's 4 rows of 4 chunks (64 KiB) all; 16 rows of 4 chunks (256 KiB) overflowed
+# SBUF, and so did 8 rows of fp32 16 kv heads
+STATIC_UPFRONT_BYTES = 96 * 1024
 
 
 def items_iteration(st, count, masked, width, chained, fresh=False):
@@ -386,12 +390,20 @@ def items_iteration(st, count, masked, width, chained, fresh=False):
         if batched_chunks(st, count, masked):
             first_chunks(st, table, batch)
         elif masked:
+            # the items whose first gathers are issued here (the pipeline fetches the others'
+            # two steps ahead), so SBUF holds a few blocks, not all: a flat list's tails
+            # TAIL_AHEAD, a static pass's rows as many as STATIC_UPFRONT_BYTES holds
+            ahead = width
+            if st.scratch is None:
+                chunks = fold_shape(st, count, masked)[1]      # a row's first gather
+                ahead = max(1, STATIC_UPFRONT_BYTES // (chunks * st.geo.H * (st.T + st.D)
+                                                        * st.k_bytes))
+            elif count > 1:
+                ahead = TAIL_AHEAD
             for k in range(width):
                 if static_block(st, masked, count):
                     static_block_rows(st, batch[k], count)
-                # a flat list's tails: the first two items' gathers up front (the pipeline
-                # fetches the rest two steps ahead), so SBUF holds a few blocks, not all
-                if k < TAIL_AHEAD or st.scratch is None or count == 1:
+                if k < ahead:
                     batch[k].loads = {"0": loader(st, batch[k], count, masked)(0)}
         if count:
             fold_items(st, batch, count, masked)     # finishes each item but the last

@@ -43,6 +43,12 @@ def _tails(prob, paged_kv_cache, qb) -> bool:
     return tail_items(host_nc_version(), prob.geo.page_size, rows, whole_units(qb), query_tiles)
 
 
+def _chunk_bytes(prob, paged_kv_cache) -> int:
+    """Bytes per partition of one chunk's K and V in SBUF (``work.static_pass``)."""
+    itemsize = split_cache(paged_kv_cache)[0].dtype.itemsize
+    return prob.geo.num_heads * (chunk_tokens(prob.geo.page_size) + prob.geo.head_dim) * itemsize
+
+
 @dataclass(frozen=True)
 class DecodeLaunch:
     """What the host prepared: the kernel's array arguments after the cache rows, its static
@@ -79,7 +85,8 @@ def prepare_decode(q, paged_kv_cache, kv_indptr, kv_indices, kv_last_page_len, k
     null = null_items(prob.geo, prob.table, rows)
     req = query_blocks(prob.table.indptr, prob.kv_lens, np.ones_like(prob.kv_lens), 1,
                        window_left, True, prob.geo.page_size)
-    chunks = static_pass(req, prob.geo.page_size, rows, cores, host_nc_version())
+    chunks = static_pass(req, prob.geo.page_size, rows, cores, host_nc_version(),
+                         _chunk_bytes(prob, paged_kv_cache))
     if chunks:
         work = static_work(req, prob.geo.page_size, rows, chunks, null)
     else:
@@ -227,8 +234,8 @@ def plan_prefill(prob, q_lens, qo_indptr, paged_kv_cache, causal,
                       None if whole_units(qb) else masks)
     # one query per item and no custom mask: a decode step, static when batch_decode's would be
     tails = qb > 1 and _tails(prob, paged_kv_cache, qb)
-    chunks = (static_pass(items, prob.geo.page_size, bucket(n_items), cores, host_nc_version())
-              if qb == 1 and masks is None else 0)
+    chunks = (static_pass(items, prob.geo.page_size, bucket(n_items), cores, host_nc_version(),
+                          _chunk_bytes(prob, paged_kv_cache)) if qb == 1 and masks is None else 0)
     if chunks:
         work = static_work(items, prob.geo.page_size, bucket(n_items), chunks, null)
     else:

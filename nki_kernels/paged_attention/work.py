@@ -477,14 +477,21 @@ STATIC_ROW_COST_CHUNKS = 3.5
 STATIC_SLOT_COST_CHUNKS = 1.4
 
 
+# A static pass folds 4 chunks a softmax step with its gathers two steps ahead: K and V of a
+# chunk (bytes per partition) beyond this make its pipeline overflow SBUF (fp32, 16 kv heads of
+# 128: 16 KiB), so such caches run the loops
+STATIC_MAX_CHUNK_BYTES = 8 * 1024
+
+
 def static_pass(req: _Requests, page_size: int, batch_rows: int, cores: int = 1,
-                nc_version: int = 3, tails: bool = False) -> int:
+                nc_version: int = 3, chunk_bytes: int = 0) -> int:
     """Chunks per item of a static pass over one-query items ``req`` (``query_blocks`` of
     q_block 1: a decode step), or 0 when the step runs device loops: a bucket too large or
     cheaper looped (``cores``: under LNC=2 each core takes half the rows, the loops half the
     work), or no block of masked chunks to gather at once (NeuronCore-v2: no indirect DMA;
-    pages over 128 tokens)."""
-    if nc_version < 3 or page_size > 128:
+    pages over 128 tokens), or a chunk's K and V (``chunk_bytes`` per partition) past
+    STATIC_MAX_CHUNK_BYTES."""
+    if nc_version < 3 or page_size > 128 or chunk_bytes > STATIC_MAX_CHUNK_BYTES:
         return 0
     chunks_of = (req.c1 - req.c0).astype(np.int64)
     chunks = 1
@@ -492,7 +499,7 @@ def static_pass(req: _Requests, page_size: int, batch_rows: int, cores: int = 1,
         chunks *= 2
     if chunks > STATIC_MAX_CHUNKS or chunks * batch_rows > STATIC_MAX_SLOTS:
         return 0
-    kinds = _unit_items(req, tails)[1].sum(axis=0)
+    kinds = _unit_items(req)[1].sum(axis=0)
     U = items_per_iteration(1)
     barriers = loop_iterations(padded_counts(kinds, U), U) * ITERATION_COST_CHUNKS
     # under LNC=2 the loops' work halves, each core's loop barriers stay, and the unit cut

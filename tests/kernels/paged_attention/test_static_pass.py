@@ -36,6 +36,24 @@ def test_the_policy_takes_it_where_loops_cost_more():
     assert static_pass(_req([1000]), 16, 1, nc_version=2) == 0  # no indirect DMA on trn1
     assert static_pass(_req([1000]), 256, 1) == 0               # pages over 128 tokens
     assert static_pass(_req([5000]), 16, 1) == 0                # past STATIC_MAX_CHUNKS
+    # a chunk's K and V past STATIC_MAX_CHUNK_BYTES (fp32, 16 kv heads of 128): loops
+    assert static_pass(_req([1000]), 16, 1, chunk_bytes=16 * (128 + 128) * 4) == 0
+    assert static_pass(_req([1000]), 16, 1, chunk_bytes=8 * (128 + 128) * 2) == 8
+
+
+def test_a_full_bucket_of_static_rows_fits_sbuf(rng):
+    """Llama-3-8B's kv heads (8 x 128, bf16): 16 rows of 4 chunks, whose first gathers (256 KiB
+    a partition) had overflowed SBUF: a few rows' go first, the others' through the pipeline
+    (kernel.STATIC_UPFRONT_BYTES); matches the reference on both cores too."""
+    lens = [int(n) for n in rng.integers(100, 400, 16)]
+    args = make_decode_case(rng, lens, 16, 8, 1, 128, q_dtype=np.float32,
+                            kv_dtype=np.float32)
+    ref, ref_lse = batch_decode_ref(*args, return_lse=True)
+    for lnc in (1, 2):
+        with simulate.use_target("trn2"):
+            out, lse = batch_decode(*args, return_lse=True, lnc=lnc)
+        np.testing.assert_allclose(out, ref, rtol=2e-5, atol=2e-5)
+        np.testing.assert_allclose(lse, ref_lse, rtol=2e-5, atol=2e-5)
 
 
 def test_its_table_covers_each_request_and_pads_the_bucket():

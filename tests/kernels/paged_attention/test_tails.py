@@ -77,3 +77,26 @@ def test_wide_verification_items_fit_sbuf(rng):
                              256)
     with simulate.use_target("trn2"):
         check(args, causal=True)
+
+
+@pytest.mark.parametrize("lnc, window_left", [(1, -1), (2, 300)])
+def test_wide_decode_items_gather_through_the_pipeline(rng, monkeypatch, lnc, window_left):
+    """16 kv heads of 128 in fp32: 16 KiB of K and V per one-chunk masked item, so a loop
+    iteration issues four items' gathers up front (kernel_items.UPFRONT_BYTES) and the rest
+    through the pipeline, each from its rows and mask made with the iteration's."""
+    from nki_kernels.paged_attention import batch_decode, batch_decode_ref, kernel_items
+    from .conftest import assert_close, make_decode_case
+    deferred = []
+    load_rows = kernel_items._load_rows
+
+    def spy(st, row):
+        deferred.append(st.scratch is not None)
+        return load_rows(st, row)
+    monkeypatch.setattr(kernel_items, "_load_rows", spy)
+    lens = [int(n) for n in rng.integers(300, 1200, 10)]
+    args = make_decode_case(rng, lens, 16, 16, 2, 128, q_dtype=np.float32, kv_dtype=np.float32)
+    with simulate.use_target("trn2"):
+        out, lse = batch_decode(*args, return_lse=True, lnc=lnc, window_left=window_left)
+    ref, ref_lse = batch_decode_ref(*args, return_lse=True, window_left=window_left)
+    assert_close(out, ref, lse, ref_lse, dtype="float32")
+    assert sum(deferred) > 0
