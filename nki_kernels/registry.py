@@ -102,14 +102,20 @@ def _paged_case(s, rng, q_lens, kv_lens):
                 kv_last_page_len=last, kv_layout=layout)
 
 
+def _drawn_kv_lens(s, rng, B, least=0):
+    """``B`` requests' keys: ``kv_len`` each, or (``kv_min`` given) drawn uniformly from
+    [max(kv_min, least), kv_len] (a serving batch's spread)."""
+    L = int(s["kv_len"])
+    if "kv_min" not in s:
+        return [L] * B
+    return [int(n) for n in rng.integers(max(int(s["kv_min"]), least), L + 1, B)]
+
+
 def _dec_make(s, rng):
     """``batch`` requests of ``kv_len`` keys each, or (``kv_min`` given) of lengths drawn
     uniformly from [kv_min, kv_len] (a serving batch's spread)."""
-    B, L = int(s["batch"]), int(s["kv_len"])
-    lens = [L] * B
-    if "kv_min" in s:
-        lens = [int(n) for n in rng.integers(int(s["kv_min"]), L + 1, B)]
-    return _paged_case(s, rng, [1] * B, lens)
+    B = int(s["batch"])
+    return _paged_case(s, rng, [1] * B, _drawn_kv_lens(s, rng, B))
 
 
 def _dec_run(i):
@@ -151,10 +157,7 @@ def _pf_make(s, rng):
     uniformly from [max(kv_min, q_len), kv_len]. Causal."""
     B, extra = int(s["batch"]), int(s.get("prefill", 0))
     q_lens = [int(s["q_len"])] * B + ([extra] if extra else [])
-    kv_lens = [int(s["kv_len"])] * B
-    if "kv_min" in s:
-        lo = max(int(s["kv_min"]), int(s["q_len"]))
-        kv_lens = [int(n) for n in rng.integers(lo, int(s["kv_len"]) + 1, B)]
+    kv_lens = _drawn_kv_lens(s, rng, B, int(s["q_len"]))
     kv_lens += [int(s.get("prefill_kv", extra))] if extra else []
     case = _paged_case(s, rng, q_lens, kv_lens)
     qo_indptr = np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int32)

@@ -85,9 +85,9 @@ from .kernel_load import (PSUM_BANK_BYTES, ROW_LIMIT, group_entry_rows, kt_dma_l
 from .kernel_mask import custom_mask
 from .kernel_queries import query_pads
 from .kernel_softmax import load_state, state_tile
-from .work import (CHUNK_BLOCKS, ITEM_CLASSES, chains_in, item_query_bytes,
-                   items_per_iteration, loop_widths,
-                   span_column, starts_fresh, state_slots, TAIL_CHUNKS, whole_units)
+from .work import (CHUNK_BLOCKS, ITEM_CLASSES, TAIL_CHUNKS, chains_in, item_query_bytes,
+                   items_per_iteration, loop_widths, span_column, starts_fresh, state_slots,
+                   whole_units)
 
 
 # Mask-free chunks of a work item come in blocks of work.CHUNK_BLOCKS: a block of 32 chunks (4096
@@ -255,9 +255,10 @@ def make_step(q, k_rows, v_rows, meta, kv_indices, tok_tab, row_tab, sinks, mask
     # blocks of queries: the zero-padded query stationaries of the item slots of an iteration,
     # zeroed once here (tiles of several kv heads only: one head's stationary has no padding),
     # for as many slots as a kind's loop over the core's share of the bucket's units fills (a
-    # further slot, of a kind that repeats per unit or a core given more units, zeroes its own). Measured (trn2): verify 16 x 4 drafts x 1k
-    # 670 -> 627 us; decode keeps a memset per item (its pads are 4x narrower, and a short
-    # launch waits for the slots' memsets: 1 x 512 30 -> 36 us)
+    # further slot, of a kind that repeats per unit or a core given more units, zeroes its
+    # own). Measured (trn2): verify 16 x 4 drafts x 1k 670 -> 627 us; decode keeps a memset
+    # per item (its pads are 4x narrower, and a short launch waits for the slots' memsets:
+    # 1 x 512 30 -> 36 us)
     if per_group > 1 and Qb > 1:
         st.q_pads = {}
         engines = (nisa.engine.gpsimd, nisa.engine.vector)

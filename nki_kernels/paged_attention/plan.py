@@ -21,8 +21,8 @@ from nki_kernels.paged_cache.layout import split_cache
 from .checks import check_batch_decode_inputs, soft_cap
 from .custom_mask import mask_table, with_mask_free_chunks
 from .work import (NO_WINDOW, NullItems, capacity_chunks, chunk_tokens, decode_work,
-                   item_query_bytes, items_per_iteration, null_pages, query_blocks, split_work, static_pass,
-                   static_work, tail_items, token_table, whole_units, window_span)
+                   item_query_bytes, items_per_iteration, null_pages, query_blocks, split_work,
+                   static_pass, static_work, tail_items, token_table, whole_units, window_span)
 
 
 def cache_rows(paged_kv_cache, D):
@@ -41,6 +41,12 @@ def _tails(prob, paged_kv_cache, qb) -> bool:
     rows = int(np.prod((paged_kv_cache if fused else k).shape)) // prob.geo.head_dim
     query_tiles = -(-qb // max(1, 128 // prob.group))
     return tail_items(host_nc_version(), prob.geo.page_size, rows, whole_units(qb), query_tiles)
+
+
+def _matmul_dtype(k_dtype):
+    """(name, bytes) of the kernel's matmul dtype for a K cache of ``k_dtype``: the cache's own
+    from 2 bytes up, bfloat16 for fp8."""
+    return (k_dtype.name, k_dtype.itemsize) if k_dtype.itemsize >= 2 else ("bfloat16", 2)
 
 
 def _chunk_bytes(prob, paged_kv_cache) -> int:
@@ -140,7 +146,7 @@ def kernel_arguments(prob, paged_kv_cache, work, row_tab, sinks,
     padded = np.zeros((real + null_pages(geo.page_size), 1), np.int32)
     padded[:table.pages, 0] = table.indices[:table.pages]
     padded[real:, 0] = geo.num_pages          # null items' pages: past the cache, skipped
-    mm_dtype = k_dtype.name if k_dtype.itemsize >= 2 else "bfloat16"   # max(2, itemsize) bytes
+    mm_dtype = _matmul_dtype(k_dtype)[0]
     sinks32 = None if sinks is None else np.asarray(sinks, np.float32).reshape(-1, 1)
     arrays = (work.items, work.spans, padded, token_table(geo.page_size), row_tab, sinks32,
               mask_bits)
@@ -239,11 +245,10 @@ def plan_prefill(prob, q_lens, qo_indptr, paged_kv_cache, causal,
     if chunks:
         work = static_work(items, prob.geo.page_size, bucket(n_items), chunks, null)
     else:
-        k_bytes = split_cache(paged_kv_cache)[0].dtype.itemsize
+        mm_bytes = _matmul_dtype(split_cache(paged_kv_cache)[0].dtype)[1]
         work = split_work(items, prob.geo.page_size, bucket(n_items), cores,
                           items_per_iteration(qb, item_query_bytes(
-                              prob.geo.num_heads * prob.group, qb, prob.geo.head_dim,
-                              max(2, k_bytes))),
+                              prob.geo.num_heads * prob.group, qb, prob.geo.head_dim, mm_bytes)),
                           table_capacity(prob.geo, prob.table), 1 if qb == 1 else bucket(n_items),
                           whole_units(qb), null, tails)
     # item k covers tokens q0 .. q0 + qb of its request, at padded rows k*qb ..

@@ -15,7 +15,8 @@ from nki_kernels.paged_attention.work import (
     NO_WINDOW, OUT, TAIL, TAIL_CHUNKS,
     POS0, PTR, Q_BASE, SLOT0, STORE, W_SPAN, WHOLE_UNIT_SPAN_COLS,
     WIN, capacity_chunks, causal_pairs, chunk_tokens,
-    _kind_counts, _part_items, class_items, core_rows, decode_work, items_per_iteration, loop_widths, token_table,
+    _kind_counts, _part_items, class_items, core_rows, decode_work, items_per_iteration,
+    loop_widths, token_table,
     query_blocks, request_table, span_cols, span_column, split_work, starts_fresh, state_slots,
     table_rows,
     whole_units)

@@ -90,8 +90,8 @@ def test_program_size_is_independent_of_lengths_and_work_follows_them(rng, targe
     assert read[0] == read[1]                        # same 401-token window in both
     loops = [l["iterations"] for l in trace.loops if l["depth"] == 0]
     # one loop per kind of work item (empty, a unit's first masked chunk, its tail, its further
-    # masked chunks, mask-free blocks of 32, 16, 8, 4, 2, 1; decode has no tails) and width (16, 8, 4, 2 and 1 items per
-    # iteration): each request has a masked first and last chunk (two first ones: one iteration
+    # masked chunks, mask-free blocks of 32, 16, 8, 4, 2, 1; decode has no tails) and width
+    # (16, 8, 4, 2 and 1 items per iteration): each request has a masked first and last chunk (two first ones: one iteration
     # of 2; two further ones: one of 2) and a block of 2 mask-free chunks (two items: one
     # iteration of 2); the two requests' items share iterations
     widths = loop_widths(items_per_iteration(1))
