@@ -27,7 +27,8 @@ Args (device):
         matmul dtype: shapes and model constants only, so one compile serves every step of a
         shape bucket; static_pass: () (device loops) or (chunks,) (a static pass, one compile
         per chunk count); windowed: whether any request may have a sliding window (False: every
-        window start is 0, and no mask checks it)
+        window start is 0, and no mask checks it); unit_tail: a whole unit's tail slots (0:
+        none; causal launches: work.with_unit_tail made their rows)
 Returns out [B, HQ, D] (q dtype) and lse [B, HQ, 1] fp32, base 2, @ shared HBM.
 
 Control flow is on the device: one loop per kind of work item and width (U items per iteration,
@@ -79,7 +80,8 @@ from nki_kernels.paged_kv_append.kernel import scatter_rows
 from .kernel_cursor import Geometry, partition_iota, query_of_row
 from .kernel_items import (SCORES_AHEAD, batched_chunks, finish, fold_items, first_chunks,
                            fold_shape, gathered, item_row, loader, merge_split, prepare,
-                           static_block, static_block_rows, unit, write)
+                           static_block, static_block_rows, unit, unit_begin, unit_loops,
+                           write)
 from .kernel_load import (PSUM_BANK_BYTES, ROW_LIMIT, group_entry_rows, kt_dma_layout,
                           zero_rows)
 from .kernel_mask import custom_mask
@@ -90,6 +92,25 @@ from .work import (CHUNK_BLOCKS, ITEM_CLASSES, TAIL_CHUNKS, chains_in, item_quer
                    whole_units)
 
 
+# Whole units a loop iteration takes (kernel_items.unit_begin: the second's setup and tail
+# overlap the first's; cost model, trn2, 8 prompt chunks of 128 tokens over 128 keys 549 -> 496
+# us, 6 over 300-1500 keys with 8 decodes 683 -> 648 us), on NeuronCore-v3+ and when a unit's
+# states and queries take at most WHOLE_PAIR_BYTES of SBUF a partition (a Llama-3-8B unit of
+# 128 queries: 25 KiB, of 256: 49 KiB; two fp32 units of 8 kv heads overflowed trn1's SBUF
+# beside their gathers)
+WHOLE_UNITS_PER_ITERATION = 2
+WHOLE_PAIR_BYTES = 64 * 1024
+
+
+def whole_units_per_iteration(st):
+    """Whole units a loop iteration of ``run_whole_units`` takes (WHOLE_UNITS_PER_ITERATION)."""
+    unit_bytes = len(st.tiles) * ((st.D + 2) * 4 + st.R * dtype_bytes(st.mm_dtype)
+                                  * (-(-st.D // 128)))
+    if nisa.get_nc_version() >= nisa.nc_version.gen3 and unit_bytes <= WHOLE_PAIR_BYTES:
+        return WHOLE_UNITS_PER_ITERATION
+    return 1
+
+
 # Mask-free chunks of a work item come in blocks of work.CHUNK_BLOCKS: a block of 32 chunks (4096
 # tokens) is one item, so a loop iteration of U items carries enough work to hide its barrier
 # (~9 us, nki_kernels/profile) and pipeline fill (benchmarks/loop_blocks.py has the sweep).
@@ -98,17 +119,17 @@ from .work import (CHUNK_BLOCKS, ITEM_CLASSES, TAIL_CHUNKS, chains_in, item_quer
 @nki.jit
 def batch_decode_kernel(q, k_rows, v_rows, meta, spans, kv_indices, tok_tab, row_tab, sinks,
                         mask_bits, num_kv_heads, page_size, strides, token_pattern, scale, soft_cap,
-                        v_scale, mm_dtype, static_pass=(), windowed=True):
+                        v_scale, mm_dtype, static_pass=(), windowed=True, unit_tail=0):
     return attention(q, k_rows, v_rows, meta, spans, kv_indices, tok_tab, row_tab, sinks,
                      mask_bits, num_kv_heads, page_size, strides, token_pattern, scale, soft_cap,
-                     v_scale, mm_dtype, static_pass, windowed)
+                     v_scale, mm_dtype, static_pass, windowed, unit_tail)
 
 
 @nki.jit
 def append_attention_kernel(q, k_rows, v_rows, key, value, slots, counts, quant, write, meta, spans,
                             kv_indices, tok_tab, row_tab, sinks, mask_bits, num_kv_heads, page_size,
                             strides, token_pattern, scale, soft_cap, v_scale, mm_dtype,
-                            static_pass=(), windowed=True):
+                            static_pass=(), windowed=True, unit_tail=0):
     """Fused write: the step's new K/V rows are scattered into the cache first, then attention
     reads them with the rest, in one launch. ``key``, ``value``, ``slots``, ``counts``, ``quant``
     and ``write`` = (token pattern, V offset, cache row elements, quantization limit) are
@@ -129,7 +150,7 @@ def append_attention_kernel(q, k_rows, v_rows, key, value, slots, counts, quant,
             nisa.core_barrier(data=t, cores=(0, 1))
     return attention(q, k_rows, v_rows, meta, spans, kv_indices, tok_tab, row_tab, sinks,
                      mask_bits, num_kv_heads, page_size, strides, token_pattern, scale, soft_cap,
-                     v_scale, mm_dtype, static_pass, windowed)
+                     v_scale, mm_dtype, static_pass, windowed, unit_tail)
 
 
 class Step(nl.NKIObject):
@@ -144,11 +165,11 @@ class Step(nl.NKIObject):
 
 def attention(q, k_rows, v_rows, meta, spans, kv_indices, tok_tab, row_tab, sinks, mask_bits,
               num_kv_heads, page_size, strides, token_pattern, scale, soft_cap, v_scale, mm_dtype,
-              static_pass=(), windowed=True):
+              static_pass=(), windowed=True, unit_tail=0):
     """The kernel's body (arguments as above): returns out, lse."""
     st = make_step(q, k_rows, v_rows, meta, kv_indices, tok_tab, row_tab, sinks, mask_bits,
                    num_kv_heads, page_size, strides, token_pattern, scale, soft_cap, v_scale,
-                   mm_dtype, static_pass, windowed)
+                   mm_dtype, static_pass, windowed, unit_tail)
     if static_pass:
         run_static_pass(st, static_pass[0])
         return st.out, st.lse
@@ -163,7 +184,7 @@ def attention(q, k_rows, v_rows, meta, spans, kv_indices, tok_tab, row_tab, sink
 
 def make_step(q, k_rows, v_rows, meta, kv_indices, tok_tab, row_tab, sinks, mask_bits,
               num_kv_heads, page_size, strides, token_pattern, scale, soft_cap, v_scale, mm_dtype,
-              static_pass=(), windowed=True):
+              static_pass=(), windowed=True, unit_tail=0):
     """The launch's ``Step``: geometry and tiling, outputs, step-wide tiles and, for a flat list
     of items in device loops, the HBM scratch of softmax states with its identity slot."""
     B, HQ, D = q.shape
@@ -218,6 +239,8 @@ def make_step(q, k_rows, v_rows, meta, kv_indices, tok_tab, row_tab, sinks, mask
               blocked=page_size <= 128,    # mask-free blocks of whole pages: several tokens a partition
               k_bytes=dtype_bytes(k_rows.dtype), scale=scale, soft_cap=soft_cap,
               v_scale=v_scale, mm_dtype=mm_dtype, whole=whole_units(Qb),
+              # a whole unit's tail slots (the host made its rows: ``work.with_unit_tail``)
+              unit_tail=unit_tail if whole_units(Qb) else 0,
               p=nl.program_id(0), cores=program_cores(), entry_rows={}, scratch=None,
               keep_all=keep_all, mask=mask, q_pads=None,
               exp_scale=float(scale) if keep_all is not None else 1.0,
@@ -236,6 +259,11 @@ def make_step(q, k_rows, v_rows, meta, kv_indices, tok_tab, row_tab, sinks, mask
               # memsets); NeuronCore-v2 adds a poison term to the state before any step
               first_init=(not whole_units(Qb)
                           and nisa.get_nc_version() >= nisa.nc_version.gen3))
+    assert not st.unit_tail or (st.indirect and st.blocked and mask is None), (
+        f"unit_tail={unit_tail}: whole units' tails need indirect gathers, pages of at most 128 "
+        f"tokens and no custom mask (work.unit_tail_chunks)")
+    if st.unit_tail:                   # the tails' token columns
+        block_columns(st, st.unit_tail)
     if st.blocked and st.indirect:     # by f"{group}" (NKI dict keys are strings), ascending
         groups = []
         for size in CHUNK_BLOCKS:
@@ -262,7 +290,8 @@ def make_step(q, k_rows, v_rows, meta, kv_indices, tok_tab, row_tab, sinks, mask
     if per_group > 1 and Qb > 1:
         st.q_pads = {}
         engines = (nisa.engine.gpsimd, nisa.engine.vector)
-        for slot in range(min(flat_items(q, Qb, mm_dtype), -(-(B // Qb) // program_cores()) + 1)):
+        slots = WHOLE_UNITS_PER_ITERATION if whole_units(Qb) else flat_items(q, Qb, mm_dtype)
+        for slot in range(min(slots, -(-(B // Qb) // program_cores()) + 1)):
             for t in range(len(tiles)):
                 st.q_pads[f"{slot},{t}"] = query_pads(tiles[t][1], tiles[t][1] * GQ, D,
                                                       mm_dtype, engines[len(st.q_pads) % 2])
@@ -288,7 +317,9 @@ def state_group(whole, row_max, tiles):
 
 
 def run_whole_units(st, span):
-    """Large blocks of queries: one loop over the core's whole units, each written when complete;
+    """Large blocks of queries: a loop over the core's whole units, WHOLE_UNITS_PER_ITERATION an
+    iteration (the next unit's setup and tail overlap this one's), then one for the rest, each
+    written when complete;
     under LNC=2 then, when the step is one unit, the core's part of it, merged with the other
     core's. A bucket of one unit runs it without the loop; under LNC=2 one of two, each core
     its own (the host gives each core one, an empty one if need be)."""
@@ -307,7 +338,20 @@ def run_whole_units(st, span):
     if st.cores == 2 and st.q.shape[0] // st.Qb == 2:    # one unit each (work.split_work)
         whole_unit(nisa.scalar_load(span[0:1, 0:1]))
         return
+    per = whole_units_per_iteration(st)
+
+    def unit_group(i):             # ``per`` units an iteration: one barrier, setups overlapped
+        units = []
+        for k in range(per):
+            units.append(unit_begin(st, i + k, k))
+        for item in units:
+            unit_loops(st, item)
+            write(st, item.states, item.b, item.bank)
     first, end = nisa.scalar_load(span[0:1, 0:1]), nisa.scalar_load(span[0:1, 1:2])
+    if per > 1:
+        grouped = first + ((end - first) // per) * per
+        nl.fori_loop(first, grouped, unit_group, step=per)
+        first = grouped
     nl.fori_loop(first, end, whole_unit)
     if st.cores == 2:          # the split unit, when there is one (a single unit): 0 or 1 trip
         nl.fori_loop(0, nisa.scalar_load(span[0:1, 3:4]), split_unit)

@@ -64,7 +64,8 @@ class WorkItem(nl.NKIObject):
     (``loads``, by f"{gather}": NKI dict keys are strings); ``bank``: the ``state_bank`` its
     states are views of (whole units with grouped softmax statistics), else None; ``chained``:
     its states started as its unit's (``prepare``), so ``finish`` merges nothing in; ``keep``:
-    a static pass's mask predicate of all its chunks (``block_of_masked_chunks``), else None."""
+    a static block's mask predicate of all its chunks per tile of query tokens (a list:
+    ``block_of_masked_chunks``, ``unit_tail_block``), else None."""
 
     def copy(self):
         """A shallow copy (a nested loop's body sets its own rows / pids on it)."""
@@ -225,7 +226,7 @@ def first_chunks(st, table, batch):
         if mask is not None:
             masked_keep(mask, mask_start(batch[k].cols, mask), keep, 0, Qt, G)
         if k >= ahead:              # gathered by the pipeline (``loader``), as a static block
-            batch[k].rows, batch[k].keep = rows[:, k:k + 1], keep
+            batch[k].rows, batch[k].keep = rows[:, k:k + 1], [keep]
             continue
         tiles = _chunk_tiles(geo, sources[0][0].dtype)
         load_chunk_indirect(tiles, sources, st.kv_indices, None, None, geo, rows[:, k:k + 1],
@@ -349,19 +350,7 @@ def block_of_masked_chunks(st, item, count):
     query tile)."""
     T, R = st.T, st.R
     cols = item.cols
-    rows = rows_of_pages(item.pids, st.geo, st.entry_rows["1"], unsigned=False)
-    pos = nl.ndarray((T, count), nl.int32, buffer=nl.sbuf, name="block_pos")
-    nisa.iota(dst=pos, pattern=[[T, count]], offset=0, channel_multiplier=1)
-    ok = nl.ndarray((T, count), nl.int32, buffer=nl.sbuf, name="block_ok")
-    nisa.tensor_scalar(dst=pos, data=pos, op0=nl.add, operand0=cols[0:T, POS0:POS0 + 1])
-    nisa.tensor_scalar(dst=ok, data=pos, op0=nl.less, operand0=cols[0:T, LEN:LEN + 1])
-    if st.windowed:
-        nisa.tensor_scalar(dst=pos, data=pos, op0=nl.greater_equal,
-                           operand0=cols[0:T, WIN:WIN + 1])
-        nisa.tensor_tensor(dst=ok, data1=ok, data2=pos, op=nl.multiply)
-    drop_invalid(rows, rows, ok)
-    if st.geo.kt_dma:
-        rows = transpose_rows(rows)
+    rows = owned_rows(st, cols, item.pids, cols[0:T, POS0:POS0 + 1], count)
     # score row r keeps the block's tokens s + t (t: st.block_t) with lo_r <= t < hi_r
     def row_col(c):
         return cols[0:R, c:c + 1]
@@ -371,7 +360,29 @@ def block_of_masked_chunks(st, item, count):
         start = mask_start(cols, st.mask)
         for k in range(count):
             masked_keep(st.mask, start, keep[:, k * T:(k + 1) * T], 0, st.Qt, st.G, k)
-    return rows, keep
+    return rows, [keep]
+
+
+def owned_rows(st, cols, pages, first, count):
+    """[T, count] cache rows of ``count`` consecutive chunks from their page ids ``pages``
+    (``block_pages``), the item's tokens outside [WIN, LEN) dropped (uint32 when K is gathered
+    transposed); ``first``: [T, 1] position of the first chunk's first token; ``cols``: the
+    item's table row."""
+    T = st.T
+    rows = rows_of_pages(pages, st.geo, st.entry_rows["1"], unsigned=False)
+    pos = nl.ndarray((T, count), nl.int32, buffer=nl.sbuf, name="block_pos")
+    nisa.iota(dst=pos, pattern=[[T, count]], offset=0, channel_multiplier=1)
+    ok = nl.ndarray((T, count), nl.int32, buffer=nl.sbuf, name="block_ok")
+    nisa.tensor_scalar(dst=pos, data=pos, op0=nl.add, operand0=first)
+    nisa.tensor_scalar(dst=ok, data=pos, op0=nl.less, operand0=cols[0:T, LEN:LEN + 1])
+    if st.windowed:
+        nisa.tensor_scalar(dst=pos, data=pos, op0=nl.greater_equal,
+                           operand0=cols[0:T, WIN:WIN + 1])
+        nisa.tensor_tensor(dst=ok, data1=ok, data2=pos, op=nl.multiply)
+    drop_invalid(rows, rows, ok)
+    if st.geo.kt_dma:
+        rows = transpose_rows(rows)
+    return rows
 
 
 def _load_rows(st, row):
@@ -471,19 +482,14 @@ def fold_items(st, items, count, masked):
         heads, at their first tile, dropped after their last."""
         i, u = v // per_item, v % per_item
         s, t = u // len(tiles), u % len(tiles)
-        h0, n, q0 = tiles[t]
+        h0, n = tiles[t][0], tiles[t][1]
         loaded = step(i, s)
         key = f"{i},{s},{h0}"
         if key not in kts:
             kts[key] = []
             for chunk in loaded:
                 kts[key].append(k_transposed(chunk[0][0], h0, n, st.D, st.mm_dtype, share))
-        tile_rows = items[i].q[t][0][0].shape[1]
-        keep = None
-        if items[i].keep is not None:     # a static block: its step's columns of the block's
-            keep = items[i].keep[0:tile_rows, s * width * st.T:(s + 1) * width * st.T]
-        elif loaded[0][1] is not None:    # masked: the step's chunks' predicates side by side
-            keep = _joined_keep(loaded, q0 // st.Qt, tile_rows, st.T)
+        keep = _step_keep(st, items[i], loaded, t, s * width, width)
         row_max = None
         if K > 1:                         # into its column of the group's row maxima
             if t % K == 0:
@@ -535,7 +541,8 @@ def fold_items(st, items, count, masked):
         halves.append(softmax_begin(states[i][t], pending.pop(0), tiles[t][1],
                                     _v_views(step(i, s)), tiles[t][0], st.D, st.mm_dtype,
                                     st.state_copy_engine, column, st.dma_pT,
-                                    st.first_init and s == 0 and not items[i].chained))
+                                    st.first_init and s == 0 and not items[i].chained,
+                                    acc_on_gpsimd(st, tiles[t])))
         if K > 1 and t % K == n - 1:      # every tile of the group begun: its sums
             group_sums(bank_column(items[i].bank, st.D, 1, t - n + 1, n), stats)
         if len(halves) > lag:
@@ -550,6 +557,17 @@ def fold_items(st, items, count, masked):
             finish(st, items[i - 1])             # (see items_iteration)
     for half in halves:
         softmax_end(half)
+
+
+def acc_on_gpsimd(st, tile):
+    """Whether ``tile`` (first kv head, kv heads, first query token) of a whole unit rescales its
+    accumulator on GpSimd (``kernel_softmax.gpsimd_rescale``): one kv head's tiles, every
+    second kv head (VectorE and ScalarE then carry about equal work: cost model, trn2, prefill
+    256 over 1280 keys 238 -> 221 us, 512 over 4608 1214 -> 1115; all of them: ScalarE binds,
+    227 and 1161), units of several query tiles a kv head (a cascade's shared level, one tile
+    of 32 queries a head, waits on each step's chain instead: 260 -> 269 us); NeuronCore-v3+."""
+    return (st.whole and tile[1] == 1 and tile[0] % 2 == 0 and st.Qb > st.Qt
+            and nisa.get_nc_version() >= nisa.nc_version.gen3)
 
 
 def finish(st, item):
@@ -608,13 +626,30 @@ def merge_split(st, states, b, bank=None):
         write(st, states, b, bank)
 
 
-def unit(st, i):
+def unit(st, i, slot=0):
     """Whole unit i: its chunks in loops nested in the item, masked ones in pairs and the mask-free
     ones in CHUNK_BLOCKS of 2 chunks or more (as many of each size as fit, largest first); an odd
     mask-free chunk left over joins the masked chunks after it (masked by bounds that keep all
-    its keys), saving its own loop's barrier and pipeline fill. Returns the item, its states
-    complete."""
-    item = prepare(st, i, 1, True)
+    its keys), saving its own loop's barrier and pipeline fill; the chunks from C1 on, a tail
+    of ``st.unit_tail`` slots, fold first without a loop (``work.with_unit_tail``). Returns the
+    item, its states complete. ``slot``: its place among the units of a loop iteration (its
+    kept query pads)."""
+    return unit_loops(st, unit_begin(st, i, slot))
+
+
+def unit_begin(st, i, slot=0):
+    """A whole unit's setup and its tail (``unit``): nothing waits on a loop, so the next unit
+    of the iteration may begin before this one's loops."""
+    item = prepare(st, i, 1, True, slot=slot)
+    if st.unit_tail:               # its tail first: its gathers overlap the queries' loads
+        tail = item.copy()
+        tail.rows, tail.keep = unit_tail_block(st, item, st.unit_tail)
+        fold(st, tail, st.unit_tail, True)
+    return item
+
+
+def unit_loops(st, item):
+    """A whole unit's chunks before its tail, in loops (``unit``); returns the item."""
     cols = item.cols
     c0 = nisa.scalar_load(cols[0:1, C0:C0 + 1])
     full_lo = nisa.scalar_load(cols[0:1, FULL_LO:FULL_LO + 1])
@@ -631,6 +666,37 @@ def unit(st, i):
     return item
 
 
+def unit_tail_block(st, item, count):
+    """A whole unit's tail (``work.with_unit_tail``): ([T, count] cache rows of the ``count``
+    chunks from chunk C1, tokens outside [WIN, LEN) dropped, uint32 when K is gathered
+    transposed; per tile of query tokens its [R, count * T] mask predicate), from one page-id
+    DMA and one instruction a step for all the chunks: none waits on the loops' cursor, so
+    the tail's gathers are issued with the unit's queries. ``st.block_t``: the token columns."""
+    T, P, R = st.T, st.page_size, st.R
+    cols = item.cols
+    slot = (nisa.scalar_load(cols[0:1, SLOT0:SLOT0 + 1])
+            + (nisa.scalar_load(cols[0:1, C1:C1 + 1])
+               - nisa.scalar_load(cols[0:1, C0:C0 + 1])) * (T // P))
+    per = T // P                       # pages per chunk (pages of at most 128 tokens)
+    pages = nl.ndarray((T, count), nl.int32, buffer=nl.sbuf, name="tail_pages")
+    nisa.dma_copy(dst=pages, src=st.kv_indices.ap([[1, per], [0, P], [per, count]],
+                                                  scalar_offset=slot, indirect_dim=0))
+    first = nl.ndarray((max(T, R), 1), nl.int32, buffer=nl.sbuf, name="tail_first")
+    nisa.tensor_scalar(dst=first, data=cols[0:max(T, R), C1:C1 + 1], op0=nl.multiply,
+                       operand0=T)
+    rows = owned_rows(st, cols, pages, first[0:T, :], count)
+    keep = []                          # row r keeps tokens first + t with W_r <= . < L_r
+    for bounds in item.bounds:
+        hi = nl.ndarray((R, 1), nl.int32, buffer=nl.sbuf, name="tail_hi")
+        nisa.tensor_tensor(dst=hi, data1=bounds.L_r, data2=first[0:R, :], op=nl.subtract)
+        lo = None
+        if bounds.W_r is not None:
+            lo = nl.ndarray((R, 1), nl.int32, buffer=nl.sbuf, name="tail_lo")
+            nisa.tensor_tensor(dst=lo, data1=bounds.W_r, data2=first[0:R, :], op=nl.subtract)
+        keep.append(keys_between(st.block_t, hi, lo, "tail_keep"))
+    return rows, keep
+
+
 def masked_pairs(st, item, a, e):
     """The masked chunks [a, e) of a whole unit, two per loop iteration (one softmax step of both,
     their predicates side by side) and the odd one alone: half the loop barriers and pipeline
@@ -638,6 +704,19 @@ def masked_pairs(st, item, a, e):
     pairs = a + ((e - a) // 2) * 2
     nl.fori_loop(a, pairs, blocks(st, item, 2, True), step=2)
     nl.fori_loop(pairs, e, blocks(st, item, 1, True))
+
+
+def _step_keep(st, item, loaded, t, c0, width):
+    """The mask predicate of tile t's softmax step over the item's chunks c0..c0+width
+    (``loaded``): a static block's columns of its predicate, a masked step's chunks'
+    predicates side by side, or None (mask-free)."""
+    rows = item.q[t][0][0].shape[1]
+    j = st.tiles[t][2] // st.Qt                # the tile's query tokens
+    if item.keep is not None:
+        return item.keep[j][0:rows, c0 * st.T:(c0 + width) * st.T]
+    if loaded[0][1] is not None:
+        return _joined_keep(loaded, j, rows, st.T)
+    return None
 
 
 def _joined_keep(loaded, j, rows, T):

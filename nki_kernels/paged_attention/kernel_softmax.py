@@ -301,7 +301,7 @@ def group_sums(l, stats):
 
 
 def softmax_begin(state, scores, heads, v_tiles, h0, D, p_dtype, copy_engine=None, group=None,
-                  dma_pT=False, first=False):
+                  dma_pT=False, first=False, acc_on_gpsimd=False):
     """Fold ``scores`` (``chunk_scores``: tile [R, W*T], row max or None, exponent scale) of W
     chunks with V tiles [T, H*D] into the state of a group of ``heads`` kv heads (rows R), in
     place (a device loop's body reuses its own buffers every iteration), P in ``p_dtype`` (the
@@ -317,7 +317,8 @@ def softmax_begin(state, scores, heads, v_tiles, h0, D, p_dtype, copy_engine=Non
     P^T by a DMA transpose (2-byte P, NeuronCore-v3+) instead of TensorE and a ScalarE
     eviction: the DMA engines are the idlest when blocks of queries make many scores per key.
     ``first``: the state's first step (a ``blank_state``): its max, sum and acc are set, not
-    rescaled (the max capped at the identity's, as the running minimum with it would)."""
+    rescaled (the max capped at the identity's, as the running minimum with it would).
+    ``acc_on_gpsimd``: ``softmax_end`` rescales acc on GpSimd (``gpsimd_rescale``)."""
     s, row_max, scale = scores
     negm, l, acc = state
     T = v_tiles[0].tile.shape[0]
@@ -363,7 +364,8 @@ def softmax_begin(state, scores, heads, v_tiles, h0, D, p_dtype, copy_engine=Non
             nisa.activation(dst=pT, op=nl.copy, data=pT_ps)
         pTs.append(pT)
     return SoftmaxHalf(state=state, alpha=alpha, row_sum=None if group is not None else row_sum,
-                       pTs=pTs, v_tiles=v_tiles, heads=heads, h0=h0, D=D, first=first)
+                       pTs=pTs, v_tiles=v_tiles, heads=heads, h0=h0, D=D, first=first,
+                       acc_on_gpsimd=acc_on_gpsimd)
 
 
 def softmax_end(half):
@@ -379,9 +381,23 @@ def softmax_end(half):
                                                           half.D, R // half.heads)
     if half.first:                             # the state's first step: acc = P @ V
         nisa.tensor_copy(dst=acc, src=pv)
+    elif half.acc_on_gpsimd:
+        gpsimd_rescale(acc, half.alpha, pv)
     else:
         nisa.scalar_tensor_tensor(dst=acc, data=acc, op0=nl.multiply, operand0=half.alpha,
                                   op1=nl.add, operand1=pv)
+
+
+def gpsimd_rescale(acc, alpha, pv):
+    """acc = acc alpha + pv with VectorE left out: ScalarE evicts pv from PSUM (which GpSimd
+    cannot read), GpSimd scales and adds. For the tiles of whole units where VectorE, which
+    also makes every step's row max, is the busiest engine (``acc_on_gpsimd``); NeuronCore-v3+
+    (on v2 VectorE and GpSimd cannot share SBUF at once)."""
+    pv_sb = _f32(pv.shape, "pv_sb")
+    nisa.activation(dst=pv_sb, op=nl.copy, data=pv)
+    nisa.tensor_scalar(dst=acc, data=acc, op0=nl.multiply, operand0=alpha,
+                       engine=nisa.engine.gpsimd)
+    nisa.tensor_tensor(dst=acc, data1=acc, data2=pv_sb, op=nl.add, engine=nisa.engine.gpsimd)
 
 
 def _pv_one_head(pTs, v_tiles, h0, D, rows):

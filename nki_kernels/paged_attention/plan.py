@@ -22,7 +22,8 @@ from .checks import check_batch_decode_inputs, soft_cap
 from .custom_mask import mask_table, with_mask_free_chunks
 from .work import (NO_WINDOW, NullItems, capacity_chunks, chunk_tokens, decode_work,
                    item_query_bytes, items_per_iteration, null_pages, query_blocks, split_work,
-                   static_pass, static_work, tail_items, token_table, whole_units, window_span)
+                   static_pass, static_work, tail_items, token_table, unit_tail_chunks,
+                   whole_units, window_span)
 
 
 def cache_rows(paged_kv_cache, D):
@@ -37,10 +38,28 @@ def cache_rows(paged_kv_cache, D):
 def _tails(prob, paged_kv_cache, qb) -> bool:
     """``work.tail_items`` for this launch's units of ``qb`` queries (the kernel's row view of
     the cache: ``cache_rows``; its query tiles: ``kernel.make_step``)."""
-    k, _, fused = split_cache(paged_kv_cache)
-    rows = int(np.prod((paged_kv_cache if fused else k).shape)) // prob.geo.head_dim
+    rows = _cache_row_count(paged_kv_cache, prob.geo.head_dim)
     query_tiles = -(-qb // max(1, 128 // prob.group))
     return tail_items(host_nc_version(), prob.geo.page_size, rows, whole_units(qb), query_tiles)
+
+
+def _unit_tail(prob, paged_kv_cache, masks, qb, causal) -> int:
+    """Tail slots of this launch's whole units (``work.unit_tail_chunks``), a static kernel
+    argument: causal launches only, whose units all end in masked chunks (a mask-free unit's
+    tail would be empty slots or cost its blocks loops: a cascade's shared level of 32 chunks
+    on two cores, 158 -> 182 us); 0 for blocks of queries that are not whole units."""
+    if not (causal and whole_units(qb)):
+        return 0
+    return unit_tail_chunks(host_nc_version(), prob.geo.page_size,
+                            _cache_row_count(paged_kv_cache, prob.geo.head_dim), masks is not None,
+                            _chunk_bytes(prob, paged_kv_cache))
+
+
+def _cache_row_count(paged_kv_cache, head_dim) -> int:
+    """Rows of head_dim in the kernel's view of the cache (``cache_rows``; K's alone when K and
+    V are two arrays)."""
+    k, _, fused = split_cache(paged_kv_cache)
+    return int(np.prod((paged_kv_cache if fused else k).shape)) // head_dim
 
 
 def _matmul_dtype(k_dtype):
@@ -108,7 +127,7 @@ def prepare_decode(q, paged_kv_cache, kv_indptr, kv_indices, kv_last_page_len, k
 def static_chunks(statics) -> int:
     """The static pass's chunks per row in a launch's static arguments (``kernel_arguments``),
     0 for device loops."""
-    static = statics[-2]
+    static = statics[-3]
     return static[0] if static else 0
 
 
@@ -134,11 +153,12 @@ def table_capacity(geo, table) -> int:
 
 def kernel_arguments(prob, paged_kv_cache, work, row_tab, sinks,
                      logits_soft_cap, k_scale, v_scale, mask_bits=None, static=(),
-                     window_left=-1):
+                     window_left=-1, unit_tail=0):
     """The kernel's array arguments after the cache rows (work tables, padded page list, token
     table, row table, sinks, custom-mask table) and its static arguments, for checked inputs
     ``prob`` (``static``: the static pass's chunks per item, ``work.static_pass``, or ();
-    ``window_left``: whether the kernel checks window starts at all is static, a model constant)."""
+    ``window_left``: whether the kernel checks window starts at all is static, a model constant;
+    ``unit_tail``: whole units' tail slots, ``_unit_tail``)."""
     geo = prob.geo
     k_dtype = split_cache(paged_kv_cache)[0].dtype
     table = prob.table
@@ -153,7 +173,7 @@ def kernel_arguments(prob, paged_kv_cache, work, row_tab, sinks,
     statics = (geo.num_heads, geo.page_size, geo.d_row_strides, tuple(geo.token().pattern),
                prob.sm_scale * float(k_scale),
                float(logits_soft_cap), float(v_scale), mm_dtype, tuple(static),
-               window_span(window_left) != NO_WINDOW)
+               window_span(window_left) != NO_WINDOW, int(unit_tail))
     return arrays, statics
 
 
@@ -240,6 +260,7 @@ def plan_prefill(prob, q_lens, qo_indptr, paged_kv_cache, causal,
                       None if whole_units(qb) else masks)
     # one query per item and no custom mask: a decode step, static when batch_decode's would be
     tails = qb > 1 and _tails(prob, paged_kv_cache, qb)
+    unit_tail = _unit_tail(prob, paged_kv_cache, masks, qb, causal and masks is None)
     chunks = (static_pass(items, prob.geo.page_size, bucket(n_items), cores, host_nc_version(),
                           _chunk_bytes(prob, paged_kv_cache)) if qb == 1 and masks is None else 0)
     if chunks:
@@ -250,7 +271,7 @@ def plan_prefill(prob, q_lens, qo_indptr, paged_kv_cache, causal,
                           items_per_iteration(qb, item_query_bytes(
                               prob.geo.num_heads * prob.group, qb, prob.geo.head_dim, mm_bytes)),
                           table_capacity(prob.geo, prob.table), 1 if qb == 1 else bucket(n_items),
-                          whole_units(qb), null, tails)
+                          whole_units(qb), null, tails, unit_tail)
     # item k covers tokens q0 .. q0 + qb of its request, at padded rows k*qb ..
     tok = items.q0[:, None] + np.arange(qb)[None, :]
     real = tok < q_lens[items.request][:, None]
@@ -265,7 +286,8 @@ def plan_prefill(prob, q_lens, qo_indptr, paged_kv_cache, causal,
                  mask_table(masks, items, qb, gather.size, prob.geo.page_size))
     arrays, statics = kernel_arguments(prob, paged_kv_cache, work, row_tab,
                                        sinks, soft_cap(logits_soft_cap), k_scale, v_scale,
-                                       mask_bits, (chunks,) if chunks else (), window_left)
+                                       mask_bits, (chunks,) if chunks else (), window_left,
+                                       unit_tail)
     return PrefillLaunch(arrays, statics, gather, scatter, prob.kv_lens)
 
 

@@ -308,6 +308,62 @@ def whole_units(q_block: int) -> bool:
     return q_block > FLAT_LIST_MAX_QUERIES
 
 
+# A whole unit ends in a tail of UNIT_TAIL_CHUNKS chunk slots folded without a loop (one
+# masked softmax step): its masked chunks at the causal edge and the mask-free ones before
+# them down to the tail's start, so the unit runs one loop iteration fewer (its barrier and
+# pipeline fill) than with a loop for them; slots past its keys read nothing.
+UNIT_TAIL_CHUNKS = 4
+UNIT_TAIL_BYTES = 32 * 1024      # SBUF per partition a tail's K and V may take
+
+
+def unit_tail_chunks(nc_version: int, page_size: int, cache_rows: int, custom_mask: bool,
+                     chunk_bytes: int = 0) -> int:
+    """Chunk slots of a whole unit's tail (``with_unit_tail``), 0 for none: NeuronCore-v3+ on
+    the indirect path (pages of at most 128 tokens, a cache of fewer than 2**24 rows), no custom
+    mask (its table has no rows past a unit's chunks), the tail's K and V (``chunk_bytes`` per
+    partition a chunk) within UNIT_TAIL_BYTES. The host passes it to the kernel as a static
+    argument for causal launches (``plan._unit_tail``)."""
+    ok = (nc_version >= 3 and page_size <= 128 and cache_rows < 1 << 24 and not custom_mask
+          and UNIT_TAIL_CHUNKS * chunk_bytes <= UNIT_TAIL_BYTES)
+    return UNIT_TAIL_CHUNKS if ok else 0
+
+
+UNIT_TAIL_EMPTY_SLOT = 0.3       # an empty tail slot against a loop iteration (assumed)
+
+
+def _unit_loop_cost(c0: int, lo: int, hi: int, end: int) -> int:
+    """Loop iterations of a whole unit's chunks [c0, end) (``kernel_items.unit``): masked pairs
+    and a single for [c0, lo), the mask-free blocks of CHUNK_BLOCKS in [lo, min(hi, end)), then
+    masked pairs and a single for what is left."""
+    lo = min(lo, end)
+    free = max(0, min(hi, end) - lo)
+    n = (lo - c0) // 2 + (lo - c0) % 2
+    for size in CHUNK_BLOCKS[:-1]:
+        trips = free // size
+        n += trips if size == CHUNK_BLOCKS[0] else min(trips, 1)
+        free -= trips * size
+    rest = end - max(lo, min(hi, end)) + free
+    return n + rest // 2 + rest % 2
+
+
+def with_unit_tail(row: np.ndarray, slots: int, page_size: int) -> np.ndarray:
+    """A whole unit's row whose chunks from ts = max(C0, C1 - slots) on are its tail: C1 :=
+    ts (the unit's loops end there, the kernel then folds ``slots`` chunks from ts), the
+    window-start range [C0, FULL_LO) and the mask-free range clipped to end by ts, and LEN to
+    the unit's chunks (a split unit's first part: its tail's slots past them read nothing)."""
+    if not slots:
+        return row
+    row = row.copy()
+    c0, lo, hi, c1 = (int(row[k]) for k in (C0, FULL_LO, FULL_HI, C1))
+    ts = min(range(max(c0, c1 - slots), c1 + 1),
+             key=lambda t: (_unit_loop_cost(c0, lo, hi, t) + UNIT_TAIL_EMPTY_SLOT * (slots - c1 + t),
+                            -t))
+    lo = min(lo, ts)
+    row[FULL_LO], row[FULL_HI], row[C1] = lo, max(lo, min(hi, ts)), ts
+    row[LEN] = min(int(row[LEN]), c1 * chunk_tokens(page_size))
+    return row
+
+
 # SBUF per partition an iteration's items may hold in query stationaries (each item prepares its
 # queries before any item's chunks): verification of 16 drafts at GQA 16 with an fp32 cache and
 # head_dim 256 holds 8 KiB an item, and 16 items overflowed SBUF (4 an iteration now); a
@@ -653,7 +709,8 @@ def _null_row(kind: int, null: NullItems, units: int) -> np.ndarray:
 
 def split_work(req: _Requests, page_size: int, batch_rows: int, cores: int = 1,
                per_iteration: int = 1, capacity: int = None, sharing: int = 1,
-               whole: bool = False, null: NullItems = None, tails: bool = False) -> DecodeWork:
+               whole: bool = False, null: NullItems = None, tails: bool = False,
+               unit_tail: int = 0) -> DecodeWork:
     """decode_work over any work items (requests or query blocks, ``query_blocks``); units are
     numbered by row, ``batch_rows`` of them (a bucket); ``sharing``: see ``table_rows``.
     ``whole``: one item per unit (``whole_units``), the spans [cores, WHOLE_UNIT_SPAN_COLS]:
@@ -662,7 +719,8 @@ def split_work(req: _Requests, page_size: int, batch_rows: int, cores: int = 1,
     units or more each core takes whole units of its own, cut at a unit edge. ``null``: where
     null items point (``NullItems``): a flat list's kinds are then padded with them. ``tails``:
     each unit's last chunks are one TAIL item (``class_items``; ``tail_items`` says when the
-    kernel takes them), its LEN clipped to the item's chunks."""
+    kernel takes them), its LEN clipped to the item's chunks. ``unit_tail``: whole units' tail
+    slots (``unit_tail_chunks``; their rows ``with_unit_tail``)."""
     U = per_iteration
     pad = null is not None and not whole
     loop_widths(U)                      # refuses a per_iteration that is not a power of two
@@ -720,6 +778,7 @@ def split_work(req: _Requests, page_size: int, batch_rows: int, cores: int = 1,
         req, plan, split, cut, loads = min(options, key=lambda o: (max(o[4]), o[4][0]))
     if whole:
         rows, spans = _whole_rows(req, plan, split, cut, page_size)
+        rows = [with_unit_tail(row, unit_tail, page_size) for row in rows]
     else:
         rows, spans = _kind_rows(req, plan, split, page_size, batch_rows, cores, U,
                                  null if pad else None)

@@ -107,7 +107,7 @@ def test_chunked_prefill_replay_mixes_prefill_and_decode(target):
             assert q_rows == bucket(q_rows)
         else:
             assert any(q_rows % qb == 0 and q_rows // qb == bucket(q_rows // qb) for qb in blocks)
-        static = key[0][-2] != ("tuple",)            # a small bucket's static pass: a row each
+        static = key[0][-3] != ("tuple",)            # a small bucket's static pass: a row each
         if static:
             assert flat and items == q_rows
         else:

@@ -144,10 +144,10 @@ def test_the_window_check_is_static_only_when_a_window_can_cut(rng, window_left,
     cache = FixedCache(rng)
     args = cache.step([40, 300])
     decode = prepare_decode(*args, None, 0.0, window_left, None, 1.0, 1.0)
-    assert decode.statics[-1] is windowed
+    assert decode.statics[-2] is windowed
     q, c, indptr, pages, last, layout = args
     qo = np.array([0, 4, 8], np.int32)
     prob, q_lens = check_batch_prefill_inputs(np.repeat(q, 4, axis=0), c, qo, indptr, pages, last,
                                               layout, True, None, 0.0, window_left, None, 1.0, 1.0)
     parts = prefill_parts(prob, q_lens, qo, c, True, 0.0, window_left, None, 1.0, 1.0, 1)
-    assert [part.launch.statics[-1] for part in parts] == [windowed]
+    assert [part.launch.statics[-2] for part in parts] == [windowed]
