@@ -92,23 +92,26 @@ from .work import (CHUNK_BLOCKS, ITEM_CLASSES, TAIL_CHUNKS, chains_in, item_quer
                    whole_units)
 
 
-# Whole units a loop iteration takes (kernel_items.unit_begin: the second's setup and tail
-# overlap the first's; cost model, trn2, 8 prompt chunks of 128 tokens over 128 keys 549 -> 496
-# us, 6 over 300-1500 keys with 8 decodes 683 -> 648 us), on NeuronCore-v3+ and when a unit's
-# states and queries take at most WHOLE_PAIR_BYTES of SBUF a partition (a Llama-3-8B unit of
-# 128 queries: 25 KiB, of 256: 49 KiB; two fp32 units of 8 kv heads overflowed trn1's SBUF
-# beside their gathers)
-WHOLE_UNITS_PER_ITERATION = 2
-WHOLE_PAIR_BYTES = 64 * 1024
+# Whole units a loop iteration takes at most (kernel_items.unit_begin: the later units' setups
+# and tails overlap the earlier ones' loops; cost model, trn2, 8 prompt chunks of 128 tokens
+# over 128 keys 550 -> 480 us with two an iteration, 454 with four), on NeuronCore-v3+ and while
+# their states and queries take at most WHOLE_GROUP_BYTES of SBUF a partition (a Llama-3-8B
+# unit of 128 queries: 25 KiB, of 256: 49 KiB; two fp32 units of 8 kv heads overflowed trn1's
+# SBUF beside their gathers)
+WHOLE_UNITS_PER_ITERATION = 4
+WHOLE_GROUP_BYTES = 128 * 1024
 
 
 def whole_units_per_iteration(st):
-    """Whole units a loop iteration of ``run_whole_units`` takes (WHOLE_UNITS_PER_ITERATION)."""
+    """Whole units the first loop iteration of ``run_whole_units`` takes: a power of two up to
+    WHOLE_UNITS_PER_ITERATION whose units' states and queries fit WHOLE_GROUP_BYTES."""
     unit_bytes = len(st.tiles) * ((st.D + 2) * 4 + st.R * dtype_bytes(st.mm_dtype)
                                   * (-(-st.D // 128)))
-    if nisa.get_nc_version() >= nisa.nc_version.gen3 and unit_bytes <= WHOLE_PAIR_BYTES:
-        return WHOLE_UNITS_PER_ITERATION
-    return 1
+    per = 1
+    while (nisa.get_nc_version() >= nisa.nc_version.gen3 and per < WHOLE_UNITS_PER_ITERATION
+           and 2 * per * unit_bytes <= WHOLE_GROUP_BYTES):
+        per = per * 2
+    return per
 
 
 # Mask-free chunks of a work item come in blocks of work.CHUNK_BLOCKS: a block of 32 chunks (4096
@@ -317,9 +320,9 @@ def state_group(whole, row_max, tiles):
 
 
 def run_whole_units(st, span):
-    """Large blocks of queries: a loop over the core's whole units, WHOLE_UNITS_PER_ITERATION an
-    iteration (the next unit's setup and tail overlap this one's), then one for the rest, each
-    written when complete;
+    """Large blocks of queries: loops over the core's whole units, up to four an iteration (the
+    later units' setups and tails overlap the earlier ones' loops), then two, then one for the
+    rest, each written when complete;
     under LNC=2 then, when the step is one unit, the core's part of it, merged with the other
     core's. A bucket of one unit runs it without the loop; under LNC=2 one of two, each core
     its own (the host gives each core one, an empty one if need be)."""
@@ -340,18 +343,21 @@ def run_whole_units(st, span):
         return
     per = whole_units_per_iteration(st)
 
-    def unit_group(i):             # ``per`` units an iteration: one barrier, setups overlapped
-        units = []
-        for k in range(per):
-            units.append(unit_begin(st, i + k, k))
-        for item in units:
-            unit_loops(st, item)
-            write(st, item.states, item.b, item.bank)
+    def make_group(n):             # n units an iteration: one barrier, setups overlapped
+        def unit_group(i):
+            units = []
+            for k in range(n):
+                units.append(unit_begin(st, i + k, k))
+            for item in units:
+                unit_loops(st, item)
+                write(st, item.states, item.b, item.bank)
+        return unit_group
     first, end = nisa.scalar_load(span[0:1, 0:1]), nisa.scalar_load(span[0:1, 1:2])
-    if per > 1:
+    while per > 1:                 # groups of per units, then of half as many (at most one)
         grouped = first + ((end - first) // per) * per
-        nl.fori_loop(first, grouped, unit_group, step=per)
+        nl.fori_loop(first, grouped, make_group(per), step=per)
         first = grouped
+        per = per // 2
     nl.fori_loop(first, end, whole_unit)
     if st.cores == 2:          # the split unit, when there is one (a single unit): 0 or 1 trip
         nl.fori_loop(0, nisa.scalar_load(span[0:1, 3:4]), split_unit)

@@ -1,10 +1,11 @@
 """Whole units (chunked prefill) end in a tail of ``work.UNIT_TAIL_CHUNKS`` chunk slots folded
 without a loop: the host moves the unit's last chunks into it (``work.with_unit_tail``), the
 kernel gathers them from one page-id DMA with one mask predicate per tile of query tokens
-(``kernel_items.unit_tail_block``), in causal launches. Checked: the rows' chunk ranges, the choice of the tail's
-start, and the kernel against the reference over tails of one to four real chunks, windows,
-sinks, a soft cap, a unit split between two cores, and the paths without a tail (trn1, custom
-masks). Also here: two whole units a loop iteration, and the accumulators rescaled on GpSimd."""
+(``kernel_items.unit_tail_block``), in causal launches. Checked: the rows' chunk ranges, the
+choice of the tail's start, and the kernel against the reference over tails of one to four
+real chunks, windows, sinks, a soft cap, a unit split between two cores, and the paths without
+a tail (trn1, custom masks). Also here: whole units grouped in a loop iteration, and the accumulators rescaled on
+GpSimd."""
 
 import numpy as np
 import pytest
@@ -176,12 +177,13 @@ def test_every_second_kv_heads_accumulator_rescales_on_gpsimd(rng):
         assert _gpsimd_rescales() == 0
 
 
-@pytest.mark.parametrize("q_lens, kv_lens", [([20, 30], [40, 45]), ([40, 33, 50], [500, 90, 260])],
-                         ids=str)
-def test_two_units_an_iteration_keep_their_own_queries(rng, target, q_lens, kv_lens):
-    """The unit loop takes two units an iteration (the second's setup before the first's loops),
-    then the odd one: each keeps its own query pads (tiles of two kv heads, which keep theirs
-    between units)."""
+@pytest.mark.parametrize("q_lens, kv_lens", [
+    ([20, 30], [40, 45]), ([40, 33, 50], [500, 90, 260]),
+    ([30, 25, 32, 20, 31, 17, 28], [700, 900, 1300, 600, 300, 17, 500])], ids=str)
+def test_units_grouped_in_an_iteration_keep_their_own_queries(rng, target, q_lens, kv_lens):
+    """The unit loops take four units an iteration, then two, then one (each later unit's setup
+    before the earlier ones' loops): each keeps its own query pads (tiles of two kv heads, which
+    keep theirs between units)."""
     check(make_prefill_case(rng, q_lens, kv_lens, 8, 2, 2, 64), causal=True)
     check(make_prefill_case(rng, q_lens, kv_lens, 8, 2, 2, 64), causal=True, lnc=1,
           window_left=30)
