@@ -347,17 +347,20 @@ def _unit_loop_cost(c0: int, lo: int, hi: int, end: int) -> int:
 
 
 def with_unit_tail(row: np.ndarray, slots: int, page_size: int) -> np.ndarray:
-    """A whole unit's row whose chunks from ts = max(C0, C1 - slots) on are its tail: C1 :=
-    ts (the unit's loops end there, the kernel then folds ``slots`` chunks from ts), the
-    window-start range [C0, FULL_LO) and the mask-free range clipped to end by ts, and LEN to
-    the unit's chunks (a split unit's first part: its tail's slots past them read nothing)."""
+    """A whole unit's row whose chunks from ts on are its tail, ts in [max(C0, C1 - slots), C1]
+    the start that leaves its loops the fewest iterations (an empty slot UNIT_TAIL_EMPTY_SLOT
+    of one; ties to the later start): C1 := ts (the unit's loops end there, the kernel folds
+    ``slots`` chunks from ts), the window-start range [C0, FULL_LO) and the mask-free range
+    clipped to end by ts, and LEN to the unit's chunks (a split unit's first part: its tail's
+    slots past them read nothing)."""
     if not slots:
         return row
     row = row.copy()
     c0, lo, hi, c1 = (int(row[k]) for k in (C0, FULL_LO, FULL_HI, C1))
-    ts = min(range(max(c0, c1 - slots), c1 + 1),
-             key=lambda t: (_unit_loop_cost(c0, lo, hi, t) + UNIT_TAIL_EMPTY_SLOT * (slots - c1 + t),
-                            -t))
+
+    def cost(t):
+        return (_unit_loop_cost(c0, lo, hi, t) + UNIT_TAIL_EMPTY_SLOT * (slots - c1 + t), -t)
+    ts = min(range(max(c0, c1 - slots), c1 + 1), key=cost)
     lo = min(lo, ts)
     row[FULL_LO], row[FULL_HI], row[C1] = lo, max(lo, min(hi, ts)), ts
     row[LEN] = min(int(row[LEN]), c1 * chunk_tokens(page_size))
