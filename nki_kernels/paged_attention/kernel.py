@@ -293,7 +293,7 @@ def make_step(q, k_rows, v_rows, meta, kv_indices, tok_tab, row_tab, sinks, mask
     if per_group > 1 and Qb > 1:
         st.q_pads = {}
         engines = (nisa.engine.gpsimd, nisa.engine.vector)
-        slots = WHOLE_UNITS_PER_ITERATION if whole_units(Qb) else flat_items(q, Qb, mm_dtype)
+        slots = whole_units_per_iteration(st) if st.whole else flat_items(q, Qb, mm_dtype)
         for slot in range(min(slots, -(-(B // Qb) // program_cores()) + 1)):
             for t in range(len(tiles)):
                 st.q_pads[f"{slot},{t}"] = query_pads(tiles[t][1], tiles[t][1] * GQ, D,
