@@ -80,7 +80,7 @@ from nki_kernels.paged_kv_append.kernel import scatter_rows
 from .kernel_cursor import Geometry, partition_iota, query_of_row
 from .kernel_items import (SCORES_AHEAD, batched_chunks, finish, fold_items, first_chunks,
                            fold_shape, gathered, item_row, loader, merge_split, prepare,
-                           static_block, static_block_rows, unit, unit_begin, unit_loops,
+                           static_block, static_block_rows, unit, unit_group_begin, unit_loops,
                            write)
 from .kernel_load import (PSUM_BANK_BYTES, ROW_LIMIT, group_entry_rows, kt_dma_layout,
                           zero_rows)
@@ -345,9 +345,7 @@ def run_whole_units(st, span):
 
     def make_group(n):             # n units an iteration: one barrier, setups overlapped
         def unit_group(i):
-            units = []
-            for k in range(n):
-                units.append(unit_begin(st, i + k, k))
+            units = unit_group_begin(st, i, n)
             for item in units:
                 unit_loops(st, item)
                 write(st, item.states, item.b, item.bank)

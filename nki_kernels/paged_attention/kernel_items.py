@@ -442,7 +442,7 @@ def fold(st, item, count, masked):
     fold_items(st, [item], count, masked)
 
 
-def fold_items(st, items, count, masked):
+def fold_items(st, items, count, masked, finished=True):
     """The ``count`` chunks of each of ``items`` (one loop iteration's items of one kind),
     ``width`` per softmax step (one [rows, width*T] score tile), software-pipelined in program
     order across the items: gathers run two steps ahead and scores up to SCORES_AHEAD tiles
@@ -451,7 +451,8 @@ def fold_items(st, items, count, masked):
     finish these, and the DMAs overlap both. A mask-free block's gathers take ``group`` tokens
     per partition, folded ``width`` chunks per softmax step (``per_load`` steps per gather).
     Item k-1 is ``finish``ed after item k's first softmax step (its DMAs then sit behind
-    gathers already issued); ``item.loads``: gathers issued before."""
+    gathers already issued) unless not ``finished`` (whole units' tails: their loops follow);
+    ``item.loads``: gathers issued before."""
     group, width, steps = fold_shape(st, count, masked)
     per_load = max(1, group // width)          # softmax steps per load
     tiles = st.tiles
@@ -554,7 +555,8 @@ def fold_items(st, items, count, masked):
             while owners and owners[0] < i:      # the previous item's last steps, ended
                 owners.pop(0)
                 softmax_end(halves.pop(0))
-            finish(st, items[i - 1])             # (see items_iteration)
+            if finished:
+                finish(st, items[i - 1])         # (see items_iteration)
     for half in halves:
         softmax_end(half)
 
@@ -640,12 +642,36 @@ def unit(st, i, slot=0):
 def unit_begin(st, i, slot=0):
     """A whole unit's setup and its tail (``unit``): nothing waits on a loop, so the next unit
     of the iteration may begin before this one's loops."""
-    item = prepare(st, i, 1, True, slot=slot)
-    if st.unit_tail:               # its tail first: its gathers overlap the queries' loads
-        tail = item.copy()
-        tail.rows, tail.keep = unit_tail_block(st, item, st.unit_tail)
+    item, tail = unit_setup(st, i, slot)
+    if tail is not None:           # its tail first: its gathers overlap the queries' loads
         fold(st, tail, st.unit_tail, True)
     return item
+
+
+def unit_setup(st, i, slot=0):
+    """A whole unit's setup: (the item, its tail: a view of it over the tail's chunks, or None
+    without tails), nothing folded yet."""
+    item = prepare(st, i, 1, True, slot=slot)
+    if not st.unit_tail:
+        return item, None
+    tail = item.copy()
+    tail.rows, tail.keep = unit_tail_block(st, item, st.unit_tail)
+    return item, tail
+
+
+def unit_group_begin(st, i, n):
+    """Whole units i .. i+n-1 of one loop iteration set up, then their tails folded as one
+    software pipeline (``fold_items``: a unit's tail gathers while the one before it computes);
+    returns the items, their loops still to run (``unit_loops``)."""
+    items, tails = [], []
+    for k in range(n):
+        item, tail = unit_setup(st, i + k, k)
+        items.append(item)
+        if tail is not None:
+            tails.append(tail)
+    if tails:
+        fold_items(st, tails, st.unit_tail, True, finished=False)
+    return items
 
 
 def unit_loops(st, item):

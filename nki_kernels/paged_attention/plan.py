@@ -23,7 +23,7 @@ from .custom_mask import mask_table, with_mask_free_chunks
 from .work import (NO_WINDOW, NullItems, capacity_chunks, chunk_tokens, decode_work,
                    item_query_bytes, items_per_iteration, null_pages, query_blocks, split_work,
                    static_pass, static_work, tail_items, token_table, unit_tail_chunks,
-                   whole_units, window_span)
+                   unit_tail_slots, whole_units, window_span)
 
 
 def cache_rows(paged_kv_cache, D):
@@ -43,16 +43,18 @@ def _tails(prob, paged_kv_cache, qb) -> bool:
     return tail_items(host_nc_version(), prob.geo.page_size, rows, whole_units(qb), query_tiles)
 
 
-def _unit_tail(prob, paged_kv_cache, masks, qb, causal) -> int:
-    """Tail slots of this launch's whole units (``work.unit_tail_chunks``), a static kernel
-    argument: causal launches only, whose units all end in masked chunks (a mask-free unit's
-    tail would be empty slots or cost its blocks loops: a cascade's shared level of 32 chunks
-    on two cores, 158 -> 182 us); 0 for blocks of queries that are not whole units."""
+def _unit_tail(prob, paged_kv_cache, masks, qb, causal, items) -> int:
+    """Tail slots of this launch's whole units ``items`` (``work.unit_tail_chunks``, fewer when
+    every unit has fewer chunks: ``work.unit_tail_slots``), a static kernel argument: causal
+    launches only, whose units all end in masked chunks (a mask-free unit's tail would be empty
+    slots or cost its blocks loops: a cascade's shared level of 32 chunks on two cores, 158 ->
+    182 us); 0 for blocks of queries that are not whole units."""
     if not (causal and whole_units(qb)):
         return 0
-    return unit_tail_chunks(host_nc_version(), prob.geo.page_size,
-                            _cache_row_count(paged_kv_cache, prob.geo.head_dim), masks is not None,
-                            _chunk_bytes(prob, paged_kv_cache))
+    limit = unit_tail_chunks(host_nc_version(), prob.geo.page_size,
+                             _cache_row_count(paged_kv_cache, prob.geo.head_dim),
+                             masks is not None, _chunk_bytes(prob, paged_kv_cache))
+    return unit_tail_slots(limit, zip(items.c0, items.full_lo, items.full_hi, items.c1))
 
 
 def _cache_row_count(paged_kv_cache, head_dim) -> int:
@@ -260,7 +262,7 @@ def plan_prefill(prob, q_lens, qo_indptr, paged_kv_cache, causal,
                       None if whole_units(qb) else masks)
     # one query per item and no custom mask: a decode step, static when batch_decode's would be
     tails = qb > 1 and _tails(prob, paged_kv_cache, qb)
-    unit_tail = _unit_tail(prob, paged_kv_cache, masks, qb, causal and masks is None)
+    unit_tail = _unit_tail(prob, paged_kv_cache, masks, qb, causal and masks is None, items)
     chunks = (static_pass(items, prob.geo.page_size, bucket(n_items), cores, host_nc_version(),
                           _chunk_bytes(prob, paged_kv_cache)) if qb == 1 and masks is None else 0)
     if chunks:

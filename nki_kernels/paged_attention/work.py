@@ -308,27 +308,70 @@ def whole_units(q_block: int) -> bool:
     return q_block > FLAT_LIST_MAX_QUERIES
 
 
-# A whole unit ends in a tail of UNIT_TAIL_CHUNKS chunk slots folded without a loop (one
+# A whole unit ends in a tail of up to UNIT_TAIL_CHUNKS chunk slots folded without a loop (one
 # masked softmax step): its masked chunks at the causal edge and the mask-free ones before
-# them down to the tail's start, so the unit runs one loop iteration fewer (its barrier and
-# pipeline fill) than with a loop for them; slots past its keys read nothing.
-UNIT_TAIL_CHUNKS = 4
+# them down to the tail's start, so the unit runs fewer loop iterations (a barrier and a
+# pipeline fill each) than with loops for them; slots past its keys read nothing but still cost
+# their scores' compute. The slots are one static kernel argument for all the launch's units,
+# the power of two whose loop iterations and empty slots cost least over them
+# (``unit_tail_slots``; cost model, trn2, Llama-3-8B layer, one launch each: eight prompt chunks
+# of 64 queries over 64 keys 273 us with four slots, 199 with one; of 128 over 129-256 keys 457
+# / 375 with two; four chunks of 256 over 256-1500 keys 840 with four, 786 with eight; one
+# chunk of 512 over 4608 keys 1101 with four, 1209 with eight).
+UNIT_TAIL_CHUNKS = 8
 UNIT_TAIL_BYTES = 32 * 1024      # SBUF per partition a tail's K and V may take
 
 
 def unit_tail_chunks(nc_version: int, page_size: int, cache_rows: int, custom_mask: bool,
                      chunk_bytes: int = 0) -> int:
-    """Chunk slots of a whole unit's tail (``with_unit_tail``), 0 for none: NeuronCore-v3+ on
-    the indirect path (pages of at most 128 tokens, a cache of fewer than 2**24 rows), no custom
-    mask (its table has no rows past a unit's chunks), the tail's K and V (``chunk_bytes`` per
-    partition a chunk) within UNIT_TAIL_BYTES. The host passes it to the kernel as a static
-    argument for causal launches (``plan._unit_tail``)."""
-    ok = (nc_version >= 3 and page_size <= 128 and cache_rows < 1 << 24 and not custom_mask
-          and UNIT_TAIL_CHUNKS * chunk_bytes <= UNIT_TAIL_BYTES)
-    return UNIT_TAIL_CHUNKS if ok else 0
+    """Most chunk slots of a whole unit's tail (``with_unit_tail``), 0 for none: NeuronCore-v3+
+    on the indirect path (pages of at most 128 tokens, a cache of fewer than 2**24 rows), no
+    custom mask (its table has no rows past a unit's chunks), a power of two up to
+    UNIT_TAIL_CHUNKS whose K and V (``chunk_bytes`` per partition a chunk) fit UNIT_TAIL_BYTES,
+    at least 4 of them. ``unit_tail_slots`` picks a launch's from 1 to this."""
+    if not (nc_version >= 3 and page_size <= 128 and cache_rows < 1 << 24 and not custom_mask):
+        return 0
+    slots = UNIT_TAIL_CHUNKS
+    while slots > 4 and slots * chunk_bytes > UNIT_TAIL_BYTES:
+        slots //= 2
+    return slots if slots * chunk_bytes <= UNIT_TAIL_BYTES else 0
+
+
+def unit_tail_slots(limit: int, units) -> int:
+    """Tail slots of a launch's whole units ``units`` ([(C0, FULL_LO, FULL_HI, C1)] chunk
+    bounds each): the power of two up to ``limit`` (``unit_tail_chunks``, 0 for none) whose
+    loop iterations and empty slots (``unit_tail_cost``), plus UNIT_TAIL_SLOT a slot, sum least
+    over the units, the fewer slots on ties. A static kernel argument: a bucket compiles once per value it takes (1, 2, 4
+    or 8); the steps whose units are all a prompt's first chunks take the small ones, long
+    prefixes the large."""
+    if not limit:
+        return 0
+    units = [tuple(int(x) for x in unit) for unit in units]
+    best, best_cost, slots = 1, None, 1
+    while slots <= limit:
+        cost = 0.0
+        for c0, lo, hi, c1 in units:
+            cost += unit_tail_cost(c0, lo, hi, c1, slots)[0] + UNIT_TAIL_SLOT * slots
+        if best_cost is None or cost < best_cost - 1e-9:
+            best, best_cost = slots, cost
+        slots *= 2
+    return best
 
 
 UNIT_TAIL_EMPTY_SLOT = 0.3       # an empty tail slot against a loop iteration (assumed)
+UNIT_TAIL_SLOT = 0.03            # any slot of a tail (its SBUF, its step's length; assumed)
+
+
+def unit_tail_cost(c0: int, lo: int, hi: int, c1: int, slots: int):
+    """(cost, ts) of a unit over chunks [c0, c1) (mask-free [lo, hi)) with a tail of ``slots``
+    from ts: its loop iterations plus UNIT_TAIL_EMPTY_SLOT per empty slot, least over ts in
+    [max(c0, c1 - slots), c1] (ties to the later start)."""
+    best = None
+    for t in range(max(c0, c1 - slots), c1 + 1):
+        key = (_unit_loop_cost(c0, lo, hi, t) + UNIT_TAIL_EMPTY_SLOT * (slots - c1 + t), -t)
+        if best is None or key < best:
+            best = key
+    return best[0], -best[1]
 
 
 def _unit_loop_cost(c0: int, lo: int, hi: int, end: int) -> int:
@@ -357,10 +400,7 @@ def with_unit_tail(row: np.ndarray, slots: int, page_size: int) -> np.ndarray:
         return row
     row = row.copy()
     c0, lo, hi, c1 = (int(row[k]) for k in (C0, FULL_LO, FULL_HI, C1))
-
-    def cost(t):
-        return (_unit_loop_cost(c0, lo, hi, t) + UNIT_TAIL_EMPTY_SLOT * (slots - c1 + t), -t)
-    ts = min(range(max(c0, c1 - slots), c1 + 1), key=cost)
+    ts = unit_tail_cost(c0, lo, hi, c1, slots)[1]
     lo = min(lo, ts)
     row[FULL_LO], row[FULL_HI], row[C1] = lo, max(lo, min(hi, ts)), ts
     row[LEN] = min(int(row[LEN]), c1 * chunk_tokens(page_size))

@@ -1,19 +1,21 @@
-"""Whole units (chunked prefill) end in a tail of ``work.UNIT_TAIL_CHUNKS`` chunk slots folded
-without a loop: the host moves the unit's last chunks into it (``work.with_unit_tail``), the
-kernel gathers them from one page-id DMA with one mask predicate per tile of query tokens
+"""Whole units (chunked prefill) end in a tail of up to ``work.UNIT_TAIL_CHUNKS`` chunk slots
+folded without a loop, as many as the host chose for the launch (``work.unit_tail_slots``):
+the host moves the unit's last chunks into it (``work.with_unit_tail``), the kernel gathers them
+from one page-id DMA with one mask predicate per tile of query tokens
 (``kernel_items.unit_tail_block``), in causal launches. Checked: the rows' chunk ranges, the
-choice of the tail's start, and the kernel against the reference over tails of one to four
-real chunks, windows, sinks, a soft cap, a unit split between two cores, and the paths without
-a tail (trn1, custom masks). Also here: whole units grouped in a loop iteration, and the accumulators rescaled on
-GpSimd."""
+choice of the tail's start and size, and the kernel against the reference over tails of one to
+eight slots, windows, sinks, a soft cap, a unit split between two cores, and the paths without
+a tail (trn1, custom masks). Also here: whole units grouped in a loop iteration (their tails
+folded as one pipeline), and the accumulators rescaled on GpSimd."""
 
 import numpy as np
 import pytest
 
 from nki_kernels import simulate
 from nki_kernels.paged_attention.work import (C0, C1, FULL_HI, FULL_LO, LEN, META_COLS,
-                                              UNIT_TAIL_CHUNKS, _unit_loop_cost,
-                                              unit_tail_chunks, with_unit_tail)
+                                              UNIT_TAIL_CHUNKS, UNIT_TAIL_EMPTY_SLOT,
+                                              _unit_loop_cost, unit_tail_chunks, unit_tail_cost,
+                                              unit_tail_slots, with_unit_tail)
 
 from .test_prefill import check, make_prefill_case
 
@@ -63,6 +65,47 @@ def test_when_units_have_tails():
     assert unit_tail_chunks(3, 256, 1000, False) == 0            # pages over 128 tokens
     assert unit_tail_chunks(3, 16, 1 << 24, False) == 0          # rows past fp32's integers
     assert unit_tail_chunks(3, 16, 1000, True) == 0              # a custom mask's table
+
+
+def test_a_launch_tail_costs_least_over_its_units():
+    """Slots: the power of two whose loop iterations and empty slots sum least over the units
+    ((C0, FULL_LO, FULL_HI, C1) each), at most the limit, none without tails."""
+    first_chunks = [(0, 0, 0, 1)] * 3                     # a prompt's first chunk each
+    assert unit_tail_slots(8, first_chunks) == 1
+    assert unit_tail_slots(8, [(0, 0, 0, 2), (0, 0, 0, 1)]) == 2
+    assert unit_tail_slots(8, [(0, 0, 8, 10)]) == 2       # loops take the mask-free 8
+    assert unit_tail_slots(8, [(0, 0, 4, 6)] * 2) == 8    # no loop, two empty slots each
+    assert unit_tail_slots(4, [(0, 0, 4, 6)] * 2) == 2    # a loop either way: fewer slots
+    assert unit_tail_slots(8, [(0, 0, 32, 36)]) == 4      # a block of 32 then the tail
+    assert unit_tail_slots(0, first_chunks) == 0          # no tails on this path
+    assert unit_tail_slots(8, []) == 1
+    assert unit_tail_cost(0, 0, 32, 36, 8) == (1 + 4 * UNIT_TAIL_EMPTY_SLOT, 32)
+
+
+def test_the_most_slots_fit_their_bytes():
+    assert unit_tail_chunks(3, 16, 1000, False, 4096) == 8          # bf16 Llama: 4 KiB a chunk
+    assert unit_tail_chunks(3, 16, 1000, False, 8192) == 4          # fp32: 8 KiB
+    assert unit_tail_chunks(3, 16, 1000, False, 16384) == 0         # not even four
+
+
+@pytest.mark.parametrize("kv_lens, slots", [([40, 64], 1), ([128, 129], 2), ([300, 40], 1),
+                                            ([700, 40], 2), ([700, 680], 8)], ids=str)
+def test_the_kernel_folds_the_tail_the_host_chose(rng, monkeypatch, kv_lens, slots):
+    """The kernel's static tail size (its last argument) is the host's choice
+    (``unit_tail_slots``); the result matches the reference whatever it is."""
+    from nki_kernels.paged_attention import plan
+    seen = []
+    kernel_arguments = plan.kernel_arguments
+
+    def spy(*args, **kwargs):
+        seen.append(args[-1])
+        return kernel_arguments(*args, **kwargs)
+    monkeypatch.setattr(plan, "kernel_arguments", spy)
+    args = make_prefill_case(rng, [40, 33], kv_lens, 16, 2, 4, 32)
+    with simulate.use_target("trn2"):
+        check(args, causal=True)
+        assert _tail_gathers() > 0
+    assert seen == [slots]
 
 
 def _tail_gathers():
