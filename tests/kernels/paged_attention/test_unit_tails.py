@@ -77,6 +77,9 @@ def test_a_launch_tail_costs_least_over_its_units():
     assert unit_tail_slots(8, [(0, 0, 4, 6)] * 2) == 8    # no loop, two empty slots each
     assert unit_tail_slots(4, [(0, 0, 4, 6)] * 2) == 2    # a loop either way: fewer slots
     assert unit_tail_slots(8, [(0, 0, 32, 36)]) == 4      # a block of 32 then the tail
+    # chunks of 256 over 256-1500 keys: eight slots save loops but for the slots' own price
+    # (cost model: 651 us with four, 689 with eight)
+    assert unit_tail_slots(8, [(0, 0, 0, 2), (0, 0, 3, 6), (0, 0, 6, 9), (0, 0, 9, 12)]) == 4
     assert unit_tail_slots(0, first_chunks) == 0          # no tails on this path
     assert unit_tail_slots(8, []) == 1
     assert unit_tail_cost(0, 0, 32, 36, 8) == (1 + 4 * UNIT_TAIL_EMPTY_SLOT, 32)
