@@ -81,6 +81,24 @@ def bucket(n: int) -> int:
     return _policy.bucket(n)
 
 
+TAIL_ENV = "NKI_KERNELS_TAIL_SLOTS"
+TAIL_SLOTS = (1, 2, 4, 8)
+
+
+def pinned_tail_slots():
+    """The tail size of chunked-prefill launches pinned by ``NKI_KERNELS_TAIL_SLOTS`` (1, 2, 4
+    or 8 chunk slots, at most what the launch's shape allows: a bucket then compiles once), or
+    None when unset or ``auto`` (each launch takes the size its units favour,
+    ``paged_attention.work.unit_tail_slots``: a bucket compiles once per size it meets)."""
+    text = os.environ.get(TAIL_ENV, "").strip()
+    if text in ("", "auto"):
+        return None
+    if text not in tuple(str(s) for s in TAIL_SLOTS):
+        raise ValueError(f"{TAIL_ENV}={text!r} must be 'auto' or one of "
+                         f"{', '.join(str(s) for s in TAIL_SLOTS)}")
+    return int(text)
+
+
 def pad_rows(a, rows: int):
     """``a`` with zero rows appended along dim 0 up to ``rows`` (a NumPy array or a torch
     tensor; returned as is when already that long)."""

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from nki_kernels.buckets import bucket, pad_rows
+from nki_kernels.buckets import bucket, pad_rows, pinned_tail_slots
 from nki_kernels.launch_options import host_nc_version
 from nki_kernels.paged_cache.layout import split_cache
 
@@ -48,12 +48,16 @@ def _unit_tail(prob, paged_kv_cache, masks, qb, causal, items) -> int:
     every unit has fewer chunks: ``work.unit_tail_slots``), a static kernel argument: causal
     launches only, whose units all end in masked chunks (a mask-free unit's tail would be empty
     slots or cost its blocks loops: a cascade's shared level of 32 chunks on two cores, 158 ->
-    182 us); 0 for blocks of queries that are not whole units."""
+    182 us); 0 for blocks of queries that are not whole units. ``NKI_KERNELS_TAIL_SLOTS`` pins
+    it (``buckets.pinned_tail_slots``)."""
     if not (causal and whole_units(qb)):
         return 0
     limit = unit_tail_chunks(host_nc_version(), prob.geo.page_size,
                              _cache_row_count(paged_kv_cache, prob.geo.head_dim),
                              masks is not None, _chunk_bytes(prob, paged_kv_cache))
+    pinned = pinned_tail_slots()
+    if pinned is not None:             # one compile per bucket, whatever the units
+        return min(pinned, limit)
     return unit_tail_slots(limit, zip(items.c0, items.full_lo, items.full_hi, items.c1))
 
 

@@ -111,6 +111,37 @@ def test_the_kernel_folds_the_tail_the_host_chose(rng, monkeypatch, kv_lens, slo
     assert seen == [slots]
 
 
+@pytest.mark.parametrize("pinned", ["4", "1", "8"])
+def test_a_pinned_tail_size_serves_every_launch(rng, monkeypatch, pinned):
+    """NKI_KERNELS_TAIL_SLOTS pins the size (one compile per bucket), at most the shape's."""
+    from nki_kernels.paged_attention import plan
+    seen = []
+    kernel_arguments = plan.kernel_arguments
+
+    def spy(*args, **kwargs):
+        seen.append(args[-1])
+        return kernel_arguments(*args, **kwargs)
+    monkeypatch.setattr(plan, "kernel_arguments", spy)
+    monkeypatch.setenv("NKI_KERNELS_TAIL_SLOTS", pinned)
+    for kv_lens in ([40, 64], [700, 680]):
+        args = make_prefill_case(rng, [40, 33], kv_lens, 16, 2, 4, 32)
+        with simulate.use_target("trn2"):
+            check(args, causal=True)
+    assert seen == [int(pinned)] * 2
+    args = make_prefill_case(rng, [40], [500], 16, 8, 1, 128)      # fp32: 8 KiB a chunk
+    with simulate.use_target("trn2"):
+        check(args, causal=True)
+    assert seen[-1] == min(int(pinned), 4)
+
+
+def test_a_bad_pinned_tail_size_is_refused(rng, monkeypatch):
+    monkeypatch.setenv("NKI_KERNELS_TAIL_SLOTS", "3")
+    args = make_prefill_case(rng, [40], [40], 16, 2, 4, 32)
+    with pytest.raises(ValueError, match="NKI_KERNELS_TAIL_SLOTS='3' must be 'auto' or one of"):
+        with simulate.use_target("trn2"):
+            check(args, causal=True)
+
+
 def _tail_gathers():
     """Page-id DMAs of unit tails in the last launch."""
     return sum(1 for e in simulate.last_trace() if e.op == "dma_copy"
