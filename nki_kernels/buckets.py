@@ -85,16 +85,19 @@ TAIL_ENV = "NKI_KERNELS_TAIL_SLOTS"
 TAIL_SLOTS = (1, 2, 4, 8)
 
 
-def pinned_tail_slots():
-    """The tail size of chunked-prefill launches pinned by ``NKI_KERNELS_TAIL_SLOTS`` (1, 2, 4
-    or 8 chunk slots, at most what the launch's shape allows: a bucket then compiles once), or
-    None when unset or ``auto`` (each launch takes the size its units favour,
-    ``paged_attention.work.unit_tail_slots``: a bucket compiles once per size it meets)."""
+def tail_slots_mode():
+    """How chunked-prefill launches size their tails (``NKI_KERNELS_TAIL_SLOTS``): ``"bucket"``
+    (unset, the default: a bucket's first launch picks the size its units favour,
+    ``paged_attention.work.unit_tail_slots``, and the bucket keeps it: one compile per bucket),
+    ``"launch"`` (every launch picks its own: a bucket compiles once per size it meets), or a
+    pinned size 1, 2, 4 or 8 (at most what the launch's shape allows)."""
     text = os.environ.get(TAIL_ENV, "").strip()
-    if text in ("", "auto"):
-        return None
+    if text in ("", "bucket"):
+        return "bucket"
+    if text == "launch":
+        return text
     if text not in tuple(str(s) for s in TAIL_SLOTS):
-        raise ValueError(f"{TAIL_ENV}={text!r} must be 'auto' or one of "
+        raise ValueError(f"{TAIL_ENV}={text!r} must be 'bucket', 'launch' or one of "
                          f"{', '.join(str(s) for s in TAIL_SLOTS)}")
     return int(text)
 

@@ -94,9 +94,10 @@ def test_the_most_slots_fit_their_bytes():
 @pytest.mark.parametrize("kv_lens, slots", [([40, 64], 1), ([128, 129], 2), ([300, 40], 1),
                                             ([700, 40], 2), ([700, 680], 8)], ids=str)
 def test_the_kernel_folds_the_tail_the_host_chose(rng, monkeypatch, kv_lens, slots):
-    """The kernel's static tail size (its last argument) is the host's choice
+    """The kernel's static tail size (its last argument) is the host's choice for the launch
     (``unit_tail_slots``); the result matches the reference whatever it is."""
     from nki_kernels.paged_attention import plan
+    monkeypatch.setenv("NKI_KERNELS_TAIL_SLOTS", "launch")
     seen = []
     kernel_arguments = plan.kernel_arguments
 
@@ -134,10 +135,33 @@ def test_a_pinned_tail_size_serves_every_launch(rng, monkeypatch, pinned):
     assert seen[-1] == min(int(pinned), 4)
 
 
+@pytest.mark.parametrize("mode, sizes", [("", [1, 1]), ("bucket", [1, 1]), ("launch", [1, 2])])
+def test_a_bucket_keeps_its_first_launchs_tail(rng, monkeypatch, mode, sizes):
+    """By default a bucket's first launch picks the tail size and its later launches keep it
+    (one compile per bucket); ``launch`` lets each launch pick."""
+    from nki_kernels.paged_attention import plan
+    monkeypatch.setattr(plan, "_TAIL_BY_BUCKET", {})
+    picks = iter([1, 2])
+    monkeypatch.setattr(plan, "unit_tail_slots", lambda limit, units: next(picks))
+    seen = []
+    kernel_arguments = plan.kernel_arguments
+
+    def spy(*args, **kwargs):
+        seen.append(args[-1])
+        return kernel_arguments(*args, **kwargs)
+    monkeypatch.setattr(plan, "kernel_arguments", spy)
+    monkeypatch.setenv("NKI_KERNELS_TAIL_SLOTS", mode)
+    args = make_prefill_case(rng, [40, 33], [300, 100], 16, 2, 4, 32)
+    with simulate.use_target("trn2"):
+        check(args, causal=True)
+        check(args, causal=True)
+    assert seen == sizes
+
+
 def test_a_bad_pinned_tail_size_is_refused(rng, monkeypatch):
     monkeypatch.setenv("NKI_KERNELS_TAIL_SLOTS", "3")
     args = make_prefill_case(rng, [40], [40], 16, 2, 4, 32)
-    with pytest.raises(ValueError, match="NKI_KERNELS_TAIL_SLOTS='3' must be 'auto' or one of"):
+    with pytest.raises(ValueError, match="NKI_KERNELS_TAIL_SLOTS='3' must be 'bucket', 'launch'"):
         with simulate.use_target("trn2"):
             check(args, causal=True)
 
