@@ -43,37 +43,22 @@ def _tails(prob, paged_kv_cache, qb) -> bool:
     return tail_items(host_nc_version(), prob.geo.page_size, rows, whole_units(qb), query_tiles)
 
 
-# The tail size each bucket of whole-unit launches took first (``_unit_tail``): the key holds
-# only what the kernel's compile key holds, so a bucket compiles once
-_TAIL_BY_BUCKET = {}
-
-
-def _unit_tail(prob, paged_kv_cache, masks, qb, causal, items, cores) -> int:
-    """Tail slots of this launch's whole units ``items`` (``work.unit_tail_chunks``; the size
-    ``work.unit_tail_slots`` picks over them), a static kernel argument: causal launches only,
-    whose units all end in masked chunks (a mask-free unit's tail would be empty slots or cost
-    its blocks loops: a cascade's shared level of 32 chunks on two cores, 158 -> 182 us); 0 for
-    blocks of queries that are not whole units. By default the first launch of a bucket picks
-    and the bucket keeps its pick (``buckets.tail_slots_mode``)."""
+def _unit_tail(prob, paged_kv_cache, masks, qb, causal, items) -> int:
+    """Tail slots of this launch's whole units ``items`` (at most ``work.unit_tail_chunks``), a
+    static kernel argument: ``buckets.tail_slots_mode`` (4 unless set; ``launch``: the size
+    ``work.unit_tail_slots`` picks over the units). Causal launches only, whose units all end in
+    masked chunks (a mask-free unit's tail would be empty slots or cost its blocks loops: a
+    cascade's shared level of 32 chunks on two cores, 158 -> 182 us); 0 for blocks of queries
+    that are not whole units."""
     if not (causal and whole_units(qb)):
         return 0
     limit = unit_tail_chunks(host_nc_version(), prob.geo.page_size,
                              _cache_row_count(paged_kv_cache, prob.geo.head_dim),
                              masks is not None, _chunk_bytes(prob, paged_kv_cache))
     mode = tail_slots_mode()
-    if not limit or isinstance(mode, int):
-        return min(mode, limit) if isinstance(mode, int) else 0
-    pick = lambda: unit_tail_slots(limit, zip(items.c0, items.full_lo, items.full_hi,  # noqa: E731
-                                              items.c1))
     if mode == "launch":
-        return pick()
-    arrays = paged_kv_cache if isinstance(paged_kv_cache, (tuple, list)) else (paged_kv_cache,)
-    key = (bucket(items.L.size), qb, table_capacity(prob.geo, prob.table),
-           tuple((tuple(a.shape), str(a.dtype)) for a in arrays), host_nc_version(), cores,
-           limit)
-    if key not in _TAIL_BY_BUCKET:
-        _TAIL_BY_BUCKET[key] = pick()
-    return _TAIL_BY_BUCKET[key]
+        return unit_tail_slots(limit, zip(items.c0, items.full_lo, items.full_hi, items.c1))
+    return min(mode, limit)
 
 
 def _cache_row_count(paged_kv_cache, head_dim) -> int:
@@ -281,8 +266,7 @@ def plan_prefill(prob, q_lens, qo_indptr, paged_kv_cache, causal,
                       None if whole_units(qb) else masks)
     # one query per item and no custom mask: a decode step, static when batch_decode's would be
     tails = qb > 1 and _tails(prob, paged_kv_cache, qb)
-    unit_tail = _unit_tail(prob, paged_kv_cache, masks, qb, causal and masks is None, items,
-                           cores)
+    unit_tail = _unit_tail(prob, paged_kv_cache, masks, qb, causal and masks is None, items)
     chunks = (static_pass(items, prob.geo.page_size, bucket(n_items), cores, host_nc_version(),
                           _chunk_bytes(prob, paged_kv_cache)) if qb == 1 and masks is None else 0)
     if chunks:

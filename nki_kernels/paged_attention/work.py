@@ -312,12 +312,12 @@ def whole_units(q_block: int) -> bool:
 # masked softmax step): its masked chunks at the causal edge and the mask-free ones before
 # them down to the tail's start, so the unit runs fewer loop iterations (a barrier and a
 # pipeline fill each) than with loops for them; slots past its keys read nothing but still cost
-# their scores' compute. The slots are one static kernel argument for all the launch's units,
-# the power of two whose loop iterations and empty slots cost least over them
-# (``unit_tail_slots``; cost model, trn2, Llama-3-8B layer, one launch each: eight prompt chunks
-# of 64 queries over 64 keys 273 us with four slots, 199 with one; of 128 over 129-256 keys 457
-# / 375 with two; four chunks of 256 over 256-1500 keys 840 with four, 786 with eight; one
-# chunk of 512 over 4608 keys 1101 with four, 1209 with eight).
+# their scores' compute. The slots are one static kernel argument for all the launch's units:
+# four (buckets.tail_slots_mode), or per launch the power of two whose loop iterations and
+# empty slots cost least over them (``unit_tail_slots``; cost model, trn2, Llama-3-8B layer,
+# one launch each: eight prompt chunks of 64 queries over 64 keys 204 us with four slots, 151
+# with one; of 128 over 129-256 keys 457 / 375 with two; four chunks of 256 over 256-1500 keys
+# 651 with four, 689 with eight; two chunks of 512 over 900-1500 keys 730 / 696 with eight).
 UNIT_TAIL_CHUNKS = 8
 UNIT_TAIL_BYTES = 32 * 1024      # SBUF per partition a tail's K and V may take
 

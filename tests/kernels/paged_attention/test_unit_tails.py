@@ -135,14 +135,10 @@ def test_a_pinned_tail_size_serves_every_launch(rng, monkeypatch, pinned):
     assert seen[-1] == min(int(pinned), 4)
 
 
-@pytest.mark.parametrize("mode, sizes", [("", [1, 1]), ("bucket", [1, 1]), ("launch", [1, 2])])
-def test_a_bucket_keeps_its_first_launchs_tail(rng, monkeypatch, mode, sizes):
-    """By default a bucket's first launch picks the tail size and its later launches keep it
-    (one compile per bucket); ``launch`` lets each launch pick."""
+def test_the_default_tail_is_four_slots_whatever_the_units(rng, monkeypatch):
+    """Unset, every launch takes four slots (one compile per bucket), not the size its units
+    would favour (one chunk of keys each: one slot)."""
     from nki_kernels.paged_attention import plan
-    monkeypatch.setattr(plan, "_TAIL_BY_BUCKET", {})
-    picks = iter([1, 2])
-    monkeypatch.setattr(plan, "unit_tail_slots", lambda limit, units: next(picks))
     seen = []
     kernel_arguments = plan.kernel_arguments
 
@@ -150,18 +146,18 @@ def test_a_bucket_keeps_its_first_launchs_tail(rng, monkeypatch, mode, sizes):
         seen.append(args[-1])
         return kernel_arguments(*args, **kwargs)
     monkeypatch.setattr(plan, "kernel_arguments", spy)
-    monkeypatch.setenv("NKI_KERNELS_TAIL_SLOTS", mode)
-    args = make_prefill_case(rng, [40, 33], [300, 100], 16, 2, 4, 32)
-    with simulate.use_target("trn2"):
-        check(args, causal=True)
-        check(args, causal=True)
-    assert seen == sizes
+    monkeypatch.delenv("NKI_KERNELS_TAIL_SLOTS", raising=False)
+    for kv_lens in ([40, 64], [700, 680]):
+        args = make_prefill_case(rng, [40, 33], kv_lens, 16, 2, 4, 32)
+        with simulate.use_target("trn2"):
+            check(args, causal=True)
+    assert seen == [4, 4]
 
 
 def test_a_bad_pinned_tail_size_is_refused(rng, monkeypatch):
     monkeypatch.setenv("NKI_KERNELS_TAIL_SLOTS", "3")
     args = make_prefill_case(rng, [40], [40], 16, 2, 4, 32)
-    with pytest.raises(ValueError, match="NKI_KERNELS_TAIL_SLOTS='3' must be 'bucket', 'launch'"):
+    with pytest.raises(ValueError, match="NKI_KERNELS_TAIL_SLOTS='3' must be 'launch' or one"):
         with simulate.use_target("trn2"):
             check(args, causal=True)
 
