@@ -91,13 +91,9 @@ def test_the_most_slots_fit_their_bytes():
     assert unit_tail_chunks(3, 16, 1000, False, 16384) == 0         # not even four
 
 
-@pytest.mark.parametrize("kv_lens, slots", [([40, 64], 1), ([128, 129], 2), ([300, 40], 1),
-                                            ([700, 40], 2), ([700, 680], 8)], ids=str)
-def test_the_kernel_folds_the_tail_the_host_chose(rng, monkeypatch, kv_lens, slots):
-    """The kernel's static tail size (its last argument) is the host's choice for the launch
-    (``unit_tail_slots``); the result matches the reference whatever it is."""
+def _tail_sizes(monkeypatch):
+    """The tail size (the kernel's last static argument) of each launch from here on."""
     from nki_kernels.paged_attention import plan
-    monkeypatch.setenv("NKI_KERNELS_TAIL_SLOTS", "launch")
     seen = []
     kernel_arguments = plan.kernel_arguments
 
@@ -105,6 +101,16 @@ def test_the_kernel_folds_the_tail_the_host_chose(rng, monkeypatch, kv_lens, slo
         seen.append(args[-1])
         return kernel_arguments(*args, **kwargs)
     monkeypatch.setattr(plan, "kernel_arguments", spy)
+    return seen
+
+
+@pytest.mark.parametrize("kv_lens, slots", [([40, 64], 1), ([128, 129], 2), ([300, 40], 1),
+                                            ([700, 40], 2), ([700, 680], 8)], ids=str)
+def test_the_kernel_folds_the_tail_the_host_chose(rng, monkeypatch, kv_lens, slots):
+    """The kernel's static tail size (its last argument) is the host's choice for the launch
+    (``unit_tail_slots``); the result matches the reference whatever it is."""
+    monkeypatch.setenv("NKI_KERNELS_TAIL_SLOTS", "launch")
+    seen = _tail_sizes(monkeypatch)
     args = make_prefill_case(rng, [40, 33], kv_lens, 16, 2, 4, 32)
     with simulate.use_target("trn2"):
         check(args, causal=True)
@@ -115,14 +121,7 @@ def test_the_kernel_folds_the_tail_the_host_chose(rng, monkeypatch, kv_lens, slo
 @pytest.mark.parametrize("pinned", ["4", "1", "8"])
 def test_a_pinned_tail_size_serves_every_launch(rng, monkeypatch, pinned):
     """NKI_KERNELS_TAIL_SLOTS pins the size (one compile per bucket), at most the shape's."""
-    from nki_kernels.paged_attention import plan
-    seen = []
-    kernel_arguments = plan.kernel_arguments
-
-    def spy(*args, **kwargs):
-        seen.append(args[-1])
-        return kernel_arguments(*args, **kwargs)
-    monkeypatch.setattr(plan, "kernel_arguments", spy)
+    seen = _tail_sizes(monkeypatch)
     monkeypatch.setenv("NKI_KERNELS_TAIL_SLOTS", pinned)
     for kv_lens in ([40, 64], [700, 680]):
         args = make_prefill_case(rng, [40, 33], kv_lens, 16, 2, 4, 32)
@@ -138,14 +137,7 @@ def test_a_pinned_tail_size_serves_every_launch(rng, monkeypatch, pinned):
 def test_the_default_tail_is_four_slots_whatever_the_units(rng, monkeypatch):
     """Unset, every launch takes four slots (one compile per bucket), not the size its units
     would favour (one chunk of keys each: one slot)."""
-    from nki_kernels.paged_attention import plan
-    seen = []
-    kernel_arguments = plan.kernel_arguments
-
-    def spy(*args, **kwargs):
-        seen.append(args[-1])
-        return kernel_arguments(*args, **kwargs)
-    monkeypatch.setattr(plan, "kernel_arguments", spy)
+    seen = _tail_sizes(monkeypatch)
     monkeypatch.delenv("NKI_KERNELS_TAIL_SLOTS", raising=False)
     for kv_lens in ([40, 64], [700, 680]):
         args = make_prefill_case(rng, [40, 33], kv_lens, 16, 2, 4, 32)
