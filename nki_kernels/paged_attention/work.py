@@ -341,9 +341,9 @@ def unit_tail_slots(limit: int, units) -> int:
     """Tail slots of a launch's whole units ``units`` ([(C0, FULL_LO, FULL_HI, C1)] chunk
     bounds each): the power of two up to ``limit`` (``unit_tail_chunks``, 0 for none) whose
     loop iterations and empty slots (``unit_tail_cost``), plus UNIT_TAIL_SLOT a slot, sum least
-    over the units, the fewer slots on ties. A static kernel argument: a bucket compiles once per value it takes (1, 2, 4
-    or 8); the steps whose units are all a prompt's first chunks take the small ones, long
-    prefixes the large."""
+    over the units, the fewer slots on ties: steps of prompts' first chunks take the small
+    ones, long prefixes the large. Used per launch only when asked (``buckets.tail_slots_mode``:
+    a bucket then compiles once per size it meets)."""
     if not limit:
         return 0
     units = [tuple(int(x) for x in unit) for unit in units]
@@ -366,12 +366,10 @@ def unit_tail_cost(c0: int, lo: int, hi: int, c1: int, slots: int):
     """(cost, ts) of a unit over chunks [c0, c1) (mask-free [lo, hi)) with a tail of ``slots``
     from ts: its loop iterations plus UNIT_TAIL_EMPTY_SLOT per empty slot, least over ts in
     [max(c0, c1 - slots), c1] (ties to the later start)."""
-    best = None
-    for t in range(max(c0, c1 - slots), c1 + 1):
-        key = (_unit_loop_cost(c0, lo, hi, t) + UNIT_TAIL_EMPTY_SLOT * (slots - c1 + t), -t)
-        if best is None or key < best:
-            best = key
-    return best[0], -best[1]
+    def cost(t):
+        return _unit_loop_cost(c0, lo, hi, t) + UNIT_TAIL_EMPTY_SLOT * (slots - c1 + t), -t
+    ts = min(range(max(c0, c1 - slots), c1 + 1), key=cost)
+    return cost(ts)[0], ts
 
 
 def _unit_loop_cost(c0: int, lo: int, hi: int, end: int) -> int:
