@@ -92,8 +92,8 @@ from .work import (CHUNK_BLOCKS, ITEM_CLASSES, TAIL_CHUNKS, chains_in, item_quer
                    whole_units)
 
 
-# Whole units a loop iteration takes at most (kernel_items.unit_begin: the later units' setups
-# and tails overlap the earlier ones' loops; cost model, trn2, 8 prompt chunks of 128 tokens
+# Whole units a loop iteration takes at most (kernel_items.unit_group_begin: their setups and
+# tails ahead of the units' loops; cost model, trn2, 8 prompt chunks of 128 tokens
 # over 128 keys 550 -> 480 us with two an iteration, 454 with four), on NeuronCore-v3+ and while
 # their states and queries take at most WHOLE_GROUP_BYTES of SBUF a partition (a Llama-3-8B
 # unit of 128 queries: 25 KiB, of 256: 49 KiB; two fp32 units of 8 kv heads overflowed trn1's

@@ -628,24 +628,14 @@ def merge_split(st, states, b, bank=None):
         write(st, states, b, bank)
 
 
-def unit(st, i, slot=0):
+def unit(st, i):
     """Whole unit i: its chunks in loops nested in the item, masked ones in pairs and the mask-free
     ones in CHUNK_BLOCKS of 2 chunks or more (as many of each size as fit, largest first); an odd
     mask-free chunk left over joins the masked chunks after it (masked by bounds that keep all
     its keys), saving its own loop's barrier and pipeline fill; the chunks from C1 on, a tail
     of ``st.unit_tail`` slots, fold first without a loop (``work.with_unit_tail``). Returns the
-    item, its states complete. ``slot``: its place among the units of a loop iteration (its
-    kept query pads)."""
-    return unit_loops(st, unit_begin(st, i, slot))
-
-
-def unit_begin(st, i, slot=0):
-    """A whole unit's setup and its tail (``unit``): nothing waits on a loop, so the next unit
-    of the iteration may begin before this one's loops."""
-    item, tail = unit_setup(st, i, slot)
-    if tail is not None:           # its tail first: its gathers overlap the queries' loads
-        fold(st, tail, st.unit_tail, True)
-    return item
+    item, its states complete."""
+    return unit_loops(st, unit_group_begin(st, i, 1)[0])
 
 
 def unit_setup(st, i, slot=0):
