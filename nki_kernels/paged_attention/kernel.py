@@ -320,8 +320,8 @@ def state_group(whole, row_max, tiles):
 
 
 def run_whole_units(st, span):
-    """Large blocks of queries: loops over the core's whole units, up to four an iteration (the
-    later units' setups and tails overlap the earlier ones' loops), then two, then one for the
+    """Large blocks of queries: loops over the core's whole units, up to four an iteration (set
+    up, their tails folded as one pipeline, then each unit's loops), then two, then one for the
     rest, each written when complete;
     under LNC=2 then, when the step is one unit, the core's part of it, merged with the other
     core's. A bucket of one unit runs it without the loop; under LNC=2 one of two, each core
@@ -343,7 +343,7 @@ def run_whole_units(st, span):
         return
     per = whole_units_per_iteration(st)
 
-    def make_group(n):             # n units an iteration: one barrier, setups overlapped
+    def make_group(n):             # n units an iteration: one barrier, tails pipelined
         def unit_group(i):
             units = unit_group_begin(st, i, n)
             for item in units:
