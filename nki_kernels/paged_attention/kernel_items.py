@@ -23,7 +23,7 @@ from .kernel_softmax import (bank_column, blank_bank, blank_state, chunk_scores,
                              softmax_begin, softmax_end, state_bank, state_tile, state_views,
                              store_bank, store_state)
 from .work import (C0, C1, CHUNK_BLOCKS, ENTRY0, FULL_HI, FULL_LO, LEN, LOAD, META_COLS, OUT,
-                   POS0, SLOT0, STORE, WIN)
+                   POS0, SLOT0, STORE, TAIL_CHUNKS, WIN)
 
 
 # Chunks per softmax step: a mask-free block gathered several tokens per partition folds them
@@ -319,7 +319,8 @@ def loader(st, item, count, masked):
             return chunks
         for k in range(g * width, (g + 1) * width):
             if item.keep is not None:
-                chunks.append(_load_rows(st, rows[:, k:k + 1]))
+                chunks.append(_load_rows(st, rows[:, k:k + 1],
+                                         k + 1 == count or not late_tail(st, count, masked)))
             else:
                 chunks.append(_load_chunk(st.consts, st.kv_indices, cursor, bounds, masked,
                                           None if rows is None else rows[:, k:k + 1],
@@ -385,12 +386,22 @@ def owned_rows(st, cols, pages, first, count):
     return rows
 
 
-def _load_rows(st, row):
+def late_tail(st, count, masked):
+    """Whether items of ``count`` masked chunks are decode's late tails (``work.LATE_TAILS``: a
+    flat list of one query per item): every chunk but the last is whole, so only the last
+    chunk's V tile has rows the gather skips, to be zeroed."""
+    return (masked and count == TAIL_CHUNKS and st.Qb == 1 and st.scratch is not None
+            and not st.whole)
+
+
+def _load_rows(st, row, zero_v=True):
     """One chunk of a static block (``row``: its [T, 1] rows, dropped tokens past the cache):
-    ((K, V) views, None); skipped V rows read 0."""
+    ((K, V) views, None); skipped V rows read 0 unless not ``zero_v`` (a chunk whose every row
+    is gathered: a late tail's whole chunks)."""
     geo, sources, _, _, v_dtype, _, _, _, zeros = st.consts
     tiles = _chunk_tiles(geo, sources[0][0].dtype)
-    load_chunk_indirect(tiles, sources, st.kv_indices, None, None, geo, row, zeros, dropped=True)
+    load_chunk_indirect(tiles, sources, st.kv_indices, None, None, geo, row, zeros,
+                        dropped=zero_v)
     views = _chunk_views(geo, tiles)
     if v_dtype is not None:
         views[1] = converted_v(views[1:], v_dtype)[0]

@@ -20,7 +20,7 @@ from nki_kernels.paged_cache.layout import split_cache
 
 from .checks import check_batch_decode_inputs, soft_cap
 from .custom_mask import mask_table, with_mask_free_chunks
-from .work import (NO_WINDOW, NullItems, capacity_chunks, chunk_tokens, decode_work,
+from .work import (LATE_TAILS, NO_WINDOW, NullItems, capacity_chunks, chunk_tokens, decode_work,
                    item_query_bytes, items_per_iteration, null_pages, query_blocks, split_work,
                    static_pass, static_work, tail_items, token_table, unit_tail_chunks,
                    unit_tail_slots, whole_units, window_span)
@@ -122,7 +122,8 @@ def prepare_decode(q, paged_kv_cache, kv_indptr, kv_indices, kv_last_page_len, k
         work = static_work(req, prob.geo.page_size, rows, chunks, null)
     else:
         work = decode_work(prob.table.indptr, prob.kv_lens, window_left, prob.geo.page_size,
-                           rows, cores, capacity=table_capacity(prob.geo, prob.table), null=null)
+                           rows, cores, capacity=table_capacity(prob.geo, prob.table), null=null,
+                           tails=LATE_TAILS if _tails(prob, paged_kv_cache, 1) else False)
     arrays, statics = kernel_arguments(prob, paged_kv_cache, work, None,
                                        sinks, logits_soft_cap, k_scale, v_scale,
                                        static=(chunks,) if chunks else (),
@@ -265,7 +266,9 @@ def plan_prefill(prob, q_lens, qo_indptr, paged_kv_cache, causal,
     null = null_items(prob.geo, prob.table, bucket(n_items) * qb,
                       None if whole_units(qb) else masks)
     # one query per item and no custom mask: a decode step, static when batch_decode's would be
-    tails = qb > 1 and _tails(prob, paged_kv_cache, qb)
+    tails = _tails(prob, paged_kv_cache, qb) and (qb > 1 or masks is None)
+    if tails and qb == 1:
+        tails = LATE_TAILS
     unit_tail = _unit_tail(prob, paged_kv_cache, masks, qb, causal and masks is None, items)
     chunks = (static_pass(items, prob.geo.page_size, bucket(n_items), cores, host_nc_version(),
                           _chunk_bytes(prob, paged_kv_cache)) if qb == 1 and masks is None else 0)

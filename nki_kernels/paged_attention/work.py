@@ -446,6 +446,13 @@ def core_rows(span_row, per_iteration: int) -> list:
     return rows
 
 
+# ``tails`` of the flat list (``class_items``): False (none), True (a unit's chunks past its
+# whole blocks of TAIL_CHUNKS: verification) or LATE_TAILS (decode: a unit's last TAIL_CHUNKS
+# chunks when only the last of them is masked, so the kernel zeroes one V slot of the tail,
+# ``kernel_items.late_tail``, as a unit's single masked chunk costs without tails)
+LATE_TAILS = "late"
+
+
 def class_items(full_lo, full_hi, a, e, tails=False):
     """[(kind, first chunk, end chunk)] of a unit's chunks [a, e) with mask-free range
     [full_lo, full_hi): each masked chunk alone (the first of kind 1, later ones MASKED_AGAIN),
@@ -453,7 +460,9 @@ def class_items(full_lo, full_hi, a, e, tails=False):
     smaller size); kinds index ITEM_CLASSES. ``tails``: the chunks past the mask-free range's
     whole blocks of TAIL_CHUNKS are one TAIL item (its first TAIL_CHUNKS; masked chunks past
     those alone), the masked chunks before the range (a window's start) alone, the first of
-    them of kind 1 only when there is no tail."""
+    them of kind 1 only when there is no tail; LATE_TAILS: ``_late_tail_items``."""
+    if tails == LATE_TAILS:
+        return _late_tail_items(full_lo, full_hi, a, e)
     if tails:
         return _tail_items(full_lo, full_hi, a, e)
     out = []
@@ -490,10 +499,47 @@ def _tail_items(full_lo, full_hi, a, e):
     return out + _blocks(lo, x)
 
 
+def _late_tail(full_lo, full_hi, a, e):
+    """Whether chunks [a, e) end in a late tail: at least TAIL_CHUNKS chunks whose last one is
+    the only masked chunk among the last TAIL_CHUNKS (arrays of cuts, or ints)."""
+    x = e - TAIL_CHUNKS
+    return (x >= a) & (full_lo <= x) & (full_hi == e - 1)
+
+
+def _late_tail_items(full_lo, full_hi, a, e):
+    """``class_items`` with LATE_TAILS: a unit whose chunks [a, e) end in one masked chunk after
+    TAIL_CHUNKS - 1 mask-free ones or more has its last TAIL_CHUNKS chunks as one TAIL item (the
+    unit's first: TAIL runs before MASKED_AGAIN), its masked chunks before the mask-free range
+    (a window's start) MASKED_AGAIN, the mask-free ones before the tail in blocks, unless that
+    makes more items than without tails (9 chunks: a tail and blocks of 4 and 1, against a
+    masked chunk and a block of 8); any other unit as without tails."""
+    if int(_late_tail_counts(full_lo, full_hi, np.int64(a), np.int64(e))[TAIL]) == 0:
+        return class_items(full_lo, full_hi, a, e)
+    x = e - TAIL_CHUNKS
+    out = [(TAIL, x, e)]
+    for c in range(a, min(full_lo, x)):
+        out.append((MASKED_AGAIN, c, c + 1))
+    return out + _blocks(max(a, full_lo), x)
+
+
+def _late_tail_counts(full_lo, full_hi, a, e):
+    """``_kind_counts`` with LATE_TAILS."""
+    plain = _kind_counts(full_lo, full_hi, a, e)
+    x = e - TAIL_CHUNKS
+    late = np.zeros_like(plain)
+    late[..., TAIL] = 1
+    late[..., MASKED_AGAIN] = np.maximum(0, np.minimum(full_lo, x) - a)
+    late = _block_counts(late, np.maximum(0, x - np.maximum(a, full_lo)))
+    take = _late_tail(full_lo, full_hi, a, e) & (late.sum(axis=-1) <= plain.sum(axis=-1))
+    return np.where(take[..., None], late, plain)
+
+
 def _kind_counts(full_lo, full_hi, a, e, tails=False):
     """[..., kinds] items of each ITEM_CLASSES kind ``class_items`` makes of chunks [a, e)
     (arrays of cuts), counted without listing; an empty range has none."""
     a, e = np.asarray(a, np.int64), np.asarray(e, np.int64)
+    if tails == LATE_TAILS:
+        return _late_tail_counts(full_lo, full_hi, a, e)
     if tails:
         return _tail_counts(full_lo, full_hi, a, e)
     free = np.maximum(0, np.minimum(e, full_hi) - np.maximum(a, full_lo))
@@ -760,8 +806,36 @@ def split_work(req: _Requests, page_size: int, batch_rows: int, cores: int = 1,
     units or more each core takes whole units of its own, cut at a unit edge. ``null``: where
     null items point (``NullItems``): a flat list's kinds are then padded with them. ``tails``:
     each unit's last chunks are one TAIL item (``class_items``; ``tail_items`` says when the
-    kernel takes them), its LEN clipped to the item's chunks. ``unit_tail``: whole units' tail
-    slots (``unit_tail_chunks``; their rows ``with_unit_tail``)."""
+    kernel takes them), its LEN clipped to the item's chunks; LATE_TAILS: late tails when they
+    leave the slower core fewer loop iterations than none (their whole chunks gather a
+    descriptor a token, so equal loops cost more: 32 x 64-2048 on two cores 409 -> 417 us).
+    ``unit_tail``: whole units' tail slots (``unit_tail_chunks``; their rows
+    ``with_unit_tail``)."""
+    if tails == LATE_TAILS and not whole:
+        args = (req, page_size, batch_rows, cores, per_iteration, capacity, sharing, whole, null)
+        plain, late = _split_work(*args, False, unit_tail), _split_work(*args, tails, unit_tail)
+        fewer = _iterations(late, per_iteration) < _iterations(plain, per_iteration)
+        return late if fewer else plain
+    return _split_work(req, page_size, batch_rows, cores, per_iteration, capacity, sharing, whole,
+                       null, tails, unit_tail)
+
+
+def _iterations(work: DecodeWork, per_iteration: int) -> int:
+    """Loop iterations of the slower core of a flat list's ``work`` (its spans)."""
+    most = 0
+    for span in work.spans:
+        n = 0
+        for kind in range(len(ITEM_CLASSES)):
+            for width in loop_widths(per_iteration):
+                col = span_column(kind, width, per_iteration)
+                n += (int(span[col + 1]) - int(span[col])) // width
+        most = max(most, n)
+    return most
+
+
+def _split_work(req: _Requests, page_size: int, batch_rows: int, cores: int, per_iteration: int,
+                capacity, sharing: int, whole: bool, null, tails, unit_tail: int) -> DecodeWork:
+    """``split_work`` with ``tails`` as given."""
     U = per_iteration
     pad = null is not None and not whole
     loop_widths(U)                      # refuses a per_iteration that is not a power of two
@@ -771,7 +845,7 @@ def split_work(req: _Requests, page_size: int, batch_rows: int, cores: int = 1,
     chunks = (req.c1 - req.c0).astype(np.int64)
     if capacity is None:
         capacity = int(chunks.sum()) + 1
-    tails = tails and not whole
+    tails = False if whole else tails
     parts, kinds = _unit_items(req, tails)
     # per core: [(unit, slot, item rows' kinds and ranges)] and the split unit's part
     if cores == 1:

@@ -86,13 +86,15 @@ def test_wide_decode_items_gather_through_the_pipeline(rng, monkeypatch, lnc, wi
     through the pipeline, each from its rows and mask made with the iteration's."""
     from nki_kernels.paged_attention import batch_decode, batch_decode_ref, kernel_items
     from .conftest import assert_close, make_decode_case
+    from nki_kernels.paged_attention import work
     deferred = []
     load_rows = kernel_items._load_rows
 
-    def spy(st, row):
+    def spy(st, row, zero_v=True):
         deferred.append(st.scratch is not None)
-        return load_rows(st, row)
+        return load_rows(st, row, zero_v)
     monkeypatch.setattr(kernel_items, "_load_rows", spy)
+    monkeypatch.setattr(work, "_late_tail", lambda *bounds: False)    # single masked chunks
     lens = [int(n) for n in rng.integers(300, 1200, 10)]
     args = make_decode_case(rng, lens, 16, 16, 2, 128, q_dtype=np.float32, kv_dtype=np.float32)
     with simulate.use_target("trn2"):
