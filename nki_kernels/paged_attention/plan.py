@@ -265,11 +265,12 @@ def plan_prefill(prob, q_lens, qo_indptr, paged_kv_cache, causal,
     # (whole units take no null items, only a row past the launch's: a custom mask is no bar)
     null = null_items(prob.geo, prob.table, bucket(n_items) * qb,
                       None if whole_units(qb) else masks)
-    # one query per item and no custom mask: a decode step, static when batch_decode's would be
+    # blocks of queries end their units in tails; one query per item (decode) in late ones
     tails = _tails(prob, paged_kv_cache, qb) and (qb > 1 or masks is None)
     if tails and qb == 1:
         tails = LATE_TAILS
     unit_tail = _unit_tail(prob, paged_kv_cache, masks, qb, causal and masks is None, items)
+    # one query per item and no custom mask: a decode step, static when batch_decode's would be
     chunks = (static_pass(items, prob.geo.page_size, bucket(n_items), cores, host_nc_version(),
                           _chunk_bytes(prob, paged_kv_cache)) if qb == 1 and masks is None else 0)
     if chunks:

@@ -175,8 +175,7 @@ CHUNK_BLOCKS = (32, 16, 8, 4, 2, 1)
 # past its last whole block of TAIL_CHUNKS, are one masked item of TAIL_CHUNKS chunks instead
 # (the slots past its keys read nothing): the unit's mask-free blocks are then multiples of
 # TAIL_CHUNKS, and a verification step runs two or three kinds of item (two or three loops)
-# instead of up to five (decode keeps its single masked chunks: a tail's empty slots cost it more
-# than the loops they save).
+# instead of up to five. Decode's tails are late (LATE_TAILS: no empty slots, one zeroed V slot).
 TAIL_CHUNKS = 4
 ITEM_CLASSES = ((0, False), (1, True), (TAIL_CHUNKS, True), (1, True)) + tuple(
     (size, False) for size in CHUNK_BLOCKS)
