@@ -366,13 +366,18 @@ def run_static_pass(st, chunks):
     one item of ``chunks`` masked chunks (a request's chunks from its first, the ones past its
     keys read nothing), all of them one static iteration; each item writes its output once, so
     no state goes through HBM. No loop barrier, no pipeline fill per kind of item. Under LNC=2
-    each core takes half the rows (a bucket of one row: core 0)."""
+    each core takes half the rows; a bucket of one row is split (``work.static_split``): core p
+    folds table row p, the request's chunk slots from c0 + p * chunks, and the two states are
+    merged (``merge_split``: one exchange), program 0 writing the output."""
     rows = st.q.shape[0] // st.Qb
     block_columns(st, chunks)
     if st.cores == 2 and rows >= 2:
         half = rows // 2
         items_iteration(st, chunks, True, half, False)(st.p * half)
-    elif st.p == 0:
+    elif st.cores == 2:
+        item = items_iteration(st, chunks, True, 1, False, last_kept=True)(st.p)
+        merge_split(st, item.states, item.b, item.bank)
+    else:
         items_iteration(st, chunks, True, rows, False)(0)
 
 
@@ -421,14 +426,15 @@ TAIL_AHEAD = 2
 STATIC_UPFRONT_BYTES = 96 * 1024
 
 
-def items_iteration(st, count, masked, width, chained, fresh=False):
+def items_iteration(st, count, masked, width, chained, fresh=False, last_kept=False):
     """The body of a loop over ``width`` items of one kind: every item's setup first, a masked
     kind's first gathers before any softmax (each one's addresses on VectorE never wait behind
     another's softmax), then all the items' chunks as one software pipeline (the next item's
     scores are made while this one's softmax runs); an item finishes inside the next one's
     chunks, after that one's first softmax step, so its DMAs sit behind gathers already
     issued. ``chained``: the items start from their units' states (``work.chains_in``);
-    ``fresh``: those are the identity (``work.starts_fresh``), nothing to load."""
+    ``fresh``: those are the identity (``work.starts_fresh``), nothing to load;
+    ``last_kept``: the last item is returned unfinished (its states complete)."""
     def iteration(i):
         # every item's table row first, one DMA for the iteration: the DMAs that depend on one
         # (queries, page ids) then never queue behind another's
@@ -459,7 +465,10 @@ def items_iteration(st, count, masked, width, chained, fresh=False):
         else:
             for k in range(1, len(batch)):
                 finish(st, batch[k - 1])
+        if last_kept:
+            return batch[-1]
         finish(st, batch[-1])
+        return None
     return iteration
 
 

@@ -119,7 +119,7 @@ def prepare_decode(q, paged_kv_cache, kv_indptr, kv_indices, kv_last_page_len, k
     chunks = static_pass(req, prob.geo.page_size, rows, cores, host_nc_version(),
                          _chunk_bytes(prob, paged_kv_cache))
     if chunks:
-        work = static_work(req, prob.geo.page_size, rows, chunks, null)
+        work = static_work(req, prob.geo.page_size, rows, chunks, null, cores)
     else:
         work = decode_work(prob.table.indptr, prob.kv_lens, window_left, prob.geo.page_size,
                            rows, cores, capacity=table_capacity(prob.geo, prob.table), null=null,
@@ -274,7 +274,7 @@ def plan_prefill(prob, q_lens, qo_indptr, paged_kv_cache, causal,
     chunks = (static_pass(items, prob.geo.page_size, bucket(n_items), cores, host_nc_version(),
                           _chunk_bytes(prob, paged_kv_cache)) if qb == 1 and masks is None else 0)
     if chunks:
-        work = static_work(items, prob.geo.page_size, bucket(n_items), chunks, null)
+        work = static_work(items, prob.geo.page_size, bucket(n_items), chunks, null, cores)
     else:
         mm_bytes = _matmul_dtype(split_cache(paged_kv_cache)[0].dtype)[1]
         work = split_work(items, prob.geo.page_size, bucket(n_items), cores,

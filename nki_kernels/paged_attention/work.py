@@ -607,15 +607,17 @@ def decode_work(kv_indptr, kv_lens, window_left: int, page_size: int, batch_rows
 # A static pass: a small bucket runs without device loops, each row one masked item of a
 # power-of-two number of chunks covering its request (the chunks past its keys read nothing):
 # no loop barrier (~9 us) and no pipeline fill per kind of item, at the price of one compile per
-# chunk count and compute on the padding. Taken when its modelled cost (a launch, per row and per
-# chunk slot, chunk-equivalents fitted to the schedule on trn2: 1 x 1000 28 us static / 89
-# looped, 4 x 300 52 / 74, 8 x 256 72 / 54, 16 x 128 116 / 71, 4 x 50-700 92 / 107; right for
-# 8 of 9 such steps) is below the loops' (``_core_load``), for at most STATIC_MAX_SLOTS chunk
-# slots (the program holds every one).
+# chunk count and compute on the padding. Taken when its modelled cost (per row a core runs and
+# per chunk slot, chunk-equivalents fitted to the schedule on trn2, LNC=1 and 2: 21 steps of 1-16
+# requests of 200-4096 keys, uniform and spread, each run both ways; the pick costs 11 us over
+# the 42 against 85 with the earlier fit, which had a 5-chunk fixed cost and sent single
+# requests of whole chunks (1 x 1024: 24 us static, 35 looped) to the loops) is below the loops'
+# (``_core_load``), for at most STATIC_MAX_SLOTS chunk slots (the program holds every one).
 STATIC_MAX_CHUNKS = 32
 STATIC_MAX_SLOTS = 64
-STATIC_FIXED_COST_CHUNKS = 5.0
+STATIC_FIXED_COST_CHUNKS = 0.0
 SPLIT_MERGE_COST_CHUNKS = 5.0          # LNC=2 loops: the split unit's sendrecv and merge
+STATIC_SPLIT_COST_CHUNKS = 2.0         # a static pass split between two cores: its exchange
 STATIC_ROW_COST_CHUNKS = 3.5
 STATIC_SLOT_COST_CHUNKS = 1.4
 
@@ -637,8 +639,9 @@ def static_pass(req: _Requests, page_size: int, batch_rows: int, cores: int = 1,
     if nc_version < 3 or page_size > 128 or chunk_bytes > STATIC_MAX_CHUNK_BYTES:
         return 0
     chunks_of = (req.c1 - req.c0).astype(np.int64)
+    split = static_split(batch_rows, cores)
     chunks = 1
-    while chunks < int(chunks_of.max(initial=0)):
+    while chunks * (2 if split else 1) < int(chunks_of.max(initial=0)):
         chunks *= 2
     if chunks > STATIC_MAX_CHUNKS or chunks * batch_rows > STATIC_MAX_SLOTS:
         return 0
@@ -653,15 +656,37 @@ def static_pass(req: _Requests, page_size: int, batch_rows: int, cores: int = 1,
     rows = -(-batch_rows // cores) if batch_rows > 1 else 1     # each core half the rows
     static = STATIC_FIXED_COST_CHUNKS + rows * (STATIC_ROW_COST_CHUNKS
                                                 + chunks * STATIC_SLOT_COST_CHUNKS)
+    if split:                      # the two halves' states exchanged and merged
+        static += STATIC_SPLIT_COST_CHUNKS
     return chunks if static < looped else 0
 
 
+def static_split(batch_rows: int, cores: int) -> bool:
+    """Whether a static pass splits its one row between two cores (LNC=2, a bucket of one
+    request: core p folds chunk slots [p, p + 1) x chunks of it, the halves' states merged),
+    rather than leave the second core idle."""
+    return cores == 2 and batch_rows == 1
+
+
 def static_work(req: _Requests, page_size: int, batch_rows: int, chunks: int,
-                null: NullItems) -> DecodeWork:
+                null: NullItems, cores: int = 1) -> DecodeWork:
     """The table of a static pass: row b, item b over ``chunks`` chunks from its first (a row of
-    the bucket past the items reads no keys: LEN 0 on the sentinel pages, ``null``); the spans
-    are unused (zeros)."""
+    the bucket past the items reads no keys: LEN 0 on the sentinel pages, ``null``); split
+    between two cores (``static_split``), row p the core's half: chunks from c0 + p * chunks.
+    The spans are unused (zeros)."""
     B = req.L.size
+    if static_split(batch_rows, cores):
+        table = np.zeros((2, META_COLS), np.int64)
+        if B:
+            for p in range(2):
+                a = req.c0[:1] + p * chunks
+                table[p:p + 1] = req.items(np.arange(1), a, a + chunks, page_size)
+        else:                      # no request: both halves read no keys
+            table[:, PTR] = table[:, SLOT0] = null.slot
+            table[:, C1], table[:, W_SPAN] = chunks, NO_WINDOW
+        U = items_per_iteration(1)
+        return DecodeWork(table.astype(np.int32), np.zeros((2, span_cols(U)), np.int32),
+                          (float(chunks), float(chunks)))
     table = np.zeros((batch_rows, META_COLS), np.int64)
     if B:
         table[:B] = req.items(np.arange(B), req.c0, req.c0 + chunks, page_size)

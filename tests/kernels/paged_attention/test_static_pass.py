@@ -31,7 +31,10 @@ def test_the_policy_takes_it_where_loops_cost_more():
     assert static_pass(_req([256] * 8), 16, 8) == 0            # one kind, one iteration
     # LNC=2: each core half the rows and no barrier, against two barriers on each core
     assert static_pass(_req([300] * 4), 16, 4, cores=2) == 4
-    assert static_pass(_req([512]), 16, 1, cores=2) == 4          # core 0 alone: no merge
+    assert static_pass(_req([1024]), 16, 1) == 8               # one item, one loop: still static
+    # one request on two cores: split, each core half its chunk slots
+    assert static_pass(_req([512]), 16, 1, cores=2) == 2
+    assert static_pass(_req([4096]), 16, 1, cores=2) == 16
     assert static_pass(_req([100, 700, 300, 50]), 16, 4) == 8   # a spread batch
     assert static_pass(_req([1000]), 16, 1, nc_version=2) == 0  # no indirect DMA on trn1
     assert static_pass(_req([1000]), 256, 1) == 0               # pages over 128 tokens
@@ -108,3 +111,38 @@ def test_trn1_keeps_the_loops(rng):
     with simulate.use_target("trn1"):
         batch_decode(*make_decode_case(rng, [1000], 16, 2, 2, 32))
         assert simulate.last_trace().loops
+
+
+def test_one_request_on_two_cores_splits_its_chunk_slots():
+    """A bucket of one row under LNC=2 (work.static_split): table row p is core p's half, the
+    request's chunk slots from c0 + p * chunks, both writing output row 0."""
+    null = NullItems(slot=77, out=1)
+    table = static_work(_req([1000]), 16, 1, 4, null, cores=2).items
+    assert table.shape == (2, work.META_COLS)
+    assert list(table[:, work.C0]) == [0, 4] and list(table[:, work.C1]) == [4, 8]
+    assert list(table[:, work.LEN]) == [1000, 1000] and list(table[:, work.OUT]) == [0, 0]
+    assert list(table[:, work.SLOT0]) == [0, 32]             # 8 pages of 16 a chunk
+    empty = static_work(_req([]), 16, 1, 1, null, cores=2).items       # no request
+    assert list(empty[:, work.PTR]) == [77, 77] and list(empty[:, work.LEN]) == [0, 0]
+    assert static_work(_req([1000]), 16, 1, 8, null).items.shape == (1, work.META_COLS)
+
+
+@pytest.mark.parametrize("lens, options", [
+    ([1000], {}), ([1024], {}), ([100], {}), ([129], {}), ([0], {}), ([3000], {}),
+    ([700], {"window_left": 60}), ([900], {"window_left": 600}), ([700], {"sinks": True}),
+    ([1900], {"logits_soft_cap": 20.0})], ids=str)
+def test_a_split_request_matches_the_reference(rng, lens, options):
+    """Keys on one core only (one chunk: the other half reads none; no keys at all), a window
+    that starts in the first or the second half, sinks and a soft cap added once."""
+    args = make_decode_case(rng, lens, 16, 2, 4, 64)
+    options = dict(options)
+    if options.pop("sinks", False):
+        options["sinks"] = rng.standard_normal(8).astype(np.float32)
+    with simulate.use_target("trn2"):
+        out, lse = batch_decode(*args, return_lse=True, lnc=2, **options)
+        trace = simulate.last_trace()
+    assert not trace.loops
+    assert any(e.op == "sendrecv" for e in trace.events)          # the halves merged
+    ref, ref_lse = batch_decode_ref(*args, return_lse=True, **options)
+    np.testing.assert_allclose(out, ref, rtol=2e-5, atol=2e-5)
+    np.testing.assert_allclose(lse, ref_lse, rtol=2e-5, atol=2e-5)
