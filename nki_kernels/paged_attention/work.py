@@ -608,9 +608,9 @@ def decode_work(kv_indptr, kv_lens, window_left: int, page_size: int, batch_rows
 # power-of-two number of chunks covering its request (the chunks past its keys read nothing):
 # no loop barrier (~9 us) and no pipeline fill per kind of item, at the price of one compile per
 # chunk count and compute on the padding. Taken when its modelled cost (per row a core runs and
-# per chunk slot, chunk-equivalents fitted to the schedule on trn2, LNC=1 and 2: 21 steps of 1-16
-# requests of 200-4096 keys, uniform and spread, each run both ways; the pick costs 11 us over
-# the 42 against 85 with the earlier fit, which had a 5-chunk fixed cost and sent single
+# per chunk slot, chunk-equivalents fitted to the schedule on trn2, LNC=1 and 2: 29 steps of 1-32
+# requests of 128-4096 keys, uniform and spread, each run both ways; the picks cost 14 us over
+# the 58 against 73 with the earlier fit, which had a 5-chunk fixed cost and sent single
 # requests of whole chunks (1 x 1024: 24 us static, 35 looped) to the loops) is below the loops'
 # (``_core_load``), for at most STATIC_MAX_SLOTS chunk slots (the program holds every one).
 STATIC_MAX_CHUNKS = 32
@@ -618,7 +618,7 @@ STATIC_MAX_SLOTS = 64
 STATIC_FIXED_COST_CHUNKS = 0.0
 SPLIT_MERGE_COST_CHUNKS = 5.0          # LNC=2 loops: the split unit's sendrecv and merge
 STATIC_SPLIT_COST_CHUNKS = 2.0         # a static pass split between two cores: its exchange
-STATIC_ROW_COST_CHUNKS = 3.5
+STATIC_ROW_COST_CHUNKS = 4.0
 STATIC_SLOT_COST_CHUNKS = 1.4
 
 
