@@ -632,10 +632,10 @@ def static_pass(req: _Requests, page_size: int, batch_rows: int, cores: int = 1,
                 nc_version: int = 3, chunk_bytes: int = 0) -> int:
     """Chunks per item of a static pass over one-query items ``req`` (``query_blocks`` of
     q_block 1: a decode step), or 0 when the step runs device loops: a bucket too large or
-    cheaper looped (``cores``: under LNC=2 each core takes half the rows, the loops half the
-    work), or no block of masked chunks to gather at once (NeuronCore-v2: no indirect DMA;
-    pages over 128 tokens), or a chunk's K and V (``chunk_bytes`` per partition) past
-    STATIC_MAX_CHUNK_BYTES."""
+    cheaper looped (``cores``: under LNC=2 each core takes half the rows, or half the chunk
+    slots of a bucket of one, ``static_split``; the loops half the work), or no block of masked
+    chunks to gather at once (NeuronCore-v2: no indirect DMA; pages over 128 tokens), or a
+    chunk's K and V (``chunk_bytes`` per partition) past STATIC_MAX_CHUNK_BYTES."""
     if nc_version < 3 or page_size > 128 or chunk_bytes > STATIC_MAX_CHUNK_BYTES:
         return 0
     chunks_of = (req.c1 - req.c0).astype(np.int64)
