@@ -512,13 +512,15 @@ def _late_tail_items(full_lo, full_hi, a, e):
     (a window's start) MASKED_AGAIN, the mask-free ones before the tail in blocks, unless that
     makes more items than without tails (9 chunks: a tail and blocks of 4 and 1, against a
     masked chunk and a block of 8); any other unit as without tails."""
-    if int(_late_tail_counts(full_lo, full_hi, np.int64(a), np.int64(e))[TAIL]) == 0:
-        return class_items(full_lo, full_hi, a, e)
+    plain = class_items(full_lo, full_hi, a, e)
     x = e - TAIL_CHUNKS
-    out = [(TAIL, x, e)]
+    if not (x >= a and full_lo <= x and full_hi == e - 1):
+        return plain
+    late = [(TAIL, x, e)]
     for c in range(a, min(full_lo, x)):
-        out.append((MASKED_AGAIN, c, c + 1))
-    return out + _blocks(max(a, full_lo), x)
+        late.append((MASKED_AGAIN, c, c + 1))
+    late += _blocks(max(a, full_lo), x)
+    return late if len(late) <= len(plain) else plain
 
 
 def _late_tail_counts(full_lo, full_hi, a, e):
@@ -835,31 +837,50 @@ def split_work(req: _Requests, page_size: int, batch_rows: int, cores: int = 1,
     descriptor a token, so equal loops cost more: 32 x 64-2048 on two cores 409 -> 417 us).
     ``unit_tail``: whole units' tail slots (``unit_tail_chunks``; their rows
     ``with_unit_tail``)."""
+    args = (req, batch_rows, cores, per_iteration, capacity, whole, null)
+    planned = _split_plan(*args, tails)
     if tails == LATE_TAILS and not whole:
-        args = (req, page_size, batch_rows, cores, per_iteration, capacity, sharing, whole, null)
-        plain, late = _split_work(*args, False, unit_tail), _split_work(*args, tails, unit_tail)
-        fewer = _iterations(late, per_iteration) < _iterations(plain, per_iteration)
-        return late if fewer else plain
-    return _split_work(req, page_size, batch_rows, cores, per_iteration, capacity, sharing, whole,
-                       null, tails, unit_tail)
+        plain = _split_plan(*args, False)
+        if _iterations(planned) >= _iterations(plain):
+            planned = plain
+    return _split_table(planned, page_size, batch_rows, cores, sharing, whole, null, unit_tail)
 
 
-def _iterations(work: DecodeWork, per_iteration: int) -> int:
-    """Loop iterations of the slower core of a flat list's ``work`` (its spans)."""
+class _Planned(NamedTuple):
+    """``_split_plan``'s result: the units (reordered when grouped), per core [(unit, slot,
+    items)], the split unit and its cut chunk, the cores' modelled loads, items per iteration,
+    whether kinds are padded with null items, the table's chunk capacity."""
+
+    req: _Requests
+    plan: list
+    split: object
+    cut: object
+    loads: tuple
+    U: int
+    pad: bool
+    capacity: int
+
+
+def _iterations(planned: _Planned) -> int:
+    """Loop iterations of the slower core of a flat list's plan (its kinds padded with null
+    items as ``_kind_rows`` pads them)."""
     most = 0
-    for span in work.spans:
-        n = 0
-        for kind in range(len(ITEM_CLASSES)):
-            for width in loop_widths(per_iteration):
-                col = span_column(kind, width, per_iteration)
-                n += (int(span[col + 1]) - int(span[col])) // width
-        most = max(most, n)
+    for units in planned.plan:
+        counts = np.zeros(len(ITEM_CLASSES), np.int64)
+        for b, _, its in units:
+            if not its and b != planned.split:
+                counts[0] += 1                     # no keys: its empty result
+            for kind, _, _ in its:
+                counts[kind] += 1
+        if planned.pad:
+            counts = padded_counts(counts, planned.U)
+        most = max(most, int(loop_iterations(counts, planned.U)))
     return most
 
 
-def _split_work(req: _Requests, page_size: int, batch_rows: int, cores: int, per_iteration: int,
-                capacity, sharing: int, whole: bool, null, tails, unit_tail: int) -> DecodeWork:
-    """``split_work`` with ``tails`` as given."""
+def _split_plan(req: _Requests, batch_rows: int, cores: int, per_iteration: int, capacity,
+                whole: bool, null, tails) -> _Planned:
+    """``split_work``'s share of the units between the cores, with ``tails`` as given."""
     U = per_iteration
     pad = null is not None and not whole
     loop_widths(U)                      # refuses a per_iteration that is not a power of two
@@ -915,6 +936,13 @@ def _split_work(req: _Requests, page_size: int, batch_rows: int, cores: int, per
                 options.append(_cut(moved, [parts[b] for b in grouped], kinds[grouped],
                                     chunks[grouped], batch_rows, U, pad, grouped, tails))
         req, plan, split, cut, loads = min(options, key=lambda o: (max(o[4]), o[4][0]))
+    return _Planned(req, plan, split, cut, loads, U, pad, capacity)
+
+
+def _split_table(planned: _Planned, page_size: int, batch_rows: int, cores: int, sharing: int,
+                 whole: bool, null, unit_tail: int) -> DecodeWork:
+    """The device tables of ``planned`` (``split_work``)."""
+    req, plan, split, cut, loads, U, pad, capacity = planned
     if whole:
         rows, spans = _whole_rows(req, plan, split, cut, page_size)
         rows = [with_unit_tail(row, unit_tail, page_size) for row in rows]

@@ -80,12 +80,12 @@ def test_equal_loop_iterations_keep_single_masked_chunks():
     """Where late tails leave the slower core as many loop iterations, their per-token gathers
     would only cost more: the plan keeps single masked chunks."""
     req = work._requests(np.array([0, 40, 80]), np.array([630, 640]), -1, 16)
-    args = (req, 16, 2, 1, 16, None, 1, False, None)
-    plain = work._split_work(*args, False, 0)
-    late = work._split_work(*args, LATE_TAILS, 0)
-    assert work._iterations(late, 16) == work._iterations(plain, 16)
+    args = (req, 2, 1, 16, None, False, None)
+    plain, late = work._split_plan(*args, False), work._split_plan(*args, LATE_TAILS)
+    assert work._iterations(late) == work._iterations(plain)
+    assert any(kind == TAIL for _, _, its in late.plan[0] for kind, _, _ in its)
     chosen = work.split_work(req, 16, 2, 1, 16, tails=LATE_TAILS)
-    assert (chosen.items == plain.items).all()
+    assert (chosen.items == work.split_work(req, 16, 2, 1, 16).items).all()
 
 
 SPREAD = [500, 515, 530, 600, 610, 620, 505, 585, 389, 460, 511, 1000]
