@@ -513,9 +513,9 @@ def _late_tail_items(full_lo, full_hi, a, e):
     makes more items than without tails (9 chunks: a tail and blocks of 4 and 1, against a
     masked chunk and a block of 8); any other unit as without tails."""
     plain = class_items(full_lo, full_hi, a, e)
-    x = e - TAIL_CHUNKS
-    if not (x >= a and full_lo <= x and full_hi == e - 1):
+    if not _late_tail(full_lo, full_hi, a, e):
         return plain
+    x = e - TAIL_CHUNKS
     late = [(TAIL, x, e)]
     for c in range(a, min(full_lo, x)):
         late.append((MASKED_AGAIN, c, c + 1))
