@@ -87,9 +87,9 @@ from .kernel_load import (PSUM_BANK_BYTES, ROW_LIMIT, group_entry_rows, kt_dma_l
 from .kernel_mask import custom_mask
 from .kernel_queries import query_pads
 from .kernel_softmax import load_state, state_tile
-from .work import (CHUNK_BLOCKS, ITEM_CLASSES, TAIL_CHUNKS, chains_in, item_query_bytes,
-                   items_per_iteration, loop_widths, span_column, starts_fresh, state_slots,
-                   whole_units)
+from .work import (CHUNK_BLOCKS, ITEM_CLASSES, META_COLS, NEXT, TAIL_CHUNKS, chains_in,
+                   item_query_bytes, items_per_iteration, loop_widths, span_column, span_start,
+                   starts_fresh, state_slots, whole_units)
 
 
 # Whole units a loop iteration takes at most (kernel_items.unit_group_begin: their setups and
@@ -401,6 +401,11 @@ def run_item_loops(st, span, span_cols):
     U = flat_items(st.q, st.Qb, st.mm_dtype)
     if static_block(st, True, TAIL_CHUNKS):      # the tails' mask columns
         block_columns(st, TAIL_CHUNKS)
+    # the rows of the core's next loop iteration on partition 0, loaded while the one before it
+    # runs (its first from START, then each iteration's NEXT): an iteration's first DMAs wait
+    # for no table load of their own
+    ahead = nl.ndarray((1, U * META_COLS), nl.int32, buffer=nl.sbuf, name="next_items")
+    load_rows_ahead(st, ahead, nisa.scalar_load(span[0:1, span_start(U):span_start(U) + 1]))
     for kind in range(len(ITEM_CLASSES)):
         count, masked = ITEM_CLASSES[kind]
         for width in loop_widths(U):
@@ -408,7 +413,8 @@ def run_item_loops(st, span, span_cols):
             first = nisa.scalar_load(span[0:1, col:col + 1])
             end = nisa.scalar_load(span[0:1, col + 1:col + 2])
             nl.fori_loop(first, end, items_iteration(st, count, masked, width, chains_in(kind),
-                                                     starts_fresh(kind)), step=width)
+                                                     starts_fresh(kind), rows_ahead=ahead),
+                         step=width)
     if st.cores == 2:          # the unit split between the cores: its part's state is in a slot
         slot = nisa.scalar_load(span[0:1, span_cols - 2:span_cols - 1])
         b = nisa.scalar_load(span[0:1, span_cols - 1:span_cols])
@@ -416,6 +422,15 @@ def run_item_loops(st, span, span_cols):
         for t in range(len(st.tiles)):
             parts.append(load_state(st.scratch, slot, t, st.R, st.tiles[t][1] * st.GQ))
         merge_split(st, parts, b)
+
+
+def load_rows_ahead(st, ahead, row):
+    """Work-item rows row .. row + U - 1 into ``ahead`` [1, U * META_COLS]: what an
+    iteration's first DMAs need of its rows (state slots, output rows, first page-list slots:
+    partition 0), loaded while the iteration before it runs (the table has U rows past its
+    last iteration's, work.table_rows)."""
+    nisa.dma_copy(dst=ahead, src=st.meta.ap([[0, 1], [1, ahead.shape[1]]], scalar_offset=row,
+                                            indirect_dim=0))
 
 
 # Tail items (work.TAIL) of a loop iteration whose gathers are issued before any softmax
@@ -426,7 +441,8 @@ TAIL_AHEAD = 2
 STATIC_UPFRONT_BYTES = 96 * 1024
 
 
-def items_iteration(st, count, masked, width, chained, fresh=False, last_kept=False):
+def items_iteration(st, count, masked, width, chained, fresh=False, last_kept=False,
+                    rows_ahead=None):
     """The body of a loop over ``width`` items of one kind: every item's setup first, a masked
     kind's first gathers before any softmax (each one's addresses on VectorE never wait behind
     another's softmax), then all the items' chunks as one software pipeline (the next item's
@@ -434,14 +450,20 @@ def items_iteration(st, count, masked, width, chained, fresh=False, last_kept=Fa
     chunks, after that one's first softmax step, so its DMAs sit behind gathers already
     issued. ``chained``: the items start from their units' states (``work.chains_in``);
     ``fresh``: those are the identity (``work.starts_fresh``), nothing to load;
-    ``last_kept``: the last item is returned unfinished (its states complete)."""
+    ``last_kept``: the last item is returned unfinished (its states complete); ``rows_ahead``:
+    the [1, U * META_COLS] tile holding the iteration's rows on partition 0, loaded by the
+    iteration before it (``load_rows_ahead``), which this one reloads with the next's (its
+    first row's NEXT)."""
     def iteration(i):
         # every item's table row first, one DMA for the iteration: the DMAs that depend on one
         # (queries, page ids) then never queue behind another's
         table, rows = item_row(st, i, count, width, tile=True)
         batch = []
         for k in range(width):
-            batch.append(prepare(st, i + k, count, masked, rows[k], k, chained, fresh))
+            head = None
+            if rows_ahead is not None:
+                head = rows_ahead[0:1, k * META_COLS:(k + 1) * META_COLS]
+            batch.append(prepare(st, i + k, count, masked, rows[k], k, chained, fresh, head))
         if batched_chunks(st, count, masked):
             first_chunks(st, table, batch)
         elif masked:
@@ -468,6 +490,8 @@ def items_iteration(st, count, masked, width, chained, fresh=False, last_kept=Fa
         if last_kept:
             return batch[-1]
         finish(st, batch[-1])
+        if rows_ahead is not None:
+            load_rows_ahead(st, rows_ahead, nisa.scalar_load(rows_ahead[0:1, NEXT:NEXT + 1]))
         return None
     return iteration
 

@@ -28,9 +28,11 @@ import numpy as np
 # either that one core takes. Keys of query row qi of the block: [W_r, L_r) with
 # L_r = min(HI_BASE + qi, LEN) and W_r = max(0, Q_BASE + qi - W_SPAN); LEN / WIN are the largest
 # L_r / smallest W_r of the block's real rows (what the item gathers).
+# NEXT (flat list, on an iteration's first item): the first row of the core's next loop
+# iteration, whose rows the kernel loads while this iteration runs (``iteration_starts``).
 PTR, LEN, WIN, C0, FULL_LO, FULL_HI, C1, SLOT0, ENTRY0, POS0, OUT, HI_BASE, Q_BASE, W_SPAN, \
-    LOAD, STORE = range(16)
-META_COLS = 16
+    LOAD, STORE, NEXT = range(17)
+META_COLS = 17
 NO_WINDOW = 1 << 24          # W_SPAN without a sliding window: every W_r clamps to 0
 MAX_KV_LEN = NO_WINDOW - 1   # keys per request: positions stay exact in the kernel's fp32 ALU
 
@@ -225,8 +227,14 @@ def loop_widths(per_iteration: int) -> list:
 
 
 def span_cols(per_iteration: int) -> int:
-    """Columns of a core's span row: [first, end) per (item kind, loop width), then BSLOT, BOUT."""
-    return 2 * len(ITEM_CLASSES) * len(loop_widths(per_iteration)) + 2
+    """Columns of a core's span row: [first, end) per (item kind, loop width), then START (the
+    row of the core's first loop iteration, ``span_start``), BSLOT, BOUT."""
+    return 2 * len(ITEM_CLASSES) * len(loop_widths(per_iteration)) + 3
+
+
+def span_start(per_iteration: int) -> int:
+    """Column of START in a span row: the first row of the core's first loop iteration."""
+    return span_cols(per_iteration) - 3
 
 
 def span_column(kind: int, width: int, per_iteration: int) -> int:
@@ -248,8 +256,10 @@ def table_rows(units: int, capacity_chunks: int, sharing: int = 1) -> int:
     ``capacity_chunks`` chunks, each key read by at most ``sharing`` units (query blocks of one
     request read the same keys): per unit two masked chunks, one block of each size below the
     largest (per part: the split unit has two) and an empty item, plus the largest blocks, plus
-    the null items that pad loop iterations (NULL_ROWS)."""
-    return 8 * units + 10 + sharing * (capacity_chunks // CHUNK_BLOCKS[0]) + NULL_ROWS
+    the null items that pad loop iterations (NULL_ROWS), plus the rows an iteration's load of
+    the next one's may read past the last (``iteration_starts``)."""
+    return (8 * units + 10 + sharing * (capacity_chunks // CHUNK_BLOCKS[0]) + NULL_ROWS
+            + DECODE_ITEMS_PER_ITERATION)
 
 
 def capacity_chunks(capacity_pages: int, page_size: int) -> int:
@@ -443,6 +453,19 @@ def core_rows(span_row, per_iteration: int) -> list:
             col = span_column(kind, width, per_iteration)
             rows.extend(range(int(span_row[col]), int(span_row[col + 1])))
     return rows
+
+
+def iteration_starts(span_row, per_iteration: int) -> list:
+    """First rows of one core's loop iterations, in the order the kernel runs them (kinds in
+    ITEM_CLASSES order, each kind's loops widest first). Each iteration's first row holds the
+    next one's (NEXT; the last, row 0's: a load nobody reads) and the span row the first
+    (START), so an iteration's rows are loaded while the one before it runs."""
+    starts = []
+    for kind in range(len(ITEM_CLASSES)):
+        for width in loop_widths(per_iteration):
+            col = span_column(kind, width, per_iteration)
+            starts.extend(range(int(span_row[col]), int(span_row[col + 1]), width))
+    return starts
 
 
 # ``tails`` of the flat list (``class_items``): False (none), True (a unit's chunks past its
@@ -1072,6 +1095,10 @@ def _kind_rows(req: _Requests, plan, split, page_size, batch_rows, cores, U, nul
                 spans[p, col], spans[p, col + 1] = start, start + n
                 start += n
         _last_items_keep_nothing(rows[first_row:], batch_rows)
+        starts = iteration_starts(spans[p], U)
+        for a, b in zip(starts, starts[1:] + [0]):
+            rows[a][NEXT] = b
+        spans[p, span_start(U)] = starts[0] if starts else 0
         if split is not None:
             spans[p, -2] = batch_rows + p if batch_rows + p in chained else ident
             spans[p, -1] = req.out[split]

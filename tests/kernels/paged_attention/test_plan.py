@@ -13,11 +13,11 @@ from nki_kernels.paged_attention.work import (
     C0, C1, CHUNK_BLOCKS, DECODE_ITEMS_PER_ITERATION, ENTRY0, FULL_HI, FULL_LO, HI_BASE,
     ITEM_CLASSES, ITEM_COST_CHUNKS, ITERATION_COST_CHUNKS, LEN, LOAD, MASKED_AGAIN, META_COLS,
     NO_WINDOW, OUT, TAIL, TAIL_CHUNKS,
-    POS0, PTR, Q_BASE, SLOT0, STORE, W_SPAN, WHOLE_UNIT_SPAN_COLS,
+    NEXT, POS0, PTR, Q_BASE, SLOT0, STORE, W_SPAN, WHOLE_UNIT_SPAN_COLS,
     WIN, capacity_chunks, causal_pairs, chunk_tokens,
     _kind_counts, _part_items, class_items, core_rows, decode_work, items_per_iteration,
     loop_widths, token_table,
-    query_blocks, request_table, span_cols, span_column, split_work, starts_fresh, state_slots,
+    query_blocks, request_table, span_cols, span_column, span_start, split_work, starts_fresh, state_slots,
     table_rows,
     whole_units)
 
@@ -183,7 +183,9 @@ def test_loop_widths_and_span_columns():
             loop_widths(bad)
     cols = [span_column(k, w, 4) for k in range(len(ITEM_CLASSES)) for w in (4, 2, 1)]
     assert cols == list(range(0, 2 * len(cols), 2))              # [first, end) pairs, no overlap
-    assert span_cols(4) == 2 * len(cols) + 2 and span_cols(1) == 2 * len(ITEM_CLASSES) + 2
+    # then START, BSLOT, BOUT
+    assert span_cols(4) == 2 * len(cols) + 3 and span_cols(1) == 2 * len(ITEM_CLASSES) + 3
+    assert span_start(4) == 2 * len(cols)
 
 
 def test_class_items_split_a_range_into_masked_chunks_and_blocks():
@@ -268,6 +270,13 @@ def _check_work(req, work, rows_bucket, U, P, cores):
                 col = span_column(kind, w, U)
                 assert (span[col + 1] - span[col]) % w == 0
         order = core_rows(span, U)
+        # each loop iteration's first row names the next one's (the kernel loads its rows
+        # ahead), the span row the first; the last names row 0; other rows name none
+        firsts = [r for k in range(len(ITEM_CLASSES)) for w in loop_widths(U)
+                  for r in range(span[span_column(k, w, U)], span[span_column(k, w, U) + 1], w)]
+        assert span[span_start(U)] == (firsts[0] if firsts else 0)
+        assert [work.items[r][NEXT] for r in firsts] == firsts[1:] + [0] * bool(firsts)
+        assert not work.items[sorted(set(order) - set(firsts)), NEXT].any()
         ended = set()
         assert order == sorted(order) and not used & set(order)
         used |= set(order)
@@ -286,8 +295,8 @@ def _check_work(req, work, rows_bucket, U, P, cores):
                 masked = not (req.full_lo[unit] <= a and e <= req.full_hi[unit])
             else:
                 assert e - a == size
-            np.testing.assert_array_equal(np.delete(row, [LOAD, STORE]), np.delete(want, [LOAD,
-                                                                                          STORE]))
+            np.testing.assert_array_equal(np.delete(row, [LOAD, STORE, NEXT]),
+                                          np.delete(want, [LOAD, STORE, NEXT]))
             if size:
                 inside = req.full_lo[unit] <= a and e <= req.full_hi[unit]
                 assert masked == (not inside)
