@@ -403,9 +403,12 @@ def run_item_loops(st, span, span_cols):
         block_columns(st, TAIL_CHUNKS)
     # the rows of the core's next loop iteration on partition 0, loaded while the one before it
     # runs (its first from START, then each iteration's NEXT): an iteration's first DMAs wait
-    # for no table load of their own
-    ahead = nl.ndarray((1, U * META_COLS), nl.int32, buffer=nl.sbuf, name="next_items")
-    load_rows_ahead(st, ahead, nisa.scalar_load(span[0:1, span_start(U):span_start(U) + 1]))
+    # for no table load of their own (v3+; NeuronCore-v2's first DMAs wait on its rows on every
+    # partition all the same: verification 659 -> 661 us with them)
+    ahead = None
+    if st.indirect:
+        ahead = nl.ndarray((1, U * META_COLS), nl.int32, buffer=nl.sbuf, name="next_items")
+        load_rows_ahead(st, ahead, nisa.scalar_load(span[0:1, span_start(U):span_start(U) + 1]))
     for kind in range(len(ITEM_CLASSES)):
         count, masked = ITEM_CLASSES[kind]
         for width in loop_widths(U):
