@@ -441,30 +441,36 @@ def items_per_iteration(q_block: int, query_bytes: int = 0) -> int:
     return per
 
 
-def core_rows(span_row, per_iteration: int) -> list:
-    """Rows of the work-item table one core runs, in the kernel's order (kinds in ITEM_CLASSES
+def _core_loops(span_row, per_iteration: int) -> list:
+    """[(first, end, width)] of one core's loops in the kernel's order (kinds in ITEM_CLASSES
     order, each kind's loops widest first), from the core's span row."""
     if len(span_row) != span_cols(per_iteration):
         raise ValueError(f"a span row of {len(span_row)} columns is not one of per_iteration="
                          f"{per_iteration} ({span_cols(per_iteration)} columns)")
-    rows = []
+    loops = []
     for kind in range(len(ITEM_CLASSES)):
         for width in loop_widths(per_iteration):
             col = span_column(kind, width, per_iteration)
-            rows.extend(range(int(span_row[col]), int(span_row[col + 1])))
+            loops.append((int(span_row[col]), int(span_row[col + 1]), width))
+    return loops
+
+
+def core_rows(span_row, per_iteration: int) -> list:
+    """Rows of the work-item table one core runs, in the kernel's order (``_core_loops``)."""
+    rows = []
+    for first, end, _ in _core_loops(span_row, per_iteration):
+        rows.extend(range(first, end))
     return rows
 
 
 def iteration_starts(span_row, per_iteration: int) -> list:
-    """First rows of one core's loop iterations, in the order the kernel runs them (kinds in
-    ITEM_CLASSES order, each kind's loops widest first). Each iteration's first row holds the
-    next one's (NEXT; the last, row 0's: a load nobody reads) and the span row the first
-    (START), so an iteration's rows are loaded while the one before it runs."""
+    """First rows of one core's loop iterations, in the order the kernel runs them
+    (``_core_loops``). Each iteration's first row holds the next one's (NEXT; the last, row
+    0's: a load nobody reads) and the span row the first (START), so an iteration's rows are
+    loaded while the one before it runs."""
     starts = []
-    for kind in range(len(ITEM_CLASSES)):
-        for width in loop_widths(per_iteration):
-            col = span_column(kind, width, per_iteration)
-            starts.extend(range(int(span_row[col]), int(span_row[col + 1]), width))
+    for first, end, width in _core_loops(span_row, per_iteration):
+        starts.extend(range(first, end, width))
     return starts
 
 
