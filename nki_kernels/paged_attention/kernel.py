@@ -283,6 +283,9 @@ def make_step(q, k_rows, v_rows, meta, kv_indices, tok_tab, row_tab, sinks, mask
         start = state_tile(R, D)
         for t in range(len(tiles)):
             nisa.dma_copy(dst=st.scratch[identity, t * R:(t + 1) * R, :], src=start)
+        if st.cores == 2:      # this core's part of the split unit starts as the identity too
+            for t in range(len(tiles)):
+                nisa.dma_copy(dst=st.scratch[units + st.p, t * R:(t + 1) * R, :], src=start)
     # blocks of queries: the zero-padded query stationaries of the item slots of an iteration,
     # zeroed once here (tiles of several kv heads only: one head's stationary has no padding),
     # for as many slots as a kind's loop over the core's share of the bucket's units fills (a
@@ -419,11 +422,15 @@ def run_item_loops(st, span, span_cols):
                                                      starts_fresh(kind), rows_ahead=ahead),
                          step=width)
     if st.cores == 2:          # the unit split between the cores: its part's state is in a slot
-        slot = nisa.scalar_load(span[0:1, span_cols - 2:span_cols - 1])
+        slot = st.scratch.shape[0] - 3 + st.p
         b = nisa.scalar_load(span[0:1, span_cols - 1:span_cols])
         parts = []
         for t in range(len(st.tiles)):
-            parts.append(load_state(st.scratch, slot, t, st.R, st.tiles[t][1] * st.GQ))
+            rows = st.tiles[t][1] * st.GQ
+            part = nl.ndarray((rows, st.scratch.shape[2]), nl.float32, buffer=nl.sbuf,
+                              name="kept_state")
+            nisa.dma_copy(dst=part, src=st.scratch[slot, t * st.R:t * st.R + rows, :])
+            parts.append(part)
         merge_split(st, parts, b)
 
 
