@@ -118,7 +118,10 @@ def prepare(st, i, count, masked, cols=None, slot=0, chained=False, fresh=False,
     if st.scratch is not None:
         load = None if fresh else nisa.scalar_load(head[0:1, LOAD:LOAD + 1])
         store = nisa.scalar_load(head[0:1, STORE:STORE + 1])
-    item = WorkItem(cols=cols, b=nisa.scalar_load(head[0:1, OUT:OUT + 1]), states=None,
+    b = static_out_row(st, i)
+    if b is None:
+        b = nisa.scalar_load(head[0:1, OUT:OUT + 1])
+    item = WorkItem(cols=cols, b=b, states=None,
                     load=load, store=store, q=None, bounds=None, cursor=None, rows=None,
                     pids=None, loads=None, bank=None, chained=chained, keep=None, head=head)
     # a flat-list item's page ids first: the iteration's first gathers queue behind no state
@@ -185,6 +188,17 @@ def prepare(st, i, count, masked, cols=None, slot=0, chained=False, fresh=False,
         item.cursor = start_cursor(cols, st.tok_sb, st.R, st.mask, st.iota_t)
     set_cache_rows(st, item, count, masked)
     return item
+
+
+def static_out_row(st, i):
+    """A static pass's output row of its table row ``i`` (an int there), as ``work.static_work``
+    lays them out: row b writes row b, a split bucket's two rows both row 0. Its queries and
+    output then move by static DMAs (no descriptors made at run time). None elsewhere."""
+    if not isinstance(i, int) or st.scratch is not None or st.whole:
+        return None
+    if st.cores == 2 and st.q.shape[0] // st.Qb == 1:
+        return 0
+    return i
 
 
 def _lean_rows(st, item, head, count, masked):

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from nki_kernels.backend import nisa, nl
 
-from .kernel_softmax import transpose_dtype
+from .kernel_softmax import rows_at, transpose_dtype
 
 
 def query_pads(n, R, D, mm_dtype, engine=None):
@@ -45,8 +45,8 @@ def query_block_rows(q, t0, heads, G, Qb, q0):
     of the one-kv-head tiles of a query block, side by side; ``group_queries(rows=...)``)."""
     _, HQ, D = q.shape
     rows = nl.ndarray((G * Qb, heads * D), q.dtype, buffer=nl.sbuf, name="q_block_rows")
-    nisa.dma_copy(dst=rows, src=q.ap([[HQ * D, Qb], [D, G], [G * D, heads], [1, D]],
-                                     offset=q0 * HQ * D, scalar_offset=t0, indirect_dim=0))
+    nisa.dma_copy(dst=rows, src=rows_at(q, [[HQ * D, Qb], [D, G], [G * D, heads], [1, D]],
+                                        q0 * HQ * D, t0))
     return rows
 
 
@@ -57,9 +57,8 @@ def query_tile_rows(q, t0, n, G, Qb, tiles):
     _, HQ, D = q.shape
     R = n * G * Qb
     rows = nl.ndarray((R, tiles * D), q.dtype, buffer=nl.sbuf, name="q_rows")
-    nisa.dma_copy(dst=rows, src=q.ap([[G * D, n], [HQ * D, Qb], [D, G], [n * G * D, tiles],
-                                      [1, D]], offset=0, scalar_offset=t0, indirect_dim=0),
-                  oob_mode=nisa.oob_mode.skip)
+    nisa.dma_copy(dst=rows, src=rows_at(q, [[G * D, n], [HQ * D, Qb], [D, G], [n * G * D, tiles],
+                                         [1, D]], 0, t0), oob_mode=nisa.oob_mode.skip)
     return rows
 
 
@@ -80,9 +79,9 @@ def group_queries(q, t0, h0, n, G, Qb, mm_dtype, q0=0, kept=None, rows=None, by_
     if rows is None:
         rows = nl.ndarray((R, D), q.dtype, buffer=nl.sbuf, name="q_rows")
         # a null item's rows are past q's (work.NullItems): skipped
-        nisa.dma_copy(dst=rows, src=q.ap([[G * D, n], [HQ * D, Qb], [D, G], [1, D]],
-                                         offset=(q0 * HQ + h0 * G) * D, scalar_offset=t0,
-                                         indirect_dim=0), oob_mode=nisa.oob_mode.skip)
+        nisa.dma_copy(dst=rows, src=rows_at(q, [[G * D, n], [HQ * D, Qb], [D, G], [1, D]],
+                                            (q0 * HQ + h0 * G) * D, t0),
+                      oob_mode=nisa.oob_mode.skip)
     poison = None
     if nisa.get_nc_version() < nisa.nc_version.gen3:
         rows, poison = _finite_rows(rows)

@@ -15,6 +15,18 @@ from nki_kernels.kernel_dtypes import dtype_bytes
 
 from .kernel_load import PSUM_BANK_BYTES, KTTile
 
+
+def rows_at(t, pattern, offset, b):
+    """``t``'s elements ``pattern`` from row ``b`` (of its first dimension) plus ``offset``: ``b``
+    a device scalar (a dynamic DMA: descriptors made at run time), or an int when the row is
+    known at compile time (a static pass's rows: a static DMA, no descriptor generation)."""
+    if isinstance(b, int):
+        row = 1
+        for d in t.shape[1:]:
+            row *= d
+        return t.ap(pattern, offset=offset + b * row)
+    return t.ap(pattern, offset=offset, scalar_offset=b, indirect_dim=0)
+
 NEG_BIG = -3.4028235e38
 LN_TO_LOG2 = 1.4426950408889634
 
@@ -519,11 +531,9 @@ def finalize_bank(bank, tiles, out, lse, b, G, Qb, v_scale):
                 nisa.activation(dst=o[:, h * D:(h + 1) * D], op=nl.copy,
                                 data=bank[:, t * E + 2:(t + 1) * E], scale=rl[:, t:t + 1])
             # rows (token, g) of tile (h, j); free (h, d): out[b + q0 + token, h * G + g, d]
-            nisa.dma_copy(dst=out.ap([[HQ * D, Qb], [D, G], [G * D, heads], [1, D]],
-                                     offset=q0 * HQ * D, scalar_offset=b, indirect_dim=0),
-                          src=o)
-            nisa.dma_copy(dst=lse.ap([[HQ, Qb], [1, G], [G, heads]], offset=q0 * HQ,
-                                     scalar_offset=b, indirect_dim=0),
+            nisa.dma_copy(dst=rows_at(out, [[HQ * D, Qb], [D, G], [G * D, heads], [1, D]],
+                                      q0 * HQ * D, b), src=o)
+            nisa.dma_copy(dst=rows_at(lse, [[HQ, Qb], [1, G], [G, heads]], q0 * HQ, b),
                           src=ln_l[:, j:n:blocks])
         return
     for t in range(n):
@@ -578,8 +588,8 @@ def _write_rows(dst, rows, b, h0, G, Qb, q0):
         pattern = [[E, R], [1, E]]
     else:
         pattern = [[G * E, R // (G * Qb)], [HQ * E, Qb], [E, G], [1, E]]
-    nisa.dma_copy(dst=dst.ap(pattern, offset=(q0 * HQ + h0 * G) * E, scalar_offset=b,
-                             indirect_dim=0), src=rows, oob_mode=nisa.oob_mode.skip)
+    nisa.dma_copy(dst=rows_at(dst, pattern, (q0 * HQ + h0 * G) * E, b), src=rows,
+                  oob_mode=nisa.oob_mode.skip)
 
 
 def _write_tiles(dst, rows, b, n, G, Qb, tiles):
@@ -592,8 +602,7 @@ def _write_tiles(dst, rows, b, n, G, Qb, tiles):
         pattern = [[E, R], [R * E, tiles], [1, E]]
     else:
         pattern = [[G * E, n], [HQ * E, Qb], [E, G], [n * G * E, tiles], [1, E]]
-    nisa.dma_copy(dst=dst.ap(pattern, offset=0, scalar_offset=b, indirect_dim=0), src=rows,
-                  oob_mode=nisa.oob_mode.skip)
+    nisa.dma_copy(dst=rows_at(dst, pattern, 0, b), src=rows, oob_mode=nisa.oob_mode.skip)
 
 
 def merge_with_partner(st, p):

@@ -709,6 +709,8 @@ def static_work(req: _Requests, page_size: int, batch_rows: int, chunks: int,
     if static_split(batch_rows, cores):
         table = np.zeros((2, META_COLS), np.int64)
         if B:
+            if int(req.out[0]) != 0:             # both halves write row 0 (the kernel's)
+                raise AssertionError("a split static pass's unit is output row 0")
             for p in range(2):
                 a = req.c0[:1] + p * chunks
                 table[p:p + 1] = req.items(np.arange(1), a, a + chunks, page_size)
@@ -720,6 +722,8 @@ def static_work(req: _Requests, page_size: int, batch_rows: int, chunks: int,
                           (float(chunks), float(chunks)))
     table = np.zeros((batch_rows, META_COLS), np.int64)
     if B:
+        if (req.out != np.arange(B)).any():     # the kernel writes row b's output at row b
+            raise AssertionError("a static pass's rows are its one-query units in output order")
         table[:B] = req.items(np.arange(B), req.c0, req.c0 + chunks, page_size)
         table[:B, OUT] = req.out
     for b in range(B, batch_rows):
