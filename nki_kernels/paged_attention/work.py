@@ -278,7 +278,9 @@ class DecodeWork:
     spans: [cores, span_cols(U)] int32: per item kind and loop width, the rows [first, end) the
         core runs in that loop; BSLOT / BOUT: with two cores, the scratch slot of the core's part
         of the one unit split between the cores (the identity slot if it has none) and that
-        unit's output row (program 0 merges the two parts and writes it).
+        unit's output row (program 0 merges the two parts and writes it). The kernel reads the
+        part from slot units + p, which it sets to the identity first (a static DMA at the
+        merge); BSLOT says which slot the part's items keep it in.
     loads: modelled work of each core, in chunk-equivalents (host-side, for reports).
     """
 
