@@ -166,6 +166,17 @@ def _whole_requests(req: _Requests, rows: int, page_size: int) -> np.ndarray:
 # workload suite's LNC=2 rows came out the same either way).
 ITEM_COST_CHUNKS = 3.02
 ITERATION_COST_CHUNKS = 8.31
+# The LNC=2 cut of a flat list prices an item at one chunk: inside a pipelined iteration of 16
+# an item's fixed cost is mostly hidden (the fit above, redone with the iterations of today,
+# gives 0.53; with one-page requests added 0.68). Chosen over 21 LNC=2 steps (the suite's
+# decode, verification, mixed and cascade rows, and skewed batches: one long request among
+# one-page ones, two of 8k among thirty of 200): 1 x 2048 + 15 x 16 84.0 -> 61.7 us, 2 x 8000
+# + 30 x 200 350.6 -> 297.9, 12 x 500-620 110.4 -> 105.8, 32 x 64-2048 401.4 -> 408.7, the
+# others unchanged; 0.53 (and the refit 7.24 an iteration) also gains there but takes 1 x 4096
+# + 7 x 100 from 74.6 to 81.9. The static-pass policy and the null-item padding keep
+# ITEM_COST_CHUNKS / ITERATION_COST_CHUNKS, the costs they were fitted against.
+CUT_ITEM_COST_CHUNKS = 1.0
+CUT_ITERATION_COST_CHUNKS = ITERATION_COST_CHUNKS
 # Mask-free chunks of one work item, largest first (a request's mask-free chunks: as many
 # blocks of 32 as fit, then at most one of each smaller size); chosen with benchmarks/loop_blocks.py
 CHUNK_BLOCKS = (32, 16, 8, 4, 2, 1)
@@ -750,17 +761,21 @@ def _unit_items(req: _Requests, tails=False):
     return parts, kinds
 
 
-def _core_load(chunks, counts, per_iteration, pad=False):
+def _core_load(chunks, counts, per_iteration, pad=False, item=None, iteration=None):
     """Modelled work of a core (in chunks): its chunks, a fixed cost per work item and one per
     loop iteration (``counts``: [..., kinds] items of each kind; ``pad``: each kind's count
-    padded with null items, ``padded_counts``, each costing its kind's ``_null_costs``)."""
+    padded with null items, ``padded_counts``, each costing its kind's ``_null_costs``);
+    ``item``, ``iteration``: those costs (ITEM_COST_CHUNKS, ITERATION_COST_CHUNKS unless
+    given)."""
+    item = ITEM_COST_CHUNKS if item is None else item
+    iteration = ITERATION_COST_CHUNKS if iteration is None else iteration
     counts = np.asarray(counts, np.int64)
     looped, nulls = counts, 0.0
     if pad:
         looped = padded_counts(counts, per_iteration)
         nulls = ((looped - counts) * np.where(looped > counts, _null_costs(), 0.0)).sum(axis=-1)
-    return (chunks + counts.sum(axis=-1) * ITEM_COST_CHUNKS
-            + loop_iterations(looped, per_iteration) * ITERATION_COST_CHUNKS + nulls)
+    return (chunks + counts.sum(axis=-1) * item
+            + loop_iterations(looped, per_iteration) * iteration + nulls)
 
 
 # Null items: a kind's last loop iteration may be padded with items that do nothing visible (no
@@ -1008,11 +1023,12 @@ def _cut(req: _Requests, parts, kinds, chunks, batch_rows, U, pad, slots, tails=
     before_kinds = np.concatenate([np.zeros((1, kinds.shape[1]), np.int64),
                                    np.cumsum(kinds, axis=0)])
     before_chunks = np.concatenate([[0], np.cumsum(chunks)])
+    costs = dict(item=CUT_ITEM_COST_CHUNKS, iteration=CUT_ITERATION_COST_CHUNKS)
     side = [_core_load(before_chunks[k] + (c - c0),
-                       before_kinds[k] + _kind_counts(lo, hi, c0, c, tails), U, pad),
+                       before_kinds[k] + _kind_counts(lo, hi, c0, c, tails), U, pad, **costs),
             _core_load(before_chunks[B] - before_chunks[k + 1] + (c1 - c),
                        before_kinds[B] - before_kinds[k + 1] + _kind_counts(lo, hi, c, c1, tails),
-                       U, pad)]
+                       U, pad, **costs)]
     best = np.lexsort((np.abs(side[0] - side[1]), np.maximum(side[0], side[1])))[0]
     split, cut = int(k[best]), int(c[best])
     lo_k, hi_k = int(req.full_lo[split]), int(req.full_hi[split])

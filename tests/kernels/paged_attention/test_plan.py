@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 
 from nki_kernels.paged_cache.layout import CacheGeometry
+from nki_kernels.paged_attention import work as work_module
 from nki_kernels.paged_attention.work import (
-    C0, C1, CHUNK_BLOCKS, DECODE_ITEMS_PER_ITERATION, ENTRY0, FULL_HI, FULL_LO, HI_BASE,
+    C0, C1, CHUNK_BLOCKS, CUT_ITEM_COST_CHUNKS, CUT_ITERATION_COST_CHUNKS, DECODE_ITEMS_PER_ITERATION, ENTRY0, FULL_HI, FULL_LO, HI_BASE,
     ITEM_CLASSES, ITEM_COST_CHUNKS, ITERATION_COST_CHUNKS, LEN, LOAD, MASKED_AGAIN, META_COLS,
     NO_WINDOW, OUT, TAIL, TAIL_CHUNKS,
     NEXT, POS0, PTR, Q_BASE, SLOT0, STORE, W_SPAN, WHOLE_UNIT_SPAN_COLS,
@@ -356,7 +357,8 @@ def test_work_runs_every_chunk_once_and_two_cores_balance(seed, U, tails):
     _check_work(req, one, rows, U, P, 1)
     _check_work(req, two, rows, U, P, 2)
     # loads: the split unit pays its items on both cores; the halves within one item's work
-    assert abs(two.loads[0] - two.loads[1]) <= 1 + 2 * (ITEM_COST_CHUNKS + ITERATION_COST_CHUNKS)
+    assert abs(two.loads[0] - two.loads[1]) <= 1 + 2 * (CUT_ITEM_COST_CHUNKS
+                                                       + CUT_ITERATION_COST_CHUNKS)
 
 
 def test_one_core_load_is_chunks_and_items():
@@ -402,8 +404,8 @@ def _brute_force_best_load(lens, window_left=-1):
     def load(items):
         by_kind = [sum(1 for k, _, _ in items if k == kind) for kind in range(len(ITEM_CLASSES))]
         iters = sum(n // U + bin(n % U).count("1") for n in by_kind)
-        return (sum(e - a for _, a, e in items) + len(items) * ITEM_COST_CHUNKS
-                + iters * ITERATION_COST_CHUNKS)
+        return (sum(e - a for _, a, e in items) + len(items) * CUT_ITEM_COST_CHUNKS
+                + iters * CUT_ITERATION_COST_CHUNKS)
 
     def best_in(order):
         def items(b, a, e):
@@ -551,7 +553,7 @@ def _check_whole_units(req, work, rows_bucket, P, cores):
 
 
 @pytest.mark.parametrize("seed", range(12))
-def test_whole_units_run_every_chunk_once_on_one_or_two_cores(seed):
+def test_whole_units_run_every_chunk_once_on_one_or_two_cores(seed, monkeypatch):
     rng = np.random.default_rng(seed)
     P = int(rng.choice([1, 16, 128, 256]))
     _, kv, ql = _random_batch(rng, P)
@@ -564,7 +566,10 @@ def test_whole_units_run_every_chunk_once_on_one_or_two_cores(seed):
     _check_whole_units(req, split_work(req, P, rows, 1, 1, whole=True), rows, P, 1)
     two = split_work(req, P, rows, 2, 1, whole=True)
     _check_whole_units(req, two, rows, P, 2)
-    if req.L.size > 1:           # the edge with the least work on the slower core
+    if req.L.size > 1:           # the edge with the least work on the slower core: within a
+        # unit's chunks of the flat list's cut (its items priced as whole units' are)
+        monkeypatch.setattr(work_module, "CUT_ITEM_COST_CHUNKS", ITEM_COST_CHUNKS)
+        monkeypatch.setattr(work_module, "CUT_ITERATION_COST_CHUNKS", ITERATION_COST_CHUNKS)
         assert max(two.loads) <= max(split_work(req, P, rows, 2, 1).loads) + 2 * max(
             int((req.c1 - req.c0).max()), 1) + 20
 
