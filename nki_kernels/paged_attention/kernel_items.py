@@ -23,7 +23,7 @@ from .kernel_softmax import (bank_column, blank_bank, blank_state, chunk_scores,
                              softmax_begin, softmax_end, state_bank, state_tile, state_views,
                              store_bank, store_state)
 from .work import (C0, C1, CHUNK_BLOCKS, ENTRY0, FULL_HI, FULL_LO, LEN, LOAD, META_COLS, OUT,
-                   POS0, SLOT0, STORE, TAIL_CHUNKS, WIN)
+                   POS0, ROUND_CHUNKS, ROUND_SLOT, ROUNDS, SLOT0, STORE, TAIL_CHUNKS, WIN)
 
 
 # Chunks per softmax step: a mask-free block gathered several tokens per partition folds them
@@ -681,7 +681,8 @@ def unit(st, i):
     its keys), saving its own loop's barrier and pipeline fill; the chunks from C1 on, a tail
     of ``st.unit_tail`` slots, fold first without a loop (``work.with_unit_tail``). Returns the
     item, its states complete."""
-    return unit_loops(st, unit_group_begin(st, i, 1)[0])
+    items, _ = unit_group_begin(st, i, 1)
+    return unit_loops(st, items[0])
 
 
 def unit_setup(st, i, slot=0):
@@ -707,16 +708,58 @@ def unit_group_begin(st, i, n):
             tails.append(tail)
     if tails:
         fold_items(st, tails, st.unit_tail, True, finished=False)
-    return items
+    rounds = None
+    if n > 1 and st.unit_tail and st.blocked and st.indirect:
+        rounds = group_rounds(st, items)
+    return items, rounds
 
 
-def unit_loops(st, item):
-    """A whole unit's chunks before its tail, in loops (``unit``); returns the item."""
+def group_rounds(st, items):
+    """Rounds of a loop iteration's whole units: round r folds, for every unit at once (one
+    software pipeline, ``fold_items``), its mask-free block of ROUND_CHUNKS chunks ending
+    r * ROUND_CHUNKS chunks before its tail, as many rounds as the least of the units' ROUNDS
+    (``work.with_unit_tail``); each unit's own loops then end where its rounds begin
+    (``unit_loops``). A unit's short prefix then costs one loop iteration shared by the units
+    instead of one of its own each. Returns the rounds (a device scalar)."""
+    least = nl.ndarray((1, 1), nl.int32, buffer=nl.sbuf, name="rounds")
+    nisa.tensor_copy(dst=least, src=items[0].cols[0:1, ROUNDS:ROUNDS + 1])
+    for item in items[1:]:
+        nisa.tensor_tensor(dst=least, data1=least, data2=item.cols[0:1, ROUNDS:ROUNDS + 1],
+                           op=nl.minimum)
+    rounds = nisa.scalar_load(least[0:1, 0:1])
+    per = st.T // st.page_size                 # page-list slots per chunk
+    slots = []                                 # per unit: its round's first page-list slot
+    for item in items:                         # (the host's, moved on in the unit's row)
+        slots.append(item.cols[0:1, ROUND_SLOT:ROUND_SLOT + 1])
+    group = gathered(st, ROUND_CHUNKS)
+
+    def body(_):
+        blocks_now = []
+        for k in range(len(items)):
+            this = items[k].copy()
+            this.cursor = {"slot": slots[k]}
+            this.rows = block_rows(st.kv_indices, this.cursor, ROUND_CHUNKS, st.geo, group,
+                                   st.entry_rows[f"{group}"], moves=False)
+            this.pids, this.keep, this.loads = None, None, None
+            blocks_now.append(this)
+        fold_items(st, blocks_now, ROUND_CHUNKS, False, finished=False)
+        for slot in slots:                     # the next round: the block before this one
+            nisa.tensor_scalar(dst=slot, data=slot, op0=nl.add, operand0=-ROUND_CHUNKS * per)
+    nl.fori_loop(0, rounds, body)
+    return rounds
+
+
+def unit_loops(st, item, rounds=None):
+    """A whole unit's chunks before its tail, in loops (``unit``), those before its ``rounds``
+    (``group_rounds``) when its iteration folded some; returns the item."""
     cols = item.cols
     c0 = nisa.scalar_load(cols[0:1, C0:C0 + 1])
     full_lo = nisa.scalar_load(cols[0:1, FULL_LO:FULL_LO + 1])
     full_hi = nisa.scalar_load(cols[0:1, FULL_HI:FULL_HI + 1])
     c1 = nisa.scalar_load(cols[0:1, C1:C1 + 1])
+    if rounds is not None:             # the rounds took the mask-free chunks up to the tail
+        full_hi = full_hi - rounds * ROUND_CHUNKS
+        c1 = c1 - rounds * ROUND_CHUNKS
     masked_pairs(st, item, c0, full_lo)
     lo = full_lo
     for size in CHUNK_BLOCKS:

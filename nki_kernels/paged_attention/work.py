@@ -33,6 +33,15 @@ import numpy as np
 PTR, LEN, WIN, C0, FULL_LO, FULL_HI, C1, SLOT0, ENTRY0, POS0, OUT, HI_BASE, Q_BASE, W_SPAN, \
     LOAD, STORE, NEXT = range(17)
 META_COLS = 17
+# Whole units (chunked prefill) use no scratch: their LOAD column is ROUNDS, the rounds of
+# ROUND_CHUNKS mask-free chunks just before its tail the unit may fold with the other units of
+# its loop iteration (``kernel_items.group_rounds``; the iteration folds the least of its units').
+ROUNDS = LOAD
+# and their STORE column is ROUND_SLOT: the page-list slot of its last round's first chunk (the
+# round before the tail; the kernel moves it back a block a round)
+ROUND_SLOT = STORE
+ROUND_CHUNKS = 4
+ROUNDS_MAX = 2
 NO_WINDOW = 1 << 24          # W_SPAN without a sliding window: every W_r clamps to 0
 MAX_KV_LEN = NO_WINDOW - 1   # keys per request: positions stay exact in the kernel's fp32 ALU
 
@@ -424,6 +433,11 @@ def with_unit_tail(row: np.ndarray, slots: int, page_size: int) -> np.ndarray:
     lo = min(lo, ts)
     row[FULL_LO], row[FULL_HI], row[C1] = lo, max(lo, min(hi, ts)), ts
     row[LEN] = min(int(row[LEN]), c1 * chunk_tokens(page_size))
+    # rounds: whole blocks of the mask-free chunks that end at the tail
+    row[ROUNDS] = min(ROUNDS_MAX, (ts - lo) // ROUND_CHUNKS) if hi >= ts else 0
+    if row[ROUNDS]:
+        row[ROUND_SLOT] = row[SLOT0] + (ts - ROUND_CHUNKS - c0) * (chunk_tokens(page_size)
+                                                                     // page_size)
     return row
 
 
@@ -996,6 +1010,8 @@ def _split_table(planned: _Planned, page_size: int, batch_rows: int, cores: int,
     if whole:
         rows, spans = _whole_rows(req, plan, split, cut, page_size)
         rows = [with_unit_tail(row, unit_tail, page_size) for row in rows]
+        for first, end in spans[:, :2]:      # units of like rounds share loop iterations
+            rows[first:end] = sorted(rows[first:end], key=lambda row: -int(row[ROUNDS]))
     else:
         rows, spans = _kind_rows(req, plan, split, page_size, batch_rows, cores, U,
                                  null if pad else None)
