@@ -41,7 +41,8 @@ ROUNDS = LOAD
 # round before the tail; the kernel moves it back a block a round)
 ROUND_SLOT = STORE
 ROUND_CHUNKS = 4
-ROUNDS_MAX = 2
+ROUNDS_MAX = 8
+ROUND_COST = 0.5           # a round against one of a unit's own loop iterations (assumed)
 NO_WINDOW = 1 << 24          # W_SPAN without a sliding window: every W_r clamps to 0
 MAX_KV_LEN = NO_WINDOW - 1   # keys per request: positions stay exact in the kernel's fp32 ALU
 
@@ -418,6 +419,19 @@ def _unit_loop_cost(c0: int, lo: int, hi: int, end: int) -> int:
     return n + rest // 2 + rest % 2
 
 
+def unit_rounds(c0: int, lo: int, hi: int, ts: int) -> int:
+    """Rounds (``ROUND_CHUNKS`` chunks each, ``kernel_items.group_rounds``) a unit over chunks
+    [c0, ts) before its tail (mask-free [lo, hi)) asks for: whole blocks of the mask-free chunks
+    that end at the tail, as many (up to ROUNDS_MAX) as leave its own loop iterations plus
+    ROUND_COST a round least, the more rounds on ties (a round's iteration is shared by the
+    units of a loop iteration)."""
+    if hi < ts:
+        return 0
+    most = max(0, min(ROUNDS_MAX, (ts - lo) // ROUND_CHUNKS))
+    return min(range(most + 1), key=lambda r: (
+        _unit_loop_cost(c0, lo, hi, ts - r * ROUND_CHUNKS) + ROUND_COST * r, -r))
+
+
 def with_unit_tail(row: np.ndarray, slots: int, page_size: int) -> np.ndarray:
     """A whole unit's row whose chunks from ts on are its tail, ts in [max(C0, C1 - slots), C1]
     the start that leaves its loops the fewest iterations (an empty slot UNIT_TAIL_EMPTY_SLOT
@@ -433,8 +447,7 @@ def with_unit_tail(row: np.ndarray, slots: int, page_size: int) -> np.ndarray:
     lo = min(lo, ts)
     row[FULL_LO], row[FULL_HI], row[C1] = lo, max(lo, min(hi, ts)), ts
     row[LEN] = min(int(row[LEN]), c1 * chunk_tokens(page_size))
-    # rounds: whole blocks of the mask-free chunks that end at the tail
-    row[ROUNDS] = min(ROUNDS_MAX, (ts - lo) // ROUND_CHUNKS) if hi >= ts else 0
+    row[ROUNDS] = unit_rounds(c0, lo, hi, ts)
     if row[ROUNDS]:
         row[ROUND_SLOT] = row[SLOT0] + (ts - ROUND_CHUNKS - c0) * (chunk_tokens(page_size)
                                                                      // page_size)

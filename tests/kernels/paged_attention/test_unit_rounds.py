@@ -11,7 +11,8 @@ import pytest
 from nki_kernels import simulate
 from nki_kernels.paged_attention import work
 from nki_kernels.paged_attention.work import (C0, C1, FULL_HI, FULL_LO, LEN, META_COLS,
-                                              ROUND_CHUNKS, ROUNDS, ROUNDS_MAX, with_unit_tail)
+                                              ROUND_CHUNKS, ROUND_SLOT, ROUNDS, ROUNDS_MAX, SLOT0,
+                                              unit_rounds, with_unit_tail)
 
 from .test_prefill import check, make_prefill_case
 
@@ -24,7 +25,7 @@ def _row(c0, lo, hi, c1, length):
 
 @pytest.mark.parametrize("c0, lo, hi, c1", [(0, 0, 0, 1), (0, 0, 6, 8), (0, 0, 8, 9),
                                             (0, 0, 14, 16), (3, 5, 20, 22), (0, 0, 30, 31),
-                                            (2, 2, 2, 3), (0, 0, 11, 13)])
+                                            (2, 2, 2, 3), (0, 0, 11, 13), (0, 0, 3, 9)])
 def test_rounds_take_whole_blocks_of_the_mask_free_chunks_before_the_tail(c0, lo, hi, c1):
     row = with_unit_tail(_row(c0, lo, hi, c1, c1 * 128), 4, 16)
     rounds = int(row[ROUNDS])
@@ -32,8 +33,19 @@ def test_rounds_take_whole_blocks_of_the_mask_free_chunks_before_the_tail(c0, lo
     if rounds:          # mask-free from the rounds' first chunk up to the tail
         assert row[FULL_HI] == row[C1]
         assert row[C1] - rounds * ROUND_CHUNKS >= row[FULL_LO] >= row[C0]
-    free = int(row[C1] - row[FULL_LO]) if row[FULL_HI] == row[C1] else 0
-    assert rounds == min(ROUNDS_MAX, free // ROUND_CHUNKS)
+        assert row[ROUND_SLOT] == row[SLOT0] + (row[C1] - ROUND_CHUNKS - row[C0]) * 8
+    assert rounds == unit_rounds(int(row[C0]), int(row[FULL_LO]), int(row[FULL_HI]),
+                                 int(row[C1]))
+
+
+@pytest.mark.parametrize("before, rounds", [(0, 0), (2, 0), (4, 1), (6, 1), (8, 2), (12, 3),
+                                            (16, 0), (20, 1), (32, 0), (36, 1)])
+def test_a_unit_asks_for_the_rounds_that_save_its_loops(before, rounds):
+    """Mask-free chunks before the tail: rounds when they leave fewer of its own loop
+    iterations (a block of 16 or 32 is one: no rounds), half an iteration a round."""
+    assert unit_rounds(0, 0, before, before) == rounds
+    assert unit_rounds(0, 1, before, before) * ROUND_CHUNKS <= max(0, before - 1)
+    assert unit_rounds(0, 0, max(0, before - 1), before) == 0    # masked up to the tail
 
 
 def _rounds_run():
