@@ -348,9 +348,9 @@ def run_whole_units(st, span):
 
     def make_group(n):             # n units an iteration: one barrier, tails pipelined
         def unit_group(i):
-            units, rounds = unit_group_begin(st, i, n)
+            units, taken = unit_group_begin(st, i, n)
             for item in units:
-                unit_loops(st, item, rounds)
+                unit_loops(st, item, taken)
                 write(st, item.states, item.b, item.bank)
         return unit_group
     first, end = nisa.scalar_load(span[0:1, 0:1]), nisa.scalar_load(span[0:1, 1:2])

@@ -23,7 +23,8 @@ from .kernel_softmax import (bank_column, blank_bank, blank_state, chunk_scores,
                              softmax_begin, softmax_end, state_bank, state_tile, state_views,
                              store_bank, store_state)
 from .work import (C0, C1, CHUNK_BLOCKS, ENTRY0, FULL_HI, FULL_LO, LEN, LOAD, META_COLS, OUT,
-                   POS0, ROUND_CHUNKS, ROUND_SLOT, ROUNDS, SLOT0, STORE, TAIL_CHUNKS, WIN)
+                   POS0, ROUND_CHUNKS, ROUND_SLOT, ROUNDS, ROUNDS1, SLOT0, STORE, TAIL_CHUNKS,
+                   WIN)
 
 
 # Chunks per softmax step: a mask-free block gathered several tokens per partition folds them
@@ -708,58 +709,73 @@ def unit_group_begin(st, i, n):
             tails.append(tail)
     if tails:
         fold_items(st, tails, st.unit_tail, True, finished=False)
-    rounds = None
+    taken = None
     if n > 1 and st.unit_tail and st.blocked and st.indirect:
-        rounds = group_rounds(st, items)
-    return items, rounds
+        taken = group_rounds(st, items)
+    return items, taken
 
 
 def group_rounds(st, items):
-    """Rounds of a loop iteration's whole units: round r folds, for every unit at once (one
-    software pipeline, ``fold_items``), its mask-free block of ROUND_CHUNKS chunks ending
-    r * ROUND_CHUNKS chunks before its tail, as many rounds as the least of the units' ROUNDS
-    (``work.with_unit_tail``); each unit's own loops then end where its rounds begin
-    (``unit_loops``). A unit's short prefix then costs one loop iteration shared by the units
-    instead of one of its own each. Returns the rounds (a device scalar)."""
-    least = nl.ndarray((1, 1), nl.int32, buffer=nl.sbuf, name="rounds")
-    nisa.tensor_copy(dst=least, src=items[0].cols[0:1, ROUNDS:ROUNDS + 1])
-    for item in items[1:]:
-        nisa.tensor_tensor(dst=least, data1=least, data2=item.cols[0:1, ROUNDS:ROUNDS + 1],
-                           op=nl.minimum)
-    rounds = nisa.scalar_load(least[0:1, 0:1])
+    """Rounds of a loop iteration's whole units: each round folds, for every unit at once (one
+    software pipeline, ``fold_items``), one mask-free block of its chunks before its tail, the
+    blocks of ROUND_CHUNKS chunks first (as many rounds as the least of the units' ROUNDS),
+    then blocks of one chunk (the least of their ROUNDS1), each round's blocks just before the
+    last round's (``work.with_unit_tail``); each unit's own loops then end where its rounds
+    begin (``unit_loops``). A short prefix then costs the units one loop iteration between them
+    instead of one each. Returns the chunks the rounds took of each unit (a device scalar)."""
     per = st.T // st.page_size                 # page-list slots per chunk
-    slots = []                                 # per unit: its round's first page-list slot
-    for item in items:                         # (the host's, moved on in the unit's row)
+    slots = []                                 # per unit: the next round's first page-list slot
+    for item in items:                         # (the host's, moved back a round at a time)
         slots.append(item.cols[0:1, ROUND_SLOT:ROUND_SLOT + 1])
-    group = gathered(st, ROUND_CHUNKS)
+    least = nl.ndarray((1, 2), nl.int32, buffer=nl.sbuf, name="rounds")   # ROUNDS, ROUNDS1
+    nisa.tensor_copy(dst=least, src=items[0].cols[0:1, ROUNDS:ROUNDS + 2],
+                     engine=nisa.engine.gpsimd)
+    for item in items[1:]:
+        nisa.tensor_tensor(dst=least, data1=least, data2=item.cols[0:1, ROUNDS:ROUNDS + 2],
+                           op=nl.minimum)
+    fours = nisa.scalar_load(least[0:1, 0:1])
+    nl.fori_loop(0, fours, _rounds(st, items, slots, ROUND_CHUNKS))
+    for slot in slots:                         # the chunk just before the last round's block
+        nisa.tensor_scalar(dst=slot, data=slot, op0=nl.add, operand0=(ROUND_CHUNKS - 1) * per,
+                           engine=nisa.engine.gpsimd)
+    ones = nisa.scalar_load(least[0:1, 1:2])
+    nl.fori_loop(0, ones, _rounds(st, items, slots, 1))
+    return fours * ROUND_CHUNKS + ones
+
+
+def _rounds(st, items, slots, count):
+    """A round's body: every unit's mask-free block of ``count`` chunks at its slot, folded
+    together, then each slot moved back ``count`` chunks."""
+    group = gathered(st, count)
+    per = st.T // st.page_size
 
     def body(_):
-        blocks_now = []
+        now = []
         for k in range(len(items)):
             this = items[k].copy()
             this.cursor = {"slot": slots[k]}
-            this.rows = block_rows(st.kv_indices, this.cursor, ROUND_CHUNKS, st.geo, group,
+            this.rows = block_rows(st.kv_indices, this.cursor, count, st.geo, group,
                                    st.entry_rows[f"{group}"], moves=False)
             this.pids, this.keep, this.loads = None, None, None
-            blocks_now.append(this)
-        fold_items(st, blocks_now, ROUND_CHUNKS, False, finished=False)
-        for slot in slots:                     # the next round: the block before this one
-            nisa.tensor_scalar(dst=slot, data=slot, op0=nl.add, operand0=-ROUND_CHUNKS * per)
-    nl.fori_loop(0, rounds, body)
-    return rounds
+            now.append(this)
+        fold_items(st, now, count, False, finished=False)
+        for slot in slots:
+            nisa.tensor_scalar(dst=slot, data=slot, op0=nl.add, operand0=-count * per,
+                               engine=nisa.engine.gpsimd)
+    return body
 
 
-def unit_loops(st, item, rounds=None):
-    """A whole unit's chunks before its tail, in loops (``unit``), those before its ``rounds``
-    (``group_rounds``) when its iteration folded some; returns the item."""
+def unit_loops(st, item, taken=None):
+    """A whole unit's chunks before its tail, in loops (``unit``), those before the last
+    ``taken`` when its iteration's rounds folded them (``group_rounds``); returns the item."""
     cols = item.cols
     c0 = nisa.scalar_load(cols[0:1, C0:C0 + 1])
     full_lo = nisa.scalar_load(cols[0:1, FULL_LO:FULL_LO + 1])
     full_hi = nisa.scalar_load(cols[0:1, FULL_HI:FULL_HI + 1])
     c1 = nisa.scalar_load(cols[0:1, C1:C1 + 1])
-    if rounds is not None:             # the rounds took the mask-free chunks up to the tail
-        full_hi = full_hi - rounds * ROUND_CHUNKS
-        c1 = c1 - rounds * ROUND_CHUNKS
+    if taken is not None:              # the rounds took the mask-free chunks up to the tail
+        full_hi = full_hi - taken
+        c1 = c1 - taken
     masked_pairs(st, item, c0, full_lo)
     lo = full_lo
     for size in CHUNK_BLOCKS:

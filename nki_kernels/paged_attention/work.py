@@ -37,11 +37,15 @@ META_COLS = 17
 # ROUND_CHUNKS mask-free chunks just before its tail the unit may fold with the other units of
 # its loop iteration (``kernel_items.group_rounds``; the iteration folds the least of its units').
 ROUNDS = LOAD
-# and their STORE column is ROUND_SLOT: the page-list slot of its last round's first chunk (the
-# round before the tail; the kernel moves it back a block a round)
-ROUND_SLOT = STORE
+# its STORE column is ROUNDS1: then rounds of one chunk each, just before those; and its NEXT
+# column ROUND_SLOT: the page-list slot of the chunks its first round folds (the kernel moves
+# it back a round at a time)
+ROUNDS1 = STORE
+ROUND_SLOT = NEXT
+assert ROUNDS1 == ROUNDS + 1          # the kernel reads both from one [1, 2] view
 ROUND_CHUNKS = 4
 ROUNDS_MAX = 8
+ROUNDS1_MAX = ROUND_CHUNKS - 1
 ROUND_COST = 0.5           # a round against one of a unit's own loop iterations (assumed)
 NO_WINDOW = 1 << 24          # W_SPAN without a sliding window: every W_r clamps to 0
 MAX_KV_LEN = NO_WINDOW - 1   # keys per request: positions stay exact in the kernel's fp32 ALU
@@ -419,17 +423,20 @@ def _unit_loop_cost(c0: int, lo: int, hi: int, end: int) -> int:
     return n + rest // 2 + rest % 2
 
 
-def unit_rounds(c0: int, lo: int, hi: int, ts: int) -> int:
-    """Rounds (``ROUND_CHUNKS`` chunks each, ``kernel_items.group_rounds``) a unit over chunks
-    [c0, ts) before its tail (mask-free [lo, hi)) asks for: whole blocks of the mask-free chunks
-    that end at the tail, as many (up to ROUNDS_MAX) as leave its own loop iterations plus
-    ROUND_COST a round least, the more rounds on ties (a round's iteration is shared by the
-    units of a loop iteration)."""
+def unit_rounds(c0: int, lo: int, hi: int, ts: int):
+    """(rounds of ROUND_CHUNKS chunks, then rounds of one chunk) a unit over chunks [c0, ts)
+    before its tail (mask-free [lo, hi)) asks for (``kernel_items.group_rounds``): whole blocks
+    of the mask-free chunks that end at the tail, as many (up to ROUNDS_MAX, then ROUNDS1_MAX)
+    as leave its own loop iterations plus ROUND_COST a round least, the more rounds on ties (a
+    round's iteration is shared by the units of a loop iteration)."""
     if hi < ts:
-        return 0
-    most = max(0, min(ROUNDS_MAX, (ts - lo) // ROUND_CHUNKS))
-    return min(range(most + 1), key=lambda r: (
-        _unit_loop_cost(c0, lo, hi, ts - r * ROUND_CHUNKS) + ROUND_COST * r, -r))
+        return 0, 0
+    def best(end, size, most):
+        most = max(0, min(most, (end - lo) // size))
+        return min(range(most + 1), key=lambda r: (
+            _unit_loop_cost(c0, lo, hi, end - r * size) + ROUND_COST * r, -r))
+    fours = best(ts, ROUND_CHUNKS, ROUNDS_MAX)
+    return fours, best(ts - fours * ROUND_CHUNKS, 1, ROUNDS1_MAX)
 
 
 def with_unit_tail(row: np.ndarray, slots: int, page_size: int) -> np.ndarray:
@@ -447,8 +454,8 @@ def with_unit_tail(row: np.ndarray, slots: int, page_size: int) -> np.ndarray:
     lo = min(lo, ts)
     row[FULL_LO], row[FULL_HI], row[C1] = lo, max(lo, min(hi, ts)), ts
     row[LEN] = min(int(row[LEN]), c1 * chunk_tokens(page_size))
-    row[ROUNDS] = unit_rounds(c0, lo, hi, ts)
-    if row[ROUNDS]:
+    row[ROUNDS], row[ROUNDS1] = unit_rounds(c0, lo, hi, ts)
+    if row[ROUNDS] or row[ROUNDS1]:
         row[ROUND_SLOT] = row[SLOT0] + (ts - ROUND_CHUNKS - c0) * (chunk_tokens(page_size)
                                                                      // page_size)
     return row
@@ -1024,7 +1031,8 @@ def _split_table(planned: _Planned, page_size: int, batch_rows: int, cores: int,
         rows, spans = _whole_rows(req, plan, split, cut, page_size)
         rows = [with_unit_tail(row, unit_tail, page_size) for row in rows]
         for first, end in spans[:, :2]:      # units of like rounds share loop iterations
-            rows[first:end] = sorted(rows[first:end], key=lambda row: -int(row[ROUNDS]))
+            rows[first:end] = sorted(rows[first:end],
+                                     key=lambda row: (-int(row[ROUNDS]), -int(row[ROUNDS1])))
     else:
         rows, spans = _kind_rows(req, plan, split, page_size, batch_rows, cores, U,
                                  null if pad else None)

@@ -11,7 +11,8 @@ import pytest
 from nki_kernels import simulate
 from nki_kernels.paged_attention import work
 from nki_kernels.paged_attention.work import (C0, C1, FULL_HI, FULL_LO, LEN, META_COLS,
-                                              ROUND_CHUNKS, ROUND_SLOT, ROUNDS, ROUNDS_MAX, SLOT0,
+                                              ROUND_CHUNKS, ROUND_SLOT, ROUNDS, ROUNDS1,
+                                              ROUNDS_MAX, SLOT0,
                                               unit_rounds, with_unit_tail)
 
 from .test_prefill import check, make_prefill_case
@@ -28,24 +29,27 @@ def _row(c0, lo, hi, c1, length):
                                             (2, 2, 2, 3), (0, 0, 11, 13), (0, 0, 3, 9)])
 def test_rounds_take_whole_blocks_of_the_mask_free_chunks_before_the_tail(c0, lo, hi, c1):
     row = with_unit_tail(_row(c0, lo, hi, c1, c1 * 128), 4, 16)
-    rounds = int(row[ROUNDS])
-    assert 0 <= rounds <= ROUNDS_MAX
-    if rounds:          # mask-free from the rounds' first chunk up to the tail
+    fours, ones = int(row[ROUNDS]), int(row[ROUNDS1])
+    assert 0 <= fours <= ROUNDS_MAX and 0 <= ones < ROUND_CHUNKS
+    if fours or ones:   # mask-free from the rounds' first chunk up to the tail
         assert row[FULL_HI] == row[C1]
-        assert row[C1] - rounds * ROUND_CHUNKS >= row[FULL_LO] >= row[C0]
+        assert row[C1] - fours * ROUND_CHUNKS - ones >= row[FULL_LO] >= row[C0]
         assert row[ROUND_SLOT] == row[SLOT0] + (row[C1] - ROUND_CHUNKS - row[C0]) * 8
-    assert rounds == unit_rounds(int(row[C0]), int(row[FULL_LO]), int(row[FULL_HI]),
-                                 int(row[C1]))
+    assert (fours, ones) == unit_rounds(int(row[C0]), int(row[FULL_LO]), int(row[FULL_HI]),
+                                        int(row[C1]))
 
 
-@pytest.mark.parametrize("before, rounds", [(0, 0), (2, 0), (4, 1), (6, 1), (8, 2), (12, 3),
-                                            (16, 0), (20, 1), (32, 0), (36, 1)])
+@pytest.mark.parametrize("before, rounds", [
+    (0, (0, 0)), (1, (0, 1)), (2, (0, 2)), (3, (0, 3)), (4, (1, 0)), (6, (1, 2)), (8, (2, 0)),
+    (12, (3, 0)), (16, (0, 0)), (17, (0, 1)), (20, (1, 0)), (32, (0, 0)), (36, (1, 0))])
 def test_a_unit_asks_for_the_rounds_that_save_its_loops(before, rounds):
-    """Mask-free chunks before the tail: rounds when they leave fewer of its own loop
-    iterations (a block of 16 or 32 is one: no rounds), half an iteration a round."""
+    """Mask-free chunks before the tail: rounds of four, then of one, when they leave fewer of
+    its own loop iterations (a block of 16 or 32 is one: no rounds), half an iteration a
+    round."""
     assert unit_rounds(0, 0, before, before) == rounds
-    assert unit_rounds(0, 1, before, before) * ROUND_CHUNKS <= max(0, before - 1)
-    assert unit_rounds(0, 0, max(0, before - 1), before) == 0    # masked up to the tail
+    fours, ones = unit_rounds(0, 1, before, before)          # a masked first chunk
+    assert fours * ROUND_CHUNKS + ones <= max(0, before - 1)
+    assert unit_rounds(0, 0, max(0, before - 1), before) == (0, 0)    # masked up to the tail
 
 
 def _rounds_run():
@@ -60,6 +64,7 @@ def _rounds_run():
 # without a prefix in the iteration (none), windows
 @pytest.mark.parametrize("q_lens, kv_lens, window, rounds", [
     ([40, 40], [1000, 1200], -1, True),
+    ([40, 33], [1550, 1800], -1, True),                 # two and three rounds
     ([40, 33, 40, 40], [900, 1000, 1100, 1500], -1, True),
     ([40, 33, 40, 40], [700, 900, 1100, 1500], -1, False),
     ([40, 40, 40], [1152, 40, 700], -1, False),
@@ -100,3 +105,13 @@ def test_rounds_in_bf16_on_the_serving_layer(rng):
     with simulate.use_target("trn2"):
         check(args, dtype="bfloat16", causal=True)
         assert _rounds_run() > 0
+
+
+@pytest.mark.parametrize("target, layout", [("trn1", "NHD"), ("trn2", "HND")])
+def test_rows_with_rounds_elsewhere(rng, target, layout):
+    """NeuronCore-v2 (no indirect gathers) runs every chunk in the units' own loops whatever
+    the rows ask; the HND layout's gathers take the rounds too."""
+    args = make_prefill_case(rng, [40, 40, 33], [900, 1000, 1300], 16, 2, 4, 32, layout=layout)
+    with simulate.use_target(target):
+        check(args, causal=True)
+        assert (_rounds_run() > 0) == (target == "trn2")
