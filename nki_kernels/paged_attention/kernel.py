@@ -88,30 +88,16 @@ from .kernel_mask import custom_mask
 from .kernel_queries import query_pads
 from .kernel_softmax import load_state, state_tile
 from .work import (CHUNK_BLOCKS, ITEM_CLASSES, META_COLS, NEXT, TAIL_CHUNKS, chains_in,
+                   score_tiling, whole_group_units,
                    item_query_bytes, items_per_iteration, loop_widths, span_column, span_start,
                    starts_fresh, state_slots, whole_units)
 
 
-# Whole units a loop iteration takes at most (kernel_items.unit_group_begin: their setups and
-# tails ahead of the units' loops; cost model, trn2, 8 prompt chunks of 128 tokens
-# over 128 keys 550 -> 480 us with two an iteration, 454 with four), on NeuronCore-v3+ and while
-# their states and queries take at most WHOLE_GROUP_BYTES of SBUF a partition (a Llama-3-8B
-# unit of 128 queries: 25 KiB, of 256: 49 KiB; two fp32 units of 8 kv heads overflowed trn1's
-# SBUF beside their gathers)
-WHOLE_UNITS_PER_ITERATION = 4
-WHOLE_GROUP_BYTES = 128 * 1024
-
-
 def whole_units_per_iteration(st):
-    """Whole units the first loop iteration of ``run_whole_units`` takes: a power of two up to
-    WHOLE_UNITS_PER_ITERATION whose units' states and queries fit WHOLE_GROUP_BYTES."""
-    unit_bytes = len(st.tiles) * ((st.D + 2) * 4 + st.R * dtype_bytes(st.mm_dtype)
-                                  * (-(-st.D // 128)))
-    per = 1
-    while (nisa.get_nc_version() >= nisa.nc_version.gen3 and per < WHOLE_UNITS_PER_ITERATION
-           and 2 * per * unit_bytes <= WHOLE_GROUP_BYTES):
-        per = per * 2
-    return per
+    """Whole units the first loop iteration of ``run_whole_units`` takes
+    (``work.whole_group_units``, which the host's rounds follow)."""
+    return whole_group_units(len(st.tiles), st.R, st.D, dtype_bytes(st.mm_dtype),
+                             3 if nisa.get_nc_version() >= nisa.nc_version.gen3 else 2)
 
 
 # Mask-free chunks of a work item come in blocks of work.CHUNK_BLOCKS: a block of 32 chunks (4096
@@ -193,7 +179,7 @@ def make_step(q, k_rows, v_rows, meta, kv_indices, tok_tab, row_tab, sinks, mask
     B, HQ, D = q.shape
     H, G = num_kv_heads, HQ // num_kv_heads
     Qb = 1 if row_tab is None else row_tab.shape[0] // G      # query tokens per work item
-    Qt = min(Qb, 128 // G)                                     # query tokens per tile
+    Qt, per_group = score_tiling(H, G, Qb)[:2]     # query tokens, kv heads per tile
     assert Qb % Qt == 0, f"{Qb} query tokens per item is not a whole number of tiles of {Qt}"
     T = tok_tab.shape[0]
     rpp, es, v_rows_offset = strides
@@ -206,7 +192,6 @@ def make_step(q, k_rows, v_rows, meta, kv_indices, tok_tab, row_tab, sinks, mask
     tok_sb = nl.ndarray((T, 2), nl.int32, buffer=nl.sbuf, name="tok_tab")
     nisa.dma_copy(dst=tok_sb, src=tok_tab)
     GQ = G * Qt                                            # score rows per kv head and tile
-    per_group = max(1, min(H, 128 // GQ))          # kv heads per tile: rows = heads x G x Qt <= 128
     # tiles of score rows (first kv head, kv heads, first query token of the block): every tile
     # of a chunk's step shares its K^T per kv head and its V
     tiles = []

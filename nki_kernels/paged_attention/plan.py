@@ -23,7 +23,7 @@ from .custom_mask import mask_table, with_mask_free_chunks
 from .work import (LATE_TAILS, NO_WINDOW, NullItems, capacity_chunks, chunk_tokens, decode_work,
                    item_query_bytes, items_per_iteration, null_pages, query_blocks, split_work,
                    static_pass, static_work, tail_items, token_table, unit_tail_chunks,
-                   unit_tail_slots, whole_units, window_span)
+                   score_tiling, unit_tail_slots, whole_group_units, whole_units, window_span)
 
 
 def cache_rows(paged_kv_cache, D):
@@ -277,11 +277,14 @@ def plan_prefill(prob, q_lens, qo_indptr, paged_kv_cache, causal,
         work = static_work(items, prob.geo.page_size, bucket(n_items), chunks, null, cores)
     else:
         mm_bytes = _matmul_dtype(split_cache(paged_kv_cache)[0].dtype)[1]
+        tiles, rows = score_tiling(prob.geo.num_heads, prob.group, qb)[2:]
         work = split_work(items, prob.geo.page_size, bucket(n_items), cores,
                           items_per_iteration(qb, item_query_bytes(
                               prob.geo.num_heads * prob.group, qb, prob.geo.head_dim, mm_bytes)),
                           table_capacity(prob.geo, prob.table), 1 if qb == 1 else bucket(n_items),
-                          whole_units(qb), null, tails, unit_tail)
+                          whole_units(qb), null, tails, unit_tail,
+                          whole_group_units(tiles, rows, prob.geo.head_dim, mm_bytes,
+                                            host_nc_version()))
     # item k covers tokens q0 .. q0 + qb of its request, at padded rows k*qb ..
     tok = items.q0[:, None] + np.arange(qb)[None, :]
     real = tok < q_lens[items.request][:, None]

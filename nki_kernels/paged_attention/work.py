@@ -33,20 +33,18 @@ import numpy as np
 PTR, LEN, WIN, C0, FULL_LO, FULL_HI, C1, SLOT0, ENTRY0, POS0, OUT, HI_BASE, Q_BASE, W_SPAN, \
     LOAD, STORE, NEXT = range(17)
 META_COLS = 17
-# Whole units (chunked prefill) use no scratch: their LOAD column is ROUNDS, the rounds of
-# ROUND_CHUNKS mask-free chunks just before its tail the unit may fold with the other units of
-# its loop iteration (``kernel_items.group_rounds``; the iteration folds the least of its units').
+# Whole units (chunked prefill) use no scratch. Their LOAD column is ROUNDS: the rounds of
+# ROUND_CHUNKS mask-free chunks just before their tails that the units of a loop iteration fold
+# together (``kernel_items.group_rounds``, ``group_rounds_of``); STORE is ROUNDS1, the rounds of
+# one chunk just before those; NEXT is ROUND_SLOT, the page-list slot of the chunks a unit's
+# first round folds (the kernel moves it back a round at a time).
 ROUNDS = LOAD
-# its STORE column is ROUNDS1: then rounds of one chunk each, just before those; and its NEXT
-# column ROUND_SLOT: the page-list slot of the chunks its first round folds (the kernel moves
-# it back a round at a time)
 ROUNDS1 = STORE
 ROUND_SLOT = NEXT
 assert ROUNDS1 == ROUNDS + 1          # the kernel reads both from one [1, 2] view
 ROUND_CHUNKS = 4
 ROUNDS_MAX = 8
 ROUNDS1_MAX = ROUND_CHUNKS - 1
-ROUND_COST = 0.5           # a round against one of a unit's own loop iterations (assumed)
 NO_WINDOW = 1 << 24          # W_SPAN without a sliding window: every W_r clamps to 0
 MAX_KV_LEN = NO_WINDOW - 1   # keys per request: positions stay exact in the kernel's fp32 ALU
 
@@ -423,20 +421,90 @@ def _unit_loop_cost(c0: int, lo: int, hi: int, end: int) -> int:
     return n + rest // 2 + rest % 2
 
 
-def unit_rounds(c0: int, lo: int, hi: int, ts: int):
-    """(rounds of ROUND_CHUNKS chunks, then rounds of one chunk) a unit over chunks [c0, ts)
-    before its tail (mask-free [lo, hi)) asks for (``kernel_items.group_rounds``): whole blocks
-    of the mask-free chunks that end at the tail, as many (up to ROUNDS_MAX, then ROUNDS1_MAX)
-    as leave its own loop iterations plus ROUND_COST a round least, the more rounds on ties (a
-    round's iteration is shared by the units of a loop iteration)."""
-    if hi < ts:
-        return 0, 0
-    def best(end, size, most):
-        most = max(0, min(most, (end - lo) // size))
-        return min(range(most + 1), key=lambda r: (
-            _unit_loop_cost(c0, lo, hi, end - r * size) + ROUND_COST * r, -r))
-    fours = best(ts, ROUND_CHUNKS, ROUNDS_MAX)
-    return fours, best(ts - fours * ROUND_CHUNKS, 1, ROUNDS1_MAX)
+# Whole units a loop iteration takes at most (kernel_items.unit_group_begin: their setups and
+# tails ahead of the units' loops; cost model, trn2, 8 prompt chunks of 128 tokens
+# over 128 keys 550 -> 480 us with two an iteration, 454 with four), on NeuronCore-v3+ and while
+# their states and queries take at most WHOLE_GROUP_BYTES of SBUF a partition (a Llama-3-8B
+# unit of 128 queries: 25 KiB, of 256: 49 KiB; two fp32 units of 8 kv heads overflowed trn1's
+# SBUF beside their gathers)
+WHOLE_UNITS_PER_ITERATION = 4
+WHOLE_GROUP_BYTES = 128 * 1024
+
+
+def score_tiling(kv_heads: int, group: int, q_block: int):
+    """(query tokens per tile, kv heads per tile, tiles, rows per tile) of a work item's score
+    rows: rows = kv heads x group x tokens <= 128 (``kernel.make_step``)."""
+    tokens = min(q_block, 128 // group)
+    heads = max(1, min(kv_heads, 128 // (group * tokens)))
+    return tokens, heads, -(-kv_heads // heads) * (q_block // tokens), heads * group * tokens
+
+
+def whole_group_units(tiles: int, rows: int, head_dim: int, mm_bytes: int,
+                      nc_version: int) -> int:
+    """Whole units the first loop iteration over them takes (``kernel.run_whole_units``): a
+    power of two up to WHOLE_UNITS_PER_ITERATION whose states and queries (``tiles`` tiles of
+    ``rows`` score rows each) fit WHOLE_GROUP_BYTES, on NeuronCore-v3+; one on v2."""
+    unit_bytes = tiles * ((head_dim + 2) * 4 + rows * mm_bytes * (-(-head_dim // 128)))
+    per = 1
+    while nc_version >= 3 and per < WHOLE_UNITS_PER_ITERATION and \
+            2 * per * unit_bytes <= WHOLE_GROUP_BYTES:
+        per *= 2
+    return per
+
+
+def unit_groups(first: int, end: int, per: int):
+    """[first, end) split as ``kernel.run_whole_units`` runs them: [(start, units)] groups of
+    ``per``, then at most one of each smaller power of two; one unit alone runs no rounds."""
+    groups = []
+    while per > 1:
+        n = (end - first) // per * per
+        groups.extend((a, per) for a in range(first, first + n, per))
+        first += n
+        per //= 2
+    return groups
+
+
+def _rounds_free(row) -> int:
+    """Mask-free chunks of a whole unit's row that end at its tail (C1)."""
+    return int(row[C1] - row[FULL_LO]) if row[FULL_HI] >= row[C1] else 0
+
+
+def group_rounds_of(rows) -> tuple:
+    """(rounds of ROUND_CHUNKS, then of one chunk) the loop iteration of whole units ``rows``
+    folds together (``kernel_items.group_rounds``): each unit's loops then cover its chunks up
+    to its last rounds'. The pair whose loop iterations, the units' own plus one a round (a
+    round pays one barrier and pipeline fill for all the units), are fewest; the fewer rounds
+    on ties."""
+    free = min(_rounds_free(row) for row in rows)
+
+    def cost(fours, ones):
+        taken = fours * ROUND_CHUNKS + ones
+        return sum(_unit_loop_cost(int(r[C0]), int(r[FULL_LO]), int(r[FULL_HI]),
+                                   int(r[C1]) - taken) for r in rows) + fours + ones
+    best = (cost(0, 0), 0, 0)
+    for fours in range(min(ROUNDS_MAX, free // ROUND_CHUNKS) + 1):
+        for ones in range(min(ROUNDS1_MAX, free - fours * ROUND_CHUNKS) + 1):
+            best = min(best, (cost(fours, ones), fours, ones))
+    return best[1], best[2]
+
+
+def with_rounds(rows, spans, per: int, page_size: int, batch_rows: int, cores: int):
+    """Whole units' rows with their loop iterations' rounds: each core's units sorted by the
+    mask-free chunks that end at their tails (like units share iterations), then per group of
+    ``unit_groups`` ROUNDS / ROUNDS1 (``group_rounds_of``) and each unit's ROUND_SLOT. A bucket
+    of one unit, or of two on two cores, runs no loop over units: no rounds."""
+    if batch_rows == 1 or (cores == 2 and batch_rows == 2):
+        return rows
+    per_chunk = chunk_tokens(page_size) // page_size
+    for first, end in spans[:, :2]:
+        first, end = int(first), int(end)
+        rows[first:end] = sorted(rows[first:end], key=lambda row: -_rounds_free(row))
+        for start, n in unit_groups(first, end, per):
+            fours, ones = group_rounds_of(rows[start:start + n])
+            for row in rows[start:start + n]:
+                row[ROUNDS], row[ROUNDS1] = fours, ones
+                row[ROUND_SLOT] = row[SLOT0] + (row[C1] - ROUND_CHUNKS - row[C0]) * per_chunk
+    return rows
 
 
 def with_unit_tail(row: np.ndarray, slots: int, page_size: int) -> np.ndarray:
@@ -454,10 +522,6 @@ def with_unit_tail(row: np.ndarray, slots: int, page_size: int) -> np.ndarray:
     lo = min(lo, ts)
     row[FULL_LO], row[FULL_HI], row[C1] = lo, max(lo, min(hi, ts)), ts
     row[LEN] = min(int(row[LEN]), c1 * chunk_tokens(page_size))
-    row[ROUNDS], row[ROUNDS1] = unit_rounds(c0, lo, hi, ts)
-    if row[ROUNDS] or row[ROUNDS1]:
-        row[ROUND_SLOT] = row[SLOT0] + (ts - ROUND_CHUNKS - c0) * (chunk_tokens(page_size)
-                                                                     // page_size)
     return row
 
 
@@ -907,7 +971,7 @@ def _null_row(kind: int, null: NullItems, units: int) -> np.ndarray:
 def split_work(req: _Requests, page_size: int, batch_rows: int, cores: int = 1,
                per_iteration: int = 1, capacity: int = None, sharing: int = 1,
                whole: bool = False, null: NullItems = None, tails: bool = False,
-               unit_tail: int = 0) -> DecodeWork:
+               unit_tail: int = 0, group_units: int = 1) -> DecodeWork:
     """decode_work over any work items (requests or query blocks, ``query_blocks``); units are
     numbered by row, ``batch_rows`` of them (a bucket); ``sharing``: see ``table_rows``.
     ``whole``: one item per unit (``whole_units``), the spans [cores, WHOLE_UNIT_SPAN_COLS]:
@@ -920,14 +984,16 @@ def split_work(req: _Requests, page_size: int, batch_rows: int, cores: int = 1,
     leave the slower core fewer loop iterations than none (their whole chunks gather a
     descriptor a token, so equal loops cost more: 32 x 64-2048 on two cores 409 -> 417 us).
     ``unit_tail``: whole units' tail slots (``unit_tail_chunks``; their rows
-    ``with_unit_tail``)."""
+    ``with_unit_tail``); ``group_units``: whole units a loop iteration takes
+    (``whole_group_units``), whose rounds the rows then carry (``with_rounds``)."""
     args = (req, batch_rows, cores, per_iteration, capacity, whole, null)
     planned = _split_plan(*args, tails)
     if tails == LATE_TAILS and not whole:
         plain = _split_plan(*args, False)
         if _iterations(planned) >= _iterations(plain):
             planned = plain
-    return _split_table(planned, page_size, batch_rows, cores, sharing, whole, null, unit_tail)
+    return _split_table(planned, page_size, batch_rows, cores, sharing, whole, null, unit_tail,
+                        group_units)
 
 
 class _Planned(NamedTuple):
@@ -1024,15 +1090,14 @@ def _split_plan(req: _Requests, batch_rows: int, cores: int, per_iteration: int,
 
 
 def _split_table(planned: _Planned, page_size: int, batch_rows: int, cores: int, sharing: int,
-                 whole: bool, null, unit_tail: int) -> DecodeWork:
+                 whole: bool, null, unit_tail: int, group_units: int = 1) -> DecodeWork:
     """The device tables of ``planned`` (``split_work``)."""
     req, plan, split, cut, loads, U, pad, capacity = planned
     if whole:
         rows, spans = _whole_rows(req, plan, split, cut, page_size)
         rows = [with_unit_tail(row, unit_tail, page_size) for row in rows]
-        for first, end in spans[:, :2]:      # units of like rounds share loop iterations
-            rows[first:end] = sorted(rows[first:end],
-                                     key=lambda row: (-int(row[ROUNDS]), -int(row[ROUNDS1])))
+        if unit_tail and group_units > 1:
+            rows = with_rounds(rows, spans, group_units, page_size, batch_rows, cores)
     else:
         rows, spans = _kind_rows(req, plan, split, page_size, batch_rows, cores, U,
                                  null if pad else None)
