@@ -88,9 +88,9 @@ from .kernel_mask import custom_mask
 from .kernel_queries import query_pads
 from .kernel_softmax import load_state, state_tile
 from .work import (CHUNK_BLOCKS, ITEM_CLASSES, META_COLS, NEXT, TAIL_CHUNKS, chains_in,
-                   score_tiling, whole_group_units,
-                   item_query_bytes, items_per_iteration, loop_widths, span_column, span_start,
-                   starts_fresh, state_slots, whole_units)
+                   item_query_bytes, items_per_iteration, loop_widths, score_tiling, span_column,
+                   span_start, split_slot, starts_fresh, state_slots, whole_group_units,
+                   whole_units)
 
 
 def whole_units_per_iteration(st):
@@ -269,8 +269,9 @@ def make_step(q, k_rows, v_rows, meta, kv_indices, tok_tab, row_tab, sinks, mask
         for t in range(len(tiles)):
             nisa.dma_copy(dst=st.scratch[identity, t * R:(t + 1) * R, :], src=start)
         if st.cores == 2:      # this core's part of the split unit starts as the identity too
+            part = split_slot(units, st.p)
             for t in range(len(tiles)):
-                nisa.dma_copy(dst=st.scratch[units + st.p, t * R:(t + 1) * R, :], src=start)
+                nisa.dma_copy(dst=st.scratch[part, t * R:(t + 1) * R, :], src=start)
     # blocks of queries: the zero-padded query stationaries of the item slots of an iteration,
     # zeroed once here (tiles of several kv heads only: one head's stationary has no padding),
     # for as many slots as a kind's loop over the core's share of the bucket's units fills (a
@@ -407,7 +408,7 @@ def run_item_loops(st, span, span_cols):
                                                      starts_fresh(kind), rows_ahead=ahead),
                          step=width)
     if st.cores == 2:          # the unit split between the cores: its part's state is in a slot
-        slot = st.scratch.shape[0] - 3 + st.p
+        slot = split_slot(st.scratch.shape[0] - state_slots(0), st.p)     # (make_step's)
         b = nisa.scalar_load(span[0:1, span_cols - 1:span_cols])
         parts = []
         for t in range(len(st.tiles)):

@@ -718,11 +718,12 @@ def unit_group_begin(st, i, n):
 def group_rounds(st, items):
     """Rounds of a loop iteration's whole units: each round folds, for every unit at once (one
     software pipeline, ``fold_items``), one mask-free block of its chunks before its tail, the
-    blocks of ROUND_CHUNKS chunks first (as many rounds as the least of the units' ROUNDS),
-    then blocks of one chunk (the least of their ROUNDS1), each round's blocks just before the
-    last round's (``work.with_unit_tail``); each unit's own loops then end where its rounds
-    begin (``unit_loops``). A short prefix then costs the units one loop iteration between them
-    instead of one each. Returns the chunks the rounds took of each unit (a device scalar)."""
+    blocks of ROUND_CHUNKS chunks first (ROUNDS rounds), then blocks of one chunk (ROUNDS1),
+    each round's blocks just before the last round's (the host's counts for the iteration,
+    ``work.with_rounds``; the least of its rows', should they differ); each unit's own loops
+    then end where its rounds begin (``unit_loops``). A short prefix then costs the units one
+    loop iteration between them instead of one each. Returns the chunks the rounds took of
+    each unit (a device scalar)."""
     per = st.T // st.page_size                 # page-list slots per chunk
     slots = []                                 # per unit: the next round's first page-list slot
     for item in items:                         # (the host's, moved back a round at a time)

@@ -27,6 +27,7 @@ def rows_at(t, pattern, offset, b):
         return t.ap(pattern, offset=offset + b * row)
     return t.ap(pattern, offset=offset, scalar_offset=b, indirect_dim=0)
 
+
 NEG_BIG = -3.4028235e38
 LN_TO_LOG2 = 1.4426950408889634
 

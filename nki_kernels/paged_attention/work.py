@@ -269,9 +269,15 @@ def span_column(kind: int, width: int, per_iteration: int) -> int:
 
 def state_slots(units: int) -> int:
     """Softmax-state slots of the kernel's HBM scratch: one per unit (request or query block),
-    one per core for the request split between the two, and the identity state last. The slot
-    past these is a null item's: its state's load and store skip it (work.NullItems)."""
+    one per core for the request split between the two (``split_slot``), and the identity
+    state last. The slot past these is a null item's: its state's load and store skip it
+    (work.NullItems)."""
     return units + 3
+
+
+def split_slot(units: int, core: int) -> int:
+    """The scratch slot of core ``core``'s part of the unit split between two cores."""
+    return units + core
 
 
 def table_rows(units: int, capacity_chunks: int, sharing: int = 1) -> int:
@@ -1230,7 +1236,8 @@ def _kind_rows(req: _Requests, plan, split, page_size, batch_rows, cores, U, nul
             rows[a][NEXT] = b
         spans[p, span_start(U)] = starts[0] if starts else 0
         if split is not None:
-            spans[p, -2] = batch_rows + p if batch_rows + p in chained else ident
+            spans[p, -2] = (split_slot(batch_rows, p) if split_slot(batch_rows, p) in chained
+                            else ident)
             spans[p, -1] = req.out[split]
         else:
             spans[p, -2], spans[p, -1] = ident, 0
