@@ -720,7 +720,8 @@ def group_rounds(st, items):
     software pipeline, ``fold_items``), one mask-free block of its chunks before its tail, the
     blocks of ROUND_CHUNKS chunks first (ROUNDS rounds), then blocks of one chunk (ROUNDS1),
     each round's blocks just before the last round's (the host's counts for the iteration,
-    ``work.with_rounds``; the least of its rows', should they differ); each unit's own loops
+    ``work.with_rounds``; the least of its rows', which keeps every unit's rounds within its own
+    mask-free chunks should the host's groups ever differ from these); each unit's own loops
     then end where its rounds begin (``unit_loops``). A short prefix then costs the units one
     loop iteration between them instead of one each. Returns the chunks the rounds took of
     each unit (a device scalar)."""

@@ -1102,7 +1102,7 @@ def _split_table(planned: _Planned, page_size: int, batch_rows: int, cores: int,
     if whole:
         rows, spans = _whole_rows(req, plan, split, cut, page_size)
         rows = [with_unit_tail(row, unit_tail, page_size) for row in rows]
-        if unit_tail and group_units > 1:
+        if unit_tail and group_units > 1 and page_size <= 128:   # (the kernel's blocked path)
             rows = with_rounds(rows, spans, group_units, page_size, batch_rows, cores)
     else:
         rows, spans = _kind_rows(req, plan, split, page_size, batch_rows, cores, U,
