@@ -408,15 +408,11 @@ def run_item_loops(st, span, span_cols):
                                                      starts_fresh(kind), rows_ahead=ahead),
                          step=width)
     if st.cores == 2:          # the unit split between the cores: its part's state is in a slot
-        slot = split_slot(st.scratch.shape[0] - state_slots(0), st.p)     # (make_step's)
+        slot = split_slot(st.q.shape[0] // st.Qb, st.p)     # a static slot (make_step's)
         b = nisa.scalar_load(span[0:1, span_cols - 1:span_cols])
         parts = []
         for t in range(len(st.tiles)):
-            rows = st.tiles[t][1] * st.GQ
-            part = nl.ndarray((rows, st.scratch.shape[2]), nl.float32, buffer=nl.sbuf,
-                              name="kept_state")
-            nisa.dma_copy(dst=part, src=st.scratch[slot, t * st.R:t * st.R + rows, :])
-            parts.append(part)
+            parts.append(load_state(st.scratch, slot, t, st.R, st.tiles[t][1] * st.GQ))
         merge_split(st, parts, b)
 
 

@@ -24,7 +24,7 @@ from .kernel_softmax import (bank_column, blank_bank, blank_state, chunk_scores,
                              store_bank, store_state)
 from .work import (C0, C1, CHUNK_BLOCKS, ENTRY0, FULL_HI, FULL_LO, LEN, LOAD, META_COLS, OUT,
                    POS0, ROUND_CHUNKS, ROUND_SLOT, ROUNDS, ROUNDS1, SLOT0, STORE, TAIL_CHUNKS,
-                   WIN)
+                   WIN, static_split)
 
 
 # Chunks per softmax step: a mask-free block gathered several tokens per partition folds them
@@ -197,9 +197,7 @@ def static_out_row(st, i):
     output then move by static DMAs (no descriptors made at run time). None elsewhere."""
     if not isinstance(i, int) or st.scratch is not None or st.whole:
         return None
-    if st.cores == 2 and st.q.shape[0] // st.Qb == 1:
-        return 0
-    return i
+    return 0 if static_split(st.q.shape[0] // st.Qb, st.cores) else i
 
 
 def _lean_rows(st, item, head, count, masked):

@@ -113,10 +113,10 @@ def state_views(st):
 
 
 def _slot_rows(scratch, slot, t, R, rows):
-    """Rows of tile t's state in scratch slot ``slot`` (a device scalar): scratch is
-    [slots, tiles * R, D + 2] fp32 in HBM."""
+    """Rows of tile t's state in scratch slot ``slot`` (a device scalar, or an int: a static
+    DMA, ``rows_at``): scratch is [slots, tiles * R, D + 2] fp32 in HBM."""
     E = scratch.shape[2]
-    return scratch.ap([[E, rows], [1, E]], offset=t * R * E, scalar_offset=slot, indirect_dim=0)
+    return rows_at(scratch, [[E, rows], [1, E]], t * R * E, slot)
 
 
 def load_state(scratch, slot, t, R, rows):
