@@ -433,6 +433,33 @@ TAIL_AHEAD = 2
 STATIC_UPFRONT_BYTES = 96 * 1024
 
 
+def issue_gathers(st, item, count, masked, n):
+    """Issue the item's first ``n`` gathers (``item.loads``, which the pipeline then uses)."""
+    for g in range(n):
+        if item.loads is None:
+            item.loads = {}
+        item.loads[f"{g}"] = loader(st, item, count, masked)(g)
+
+
+def upfront_gathers(st, count, masked, width):
+    """Per item of a masked loop body, how many of its first gathers are issued before any
+    softmax, in the order the pipeline consumes them (an item's gathers, then the next
+    item's): a flat list's tails one each for TAIL_AHEAD items (every item when not tails); a
+    static pass as many as STATIC_UPFRONT_BYTES holds, so a row's second softmax step does not
+    wait behind the other rows' first gathers (4 x 100-800 keys: 72.6 -> 63.8 us)."""
+    ahead = []
+    if st.scratch is not None:
+        first = TAIL_AHEAD if count > 1 else width
+        for k in range(width):
+            ahead.append(1 if k < first else 0)
+        return ahead
+    chunks, steps = fold_shape(st, count, masked)[1:]
+    blocks = max(1, STATIC_UPFRONT_BYTES // (chunks * st.geo.H * (st.T + st.D) * st.k_bytes))
+    for k in range(width):
+        ahead.append(max(0, min(steps, blocks - k * steps)))
+    return ahead
+
+
 def items_iteration(st, count, masked, width, chained, fresh=False, last_kept=False,
                     rows_ahead=None):
     """The body of a loop over ``width`` items of one kind: every item's setup first, a masked
@@ -462,18 +489,17 @@ def items_iteration(st, count, masked, width, chained, fresh=False, last_kept=Fa
             # the items whose first gathers are issued here (the pipeline fetches the others'
             # two steps ahead), so SBUF holds a few blocks, not all: a flat list's tails
             # TAIL_AHEAD, a static pass's rows as many as STATIC_UPFRONT_BYTES holds
-            ahead = width
-            if st.scratch is None:
-                chunks = fold_shape(st, count, masked)[1]      # a row's first gather
-                ahead = max(1, STATIC_UPFRONT_BYTES // (chunks * st.geo.H * (st.T + st.D)
-                                                        * st.k_bytes))
-            elif count > 1:
-                ahead = TAIL_AHEAD
+            # a static pass makes every row's cache rows first, then gathers (4 x 100-800
+            # keys: 66.3 -> 63.8 us); a flat list's tails each item's rows, then its gathers
+            ahead = upfront_gathers(st, count, masked, width)
+            rows_first = st.scratch is None
             for k in range(width):
                 if static_block(st, masked, count):
                     static_block_rows(st, batch[k], count)
-                if k < ahead:
-                    batch[k].loads = {"0": loader(st, batch[k], count, masked)(0)}
+                if not rows_first:
+                    issue_gathers(st, batch[k], count, masked, ahead[k])
+            for k in range(width if rows_first else 0):
+                issue_gathers(st, batch[k], count, masked, ahead[k])
         if count:
             fold_items(st, batch, count, masked)     # finishes each item but the last
         else:

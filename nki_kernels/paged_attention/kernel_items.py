@@ -327,11 +327,20 @@ def fold_shape(st, count, masked):
     of ``count`` chunks."""
     group = 1 if masked else gathered(st, count)
     if static_block(st, masked, count):   # as many chunks a step as one PSUM bank of scores
-        width = min(count, PSUM_BANK_BYTES // (4 * st.T))
+        width = static_step_chunks(count, PSUM_BANK_BYTES // (4 * st.T))
     else:
         width = (step_chunks(st.geo, group) if group > 1 else
                  min(count, FOLD_WIDTH if len(st.tiles) > 1 and st.Qb > 1 else 1))
     return group, width, count // width
+
+
+def static_step_chunks(count, most):
+    """Chunks per softmax step of a static block of ``count`` chunks: the largest divisor of
+    ``count`` up to ``most`` (the chunks whose fp32 scores fill one PSUM bank)."""
+    width = min(count, most)
+    while count % width:
+        width -= 1
+    return width
 
 
 def loader(st, item, count, masked):

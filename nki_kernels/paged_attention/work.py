@@ -753,20 +753,26 @@ def decode_work(kv_indptr, kv_lens, window_left: int, page_size: int, batch_rows
 
 
 # A static pass: a small bucket runs without device loops, each row one masked item of a
-# power-of-two number of chunks covering its request (the chunks past its keys read nothing):
-# no loop barrier (~9 us) and no pipeline fill per kind of item, at the price of one compile per
-# chunk count and compute on the padding. Taken when its modelled cost (per row a core runs and
-# per chunk slot, chunk-equivalents fitted to the schedule on trn2, LNC=1 and 2: 29 steps of 1-32
-# requests of 128-4096 keys, uniform and spread, each run both ways; the picks cost 14 us over
-# the 58 against 73 with the earlier fit, which had a 5-chunk fixed cost and sent single
-# requests of whole chunks (1 x 1024: 24 us static, 35 looped) to the loops) is below the loops'
-# (``_core_load``), for at most STATIC_MAX_SLOTS chunk slots (the program holds every one).
+# number of chunks (STATIC_CHUNK_COUNTS) covering its request (the chunks past its keys read
+# nothing): no loop barrier (~9 us) and no pipeline fill per kind of item, at the price of one
+# compile per chunk count and compute on the padding. Taken when its modelled cost (per row a
+# core runs and per chunk slot, chunk-equivalents fitted to the schedule on trn2, LNC=1 and 2:
+# 134 steps of 1-32 requests (12 and 24 among them) of 128-4096 keys, uniform and spread by 8x,
+# each run both ways, ``benchmarks/static_policy.py``; the picks cost 42 us over the 8672 of the
+# better of each, against 291 with at most 64 slots and the fit before)
+# is below the loops' (``_core_load``), for at most STATIC_MAX_SLOTS chunk slots (the program
+# holds every one: 96 of them, 32 rows of 3 chunks or 16 of 6, take ~2,800 instructions).
 STATIC_MAX_CHUNKS = 32
-STATIC_MAX_SLOTS = 64
+STATIC_MAX_SLOTS = 96
+# A static row's chunk counts: 1-4, then twice and three times the powers of two from 2 (6, 8,
+# 12, ...), so a row folds a divisor of its count per softmax step (at most 4: one PSUM bank
+# of scores) and pads at most a third of its slots (with powers of two only, 8 x 400-700 keys
+# padded 6 chunks to 8: 141.4 -> 99.0 us)
+STATIC_CHUNK_COUNTS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
 STATIC_FIXED_COST_CHUNKS = 0.0
 SPLIT_MERGE_COST_CHUNKS = 5.0          # LNC=2 loops: the split unit's sendrecv and merge
 STATIC_SPLIT_COST_CHUNKS = 2.0         # a static pass split between two cores: its exchange
-STATIC_ROW_COST_CHUNKS = 4.0
+STATIC_ROW_COST_CHUNKS = 3.0
 STATIC_SLOT_COST_CHUNKS = 1.4
 
 
@@ -788,9 +794,7 @@ def static_pass(req: _Requests, page_size: int, batch_rows: int, cores: int = 1,
         return 0
     chunks_of = (req.c1 - req.c0).astype(np.int64)
     split = static_split(batch_rows, cores)
-    chunks = 1
-    while chunks * (2 if split else 1) < int(chunks_of.max(initial=0)):
-        chunks *= 2
+    chunks = static_chunk_count(-(-int(chunks_of.max(initial=0)) // (2 if split else 1)))
     if chunks > STATIC_MAX_CHUNKS or chunks * batch_rows > STATIC_MAX_SLOTS:
         return 0
     kinds = _unit_items(req)[1].sum(axis=0)
@@ -807,6 +811,15 @@ def static_pass(req: _Requests, page_size: int, batch_rows: int, cores: int = 1,
     if split:                      # the two halves' states exchanged and merged
         static += STATIC_SPLIT_COST_CHUNKS
     return chunks if static < looped else 0
+
+
+def static_chunk_count(chunks: int) -> int:
+    """The STATIC_CHUNK_COUNTS entry a static row of ``chunks`` chunks is padded to (the
+    smallest that holds them), or a number past STATIC_MAX_CHUNKS when none does."""
+    for count in STATIC_CHUNK_COUNTS:
+        if count >= chunks:
+            return count
+    return STATIC_MAX_CHUNKS + 1
 
 
 def static_split(batch_rows: int, cores: int) -> bool:

@@ -103,10 +103,11 @@ def test_program_size_is_independent_of_lengths_and_work_follows_them(rng, targe
     assert not [l for l in trace.loops if l["depth"] > 0]      # no loop per request
 
 
-def test_padded_batch_rows_do_no_work(rng):
+def test_padded_batch_rows_do_no_work(rng, monkeypatch):
     """Batch 5 runs in bucket 8: the loops' trip counts follow the real batch (device data): the
     five masked single chunks and three null items (work.NullItems) run as one iteration of 8
     items, and the bucket's three padded rows are never visited."""
+    monkeypatch.setattr(work, "STATIC_MAX_SLOTS", 0)      # the device loops (no static pass)
     batch_decode(*FixedCache(rng).step([40, 40, 40, 40, 40]))
     trace = simulate.last_trace()
     loops = [l["iterations"] for l in trace.loops]

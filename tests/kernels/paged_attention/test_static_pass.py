@@ -1,6 +1,6 @@
 """The static pass: a small decode bucket runs without device loops (work.static_pass), each row
-one masked item over a power-of-two number of chunks; the chunks past a request's keys read
-nothing. Checked against the reference and against the looped plan of the same step."""
+one masked item over a number of chunks from work.STATIC_CHUNK_COUNTS; the chunks past a
+request's keys read nothing. Checked against the reference and against the looped plan of the same step."""
 
 import numpy as np
 import pytest
@@ -28,14 +28,17 @@ def _moved(trace, tensor):
 def test_the_policy_takes_it_where_loops_cost_more():
     assert static_pass(_req([1000]), 16, 1) == 8               # 8 chunks: 4 kinds of items
     assert static_pass(_req([2000]), 16, 1) == 16
-    assert static_pass(_req([256] * 8), 16, 8) == 0            # one kind, one iteration
+    assert static_pass(_req([1024] * 8), 16, 8) == 0           # one kind, one iteration
+    assert static_pass(_req([256] * 8), 16, 8) == 2            # 8 x 2 chunks: 46 us against 50
     # LNC=2: each core half the rows and no barrier, against two barriers on each core
-    assert static_pass(_req([300] * 4), 16, 4, cores=2) == 4
+    assert static_pass(_req([300] * 4), 16, 4, cores=2) == 3
     assert static_pass(_req([1024]), 16, 1) == 8               # one item, one loop: still static
     # one request on two cores: split, each core half its chunk slots
     assert static_pass(_req([512]), 16, 1, cores=2) == 2
     assert static_pass(_req([4096]), 16, 1, cores=2) == 16
-    assert static_pass(_req([100, 700, 300, 50]), 16, 4) == 8   # a spread batch
+    assert static_pass(_req([100, 700, 300, 50]), 16, 4) == 6   # a spread batch: 6 of 6 chunks
+    assert static_pass(_req([1100]), 16, 1) == 12               # 9 chunks: padded to 12
+    assert static_pass(_req([3000]), 16, 1, cores=2) == 12      # 24 chunks, 12 a core
     assert static_pass(_req([1000]), 16, 1, nc_version=2) == 0  # no indirect DMA on trn1
     assert static_pass(_req([1000]), 256, 1) == 0               # pages over 128 tokens
     assert static_pass(_req([5000]), 16, 1) == 0                # past STATIC_MAX_CHUNKS
@@ -44,17 +47,48 @@ def test_the_policy_takes_it_where_loops_cost_more():
     assert static_pass(_req([1000]), 16, 1, chunk_bytes=8 * (128 + 128) * 2) == 8
 
 
-def test_a_full_bucket_of_static_rows_fits_sbuf(rng):
-    """Llama-3-8B's kv heads (8 x 128, bf16): 16 rows of 4 chunks, whose first gathers (256 KiB
-    a partition) had overflowed SBUF: a few rows' go first, the others' through the pipeline
-    (kernel.STATIC_UPFRONT_BYTES); matches the reference on both cores too."""
-    lens = [int(n) for n in rng.integers(100, 400, 16)]
+def test_chunk_counts_pad_a_row_by_at_most_a_third():
+    for need in range(1, work.STATIC_MAX_CHUNKS + 1):
+        count = work.static_chunk_count(need)
+        assert count in work.STATIC_CHUNK_COUNTS and count >= need
+        assert count <= max(4, need * 3 // 2)
+    assert work.static_chunk_count(work.STATIC_MAX_CHUNKS + 1) > work.STATIC_MAX_CHUNKS
+
+
+@pytest.mark.parametrize("lens, cores, count", [([300, 40, 129], 1, 3), ([700, 641, 17, 650], 1, 6),
+                                                ([700, 641, 17, 650], 2, 6), ([1100], 1, 12),
+                                                ([1500], 2, 6)])
+def test_rows_of_three_six_and_twelve_chunks_match_the_reference(rng, lens, cores, count):
+    """Rows padded to 3, 6 or 12 chunks (softmax steps of 3, 3 and 4 chunks), lengths that end
+    inside a page, on a page boundary and past a chunk boundary; both cores."""
+    from nki_kernels.paged_attention.kernel_items import static_step_chunks
+    from nki_kernels.buckets import bucket
+    assert [static_step_chunks(c, 4) for c in (3, 6, 12, 5)] == [3, 3, 4, 1]
+    assert static_pass(_req(lens), 16, bucket(len(lens)), cores) == count
+    cache = FixedCache(rng, pages=400)
+    q, kv, *table = cache.step(lens)
+    with simulate.use_target("trn2"):
+        out = batch_decode(q, kv, *table, lnc=cores)
+        assert not simulate.last_trace().loops
+    np.testing.assert_allclose(out, batch_decode_ref(q, kv, *table), rtol=2e-5, atol=2e-5)
+
+
+@pytest.mark.parametrize("rows, low, high", [(16, 100, 400), (32, 257, 384), (16, 641, 768)])
+def test_a_full_bucket_of_static_rows_fits_sbuf(rng, rows, low, high):
+    """Llama-3-8B's kv heads (8 x 128, fp32 here): 16 rows of 4 chunks, whose first gathers (256
+    KiB a partition) had overflowed SBUF: a few rows' go first, the others' through the pipeline
+    (kernel.STATIC_UPFRONT_BYTES); the most slots a static pass takes (work.STATIC_MAX_SLOTS:
+    32 rows of 3 chunks, 16 of 6); matches the reference on both cores too."""
+    from nki_kernels.buckets import bucket
+    lens = [int(n) for n in rng.integers(low, high + 1, rows)]
+    assert 0 < static_pass(_req(lens), 16, bucket(rows), 1) * rows <= work.STATIC_MAX_SLOTS
     args = make_decode_case(rng, lens, 16, 8, 1, 128, q_dtype=np.float32,
                             kv_dtype=np.float32)
     ref, ref_lse = batch_decode_ref(*args, return_lse=True)
     for lnc in (1, 2):
         with simulate.use_target("trn2"):
             out, lse = batch_decode(*args, return_lse=True, lnc=lnc)
+            assert not simulate.last_trace().loops
         np.testing.assert_allclose(out, ref, rtol=2e-5, atol=2e-5)
         np.testing.assert_allclose(lse, ref_lse, rtol=2e-5, atol=2e-5)
 
@@ -97,14 +131,15 @@ def test_it_matches_the_reference_and_the_loops_byte_for_byte(rng, monkeypatch, 
 
 @pytest.mark.sim_only
 def test_it_compiles_once_per_chunk_count(rng):
-    """One cache, a growing request: 5-8 chunks share a compile, 9-16 take a second."""
+    """One cache, a growing request: 5-6 chunks share a compile, 7-8 take a second, 9-12 a
+    third."""
     cache = FixedCache(rng, pages=200)
     with simulate.use_target("trn2"):
         simulate.reset_compile_stats()
         for n in (600, 700, 1000, 1100, 1500):
             batch_decode(*cache.step([n]))
             assert not simulate.last_trace().loops
-        assert simulate.compile_stats(batch_decode_kernel)["compilations"] == 2
+        assert simulate.compile_stats(batch_decode_kernel)["compilations"] == 3
 
 
 def test_trn1_keeps_the_loops(rng):

@@ -88,18 +88,42 @@ def test_traffic_is_appended_bytes(case, target, layout):
     trace = simulate.last_trace()
     kv_bytes = args[0].nbytes + args[1].nbytes
     # + an int32 slot per token of the 256-token bucket (200 real, 56 padding). trn2: two
-    # 128-token tiles, one static pass (a loop iteration costs more than a tile); trn1: tokens in
-    # blocks of 64 per loop iteration (+ the [1, 2] counts table), 4 blocks hold the 200 tokens;
-    # a block's slots come in one DMA
+    # 128-token tiles, one static pass (a loop iteration costs more than a tile), each tile's K
+    # and V read whole into SBUF (the second's 56 padding rows too) and written by one DMA where
+    # real, + the [1, 2] counts table; trn1: tokens in blocks of 64 per loop iteration (+ the
+    # counts), 4 blocks hold the 200 tokens; a block's slots come in one DMA
     if target == "trn2":
-        assert trace.hbm_bytes == 2 * kv_bytes + 4 * 256
-        assert len(trace) == trace.program_instructions == 1 + 2 * 2   # slots, K + V per tile
+        assert trace.hbm_bytes == kv_bytes * 256 // 200 + kv_bytes + 4 * 256 + 8
+        # slots, counts, then per tile K and V loaded and one write
+        assert len(trace) == trace.program_instructions == 2 + 2 * 3
         assert not trace.loops
     else:
         assert trace.hbm_bytes == 2 * kv_bytes + 4 * 256 + 8
         assert len(trace) == 1 + 4 * (1 + 64 * 2)       # per block: its slots, K + V per token
         assert trace.program_instructions == 1 + 1 + 64 * 2          # one copy of the block
         assert [l["iterations"] for l in trace.loops] == [4]
+
+
+@pytest.mark.sim_only
+@pytest.mark.parametrize("fused", [True, False])
+def test_a_padding_tile_moves_nothing(case, fused):
+    """trn2, 300 tokens in a bucket of 512: four tiles issued, three holding tokens. A fused
+    cache's tiles are loaded whole into SBUF and written by one DMA each, the fourth tile's
+    loads skipped; a split cache writes K and V HBM to HBM, only the real rows. The cache
+    matches the reference either way."""
+    args = case([300], [300], 16, 4, 32, fused=fused)
+    want = append_paged_kv_cache_ref(*args)
+    with simulate.use_target("trn2"):
+        append_paged_kv_cache(*args)
+        trace = simulate.last_trace()
+    kv_bytes = args[0].nbytes + args[1].nbytes
+    if fused:
+        assert trace.hbm_bytes == kv_bytes * 384 // 300 + kv_bytes + 4 * 512 + 8
+        np.testing.assert_array_equal(args[4], want)
+    else:
+        assert trace.hbm_bytes == 2 * kv_bytes + 4 * 512
+        for got, ref in zip(args[4], want):
+            np.testing.assert_array_equal(got, ref)
 
 
 @pytest.mark.sim_only

@@ -105,7 +105,7 @@ def test_lnc2_is_refused_on_trn1_and_lnc3_everywhere(rng):
 
 def test_units_per_iteration_divide_the_bucket():
     from nki_kernels.paged_kv_append.kernel import units_per_iteration
-    assert [units_per_iteration(u, 3) for u in (1, 2, 8, 9, 11, 16, 12)] == [1, 2, 8, 3, 1, 8, 6]
+    assert [units_per_iteration(u, 3) for u in (1, 2, 8, 33, 37, 64, 48)] == [1, 2, 8, 11, 1, 32, 24]
     assert units_per_iteration(256, 2) == 64 and units_per_iteration(48, 2) == 48
 
 
