@@ -2,11 +2,11 @@
 
     python3 benchmarks/static_policy.py [--quick] [--lnc 1|2]
 
-Each decode step of a grid (1-32 requests of 128-4096 keys, uniform and spread 8x; trn2, LNC=1
-and 2; one Llama-3-8B layer) is modelled as a static pass and as device loops. Prints each
-step's two times and the policy's pick, then the per-row and per-slot costs (chunk-equivalents)
-that would have picked best over the grid: the fit behind work.STATIC_ROW_COST_CHUNKS and
-STATIC_SLOT_COST_CHUNKS.
+Each decode step of a grid (1-32 requests of 128-4096 keys, uniform, spread 8x and within a
+fifth; trn2, LNC=1 and 2; one Llama-3-8B layer) is modelled as a static pass and as device
+loops. Prints each step's two times and the policy's pick, then the per-row and per-slot costs
+(chunk-equivalents) that would have picked best over the grid: the fit behind
+work.STATIC_ROW_COST_CHUNKS and STATIC_SLOT_COST_CHUNKS.
 """
 
 from __future__ import annotations
@@ -29,15 +29,16 @@ from nki_kernels.registry import KERNELS  # noqa: E402
 def grid(quick=False, cores=(1, 2)):
     """(sizes, lnc) of every step tried."""
     batches, lens = ((1, 4, 16), (512, 2048)) if quick else ((1, 2, 4, 8, 12, 16, 24, 32),
-                                                             (128, 384, 512, 700, 1024, 2048,
-                                                              4096))
+                                                             (128, 256, 384, 512, 700, 1024,
+                                                              2048, 4096))
     out = []
     for lnc in cores:
         for b in batches:
             for n in lens:
                 out.append((dict(batch=b, kv_len=n), lnc))
-                if b > 1:
+                if b > 1:           # spread 8x, and within a fifth
                     out.append((dict(batch=b, kv_len=n, kv_min=max(16, n // 8)), lnc))
+                    out.append((dict(batch=b, kv_len=n, kv_min=n * 4 // 5), lnc))
     return out
 
 

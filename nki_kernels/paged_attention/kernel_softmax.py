@@ -503,7 +503,9 @@ def _log2_sums(l, negm):
 
 def finalize_bank(bank, tiles, out, lse, b, G, Qb, v_scale):
     """``finalize`` of every tile of a ``state_bank`` (no sinks): 1 / max(l, 1) and the LSE of
-    all tiles in one instruction each, then per tile its output rows and LSE written.
+    all tiles in one instruction each, then per tile its output rows and LSE written; with one
+    kv head a tile, the heads' scaled copies alternate between ScalarE and VectorE (a loop
+    iteration's end waits on them: a chunked-prefill launch of 3289 queries 2864 -> 2826 us).
     ``tiles``: (first kv head, kv heads, first query token) per tile, as ``Step.tiles``."""
     R = bank.shape[0]
     n = len(tiles)
@@ -529,8 +531,8 @@ def finalize_bank(bank, tiles, out, lse, b, G, Qb, v_scale):
             o = nl.ndarray((R, heads * D), out.dtype, buffer=nl.sbuf, name="o")
             for h in range(heads):
                 t = h * blocks + j
-                nisa.activation(dst=o[:, h * D:(h + 1) * D], op=nl.copy,
-                                data=bank[:, t * E + 2:(t + 1) * E], scale=rl[:, t:t + 1])
+                _scaled_copy(o[:, h * D:(h + 1) * D], bank[:, t * E + 2:(t + 1) * E],
+                             rl[:, t:t + 1], h % 2)
             # rows (token, g) of tile (h, j); free (h, d): out[b + q0 + token, h * G + g, d]
             nisa.dma_copy(dst=rows_at(out, [[HQ * D, Qb], [D, G], [G * D, heads], [1, D]],
                                       q0 * HQ * D, b), src=o)
@@ -544,6 +546,14 @@ def finalize_bank(bank, tiles, out, lse, b, G, Qb, v_scale):
                         scale=rl[:, t:t + 1])
         _write_rows(out, o, b, h0, G, Qb, q0)
         _write_rows(lse, ln_l[:, t:t + 1], b, h0, G, Qb, q0)
+
+
+def _scaled_copy(dst, src, scale, on_vector):
+    """dst = src * scale ([R, 1] per row): on ScalarE, or VectorE when ``on_vector``."""
+    if on_vector:
+        nisa.tensor_scalar(dst=dst, data=src, op0=nl.multiply, operand0=scale)
+    else:
+        nisa.activation(dst=dst, op=nl.copy, data=src, scale=scale)
 
 
 def side_by_side(tiles):

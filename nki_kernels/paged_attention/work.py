@@ -757,11 +757,12 @@ def decode_work(kv_indptr, kv_lens, window_left: int, page_size: int, batch_rows
 # nothing): no loop barrier (~9 us) and no pipeline fill per kind of item, at the price of one
 # compile per chunk count and compute on the padding. Taken when its modelled cost (per row a
 # core runs and per chunk slot, chunk-equivalents fitted to the schedule on trn2, LNC=1 and 2:
-# 134 steps of 1-32 requests (12 and 24 among them) of 128-4096 keys, uniform and spread by 8x,
-# each run both ways, ``benchmarks/static_policy.py``; the picks cost 42 us over the 8672 of the
-# better of each, against 291 with at most 64 slots and the fit before)
+# 238 steps of 1-32 requests (12 and 24 among them) of 128-4096 keys, uniform, spread 8x and
+# within a fifth, each run both ways, ``benchmarks/static_policy.py``; the picks cost 110 us over
+# the 15622 of the better of each, against 546 with at most 64 slots; no fit of these two costs
+# does better than 107: the loops' estimate is the coarse one)
 # is below the loops' (``_core_load``), for at most STATIC_MAX_SLOTS chunk slots (the program
-# holds every one: 96 of them, 32 rows of 3 chunks or 16 of 6, take ~2,800 instructions).
+# holds every one: 96 of them, 32 rows of 3 chunks or 16 of 6, take 2,650-2,970 instructions).
 STATIC_MAX_CHUNKS = 32
 STATIC_MAX_SLOTS = 96
 # A static row's chunk counts: 1-4, then twice and three times the powers of two from 2 (6, 8,
