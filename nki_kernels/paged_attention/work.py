@@ -402,14 +402,30 @@ UNIT_TAIL_EMPTY_SLOT = 0.3       # an empty tail slot against a loop iteration (
 UNIT_TAIL_SLOT = 0.03            # any slot of a tail (its SBUF, its step's length; assumed)
 
 
-def unit_tail_cost(c0: int, lo: int, hi: int, c1: int, slots: int):
+def unit_tail_cost(c0: int, lo: int, hi: int, c1: int, slots: int, rounds: bool = False):
     """(cost, ts) of a unit over chunks [c0, c1) (mask-free [lo, hi)) with a tail of ``slots``
     from ts: its loop iterations plus UNIT_TAIL_EMPTY_SLOT per empty slot, least over ts in
-    [max(c0, c1 - slots), c1] (ties to the later start)."""
+    [max(c0, c1 - slots), c1] (ties to the later start). ``rounds``: the mask-free chunks
+    before ts may be folded in rounds instead (``_rounded_loop_cost``)."""
+    loops = _rounded_loop_cost if rounds else _unit_loop_cost
+
     def cost(t):
-        return _unit_loop_cost(c0, lo, hi, t) + UNIT_TAIL_EMPTY_SLOT * (slots - c1 + t), -t
+        return loops(c0, lo, hi, t) + UNIT_TAIL_EMPTY_SLOT * (slots - c1 + t), -t
     ts = min(range(max(c0, c1 - slots), c1 + 1), key=cost)
     return cost(ts)[0], ts
+
+
+def _rounded_loop_cost(c0: int, lo: int, hi: int, end: int) -> float:
+    """``_unit_loop_cost`` of [c0, end) when rounds (``group_rounds_of``) may fold the mask-free
+    chunks that end at ``end``: the fewest loop iterations left plus a quarter per round (a
+    round is one barrier for the loop iteration's units, ~4 of them)."""
+    free = end - lo if hi >= end else 0
+    best = float(_unit_loop_cost(c0, lo, hi, end))
+    for fours in range(min(ROUNDS_MAX, free // ROUND_CHUNKS) + 1):
+        for ones in range(min(ROUNDS1_MAX, free - fours * ROUND_CHUNKS) + 1):
+            taken = fours * ROUND_CHUNKS + ones
+            best = min(best, _unit_loop_cost(c0, lo, hi, end - taken) + (fours + ones) / 4)
+    return best
 
 
 def _unit_loop_cost(c0: int, lo: int, hi: int, end: int) -> int:
@@ -494,6 +510,15 @@ def group_rounds_of(rows) -> tuple:
     return best[1], best[2]
 
 
+def rounds_taken(unit_tail: int, group_units: int, page_size: int, batch_rows: int,
+                 cores: int) -> bool:
+    """Whether whole units fold rounds (``with_rounds``): units with tails, several a loop
+    iteration, on the blocked path (pages of at most 128 tokens), a bucket that loops over its
+    units (not one unit, nor one a core on two)."""
+    return bool(unit_tail and group_units > 1 and page_size <= 128 and batch_rows > 1
+                and not (cores == 2 and batch_rows == 2))
+
+
 def with_rounds(rows, spans, per: int, page_size: int, batch_rows: int, cores: int):
     """Whole units' rows with their loop iterations' rounds: each core's units sorted by the
     mask-free chunks that end at their tails (like units share iterations), then per group of
@@ -513,7 +538,8 @@ def with_rounds(rows, spans, per: int, page_size: int, batch_rows: int, cores: i
     return rows
 
 
-def with_unit_tail(row: np.ndarray, slots: int, page_size: int) -> np.ndarray:
+def with_unit_tail(row: np.ndarray, slots: int, page_size: int,
+                   rounds: bool = False) -> np.ndarray:
     """A whole unit's row whose chunks from ts on are its tail, ts in [max(C0, C1 - slots), C1]
     the start that leaves its loops the fewest iterations (an empty slot UNIT_TAIL_EMPTY_SLOT
     of one; ties to the later start): C1 := ts (the unit's loops end there, the kernel folds
@@ -524,7 +550,7 @@ def with_unit_tail(row: np.ndarray, slots: int, page_size: int) -> np.ndarray:
         return row
     row = row.copy()
     c0, lo, hi, c1 = (int(row[k]) for k in (C0, FULL_LO, FULL_HI, C1))
-    ts = unit_tail_cost(c0, lo, hi, c1, slots)[1]
+    ts = unit_tail_cost(c0, lo, hi, c1, slots, rounds)[1]
     lo = min(lo, ts)
     row[FULL_LO], row[FULL_HI], row[C1] = lo, max(lo, min(hi, ts)), ts
     row[LEN] = min(int(row[LEN]), c1 * chunk_tokens(page_size))
@@ -1115,8 +1141,9 @@ def _split_table(planned: _Planned, page_size: int, batch_rows: int, cores: int,
     req, plan, split, cut, loads, U, pad, capacity = planned
     if whole:
         rows, spans = _whole_rows(req, plan, split, cut, page_size)
-        rows = [with_unit_tail(row, unit_tail, page_size) for row in rows]
-        if unit_tail and group_units > 1 and page_size <= 128:   # (the kernel's blocked path)
+        rounds = rounds_taken(unit_tail, group_units, page_size, batch_rows, cores)
+        rows = [with_unit_tail(row, unit_tail, page_size, rounds) for row in rows]
+        if rounds:
             rows = with_rounds(rows, spans, group_units, page_size, batch_rows, cores)
     else:
         rows, spans = _kind_rows(req, plan, split, page_size, batch_rows, cores, U,

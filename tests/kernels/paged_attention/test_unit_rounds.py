@@ -43,6 +43,16 @@ def test_a_unit_whose_tail_follows_masked_chunks_takes_none():
     assert group_rounds_of(rows) == (0, 0)
 
 
+def test_with_rounds_a_tail_takes_whole_chunks_rather_than_empty_slots():
+    """A unit of 9 chunks (the last masked), tails of 4: without rounds its tail starts at the
+    masked chunk (3 empty slots) so one loop iteration takes the 8 before; with rounds the tail
+    holds 4 chunks and rounds fold the 5 before (no loop, no empty slot)."""
+    assert work.unit_tail_cost(0, 0, 8, 9, 4)[1] == 8
+    assert work.unit_tail_cost(0, 0, 8, 9, 4, rounds=True) == (0.5, 5)
+    assert work.rounds_taken(4, 4, 16, 8, 1) and not work.rounds_taken(4, 4, 16, 1, 1)
+    assert not work.rounds_taken(4, 4, 16, 2, 2) and not work.rounds_taken(4, 1, 16, 8, 1)
+
+
 @pytest.mark.parametrize("per, units, groups", [
     (4, 11, [(0, 4), (4, 4), (8, 2)]), (4, 3, [(0, 2)]), (2, 5, [(0, 2), (2, 2)]),
     (1, 6, []), (4, 1, [])])
