@@ -117,9 +117,9 @@ def test_late_tails_match_the_reference(rng, lnc, page_size, options):
     zeroed = []
     load_rows = kernel_items._load_rows
 
-    def spy(st, row, zero_v=True):
+    def spy(st, row, zero_v=True, zero_on_vector=False):
         zeroed.append(zero_v)
-        return load_rows(st, row, zero_v)
+        return load_rows(st, row, zero_v, zero_on_vector)
     with simulate.use_target("trn2"):
         mp = pytest.MonkeyPatch()
         mp.setattr(kernel_items, "_load_rows", spy)
