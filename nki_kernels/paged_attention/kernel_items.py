@@ -364,7 +364,7 @@ def loader(st, item, count, masked):
             if item.keep is not None:
                 chunks.append(_load_rows(st, rows[:, k:k + 1],
                                          k + 1 == count or not late_tail(st, count, masked),
-                                         st.scratch is None and k % VECTOR_ZEROING == 2))
+                                         in_static_pass(st) and k % VECTOR_ZEROING == 2))
             else:
                 chunks.append(_load_chunk(st.consts, st.kv_indices, cursor, bounds, masked,
                                           None if rows is None else rows[:, k:k + 1],
@@ -443,6 +443,12 @@ def late_tail(st, count, masked):
 # (memset), the engines then about as busy (trn2: 12 x 500-620 keys 202.1 -> 180.7 us, 8 x
 # 400-700 99.4 -> 92.1; one in two, or in four, balanced worse)
 VECTOR_ZEROING = 3
+
+
+def in_static_pass(st):
+    """Whether the launch is a static pass (``kernel.run_static_pass``: no scratch for states,
+    not whole units)."""
+    return st.scratch is None and not st.whole
 
 
 def _load_rows(st, row, zero_v=True, zero_on_vector=False):
