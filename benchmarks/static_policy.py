@@ -59,23 +59,13 @@ def _forced(mode):
 
 
 def policy_terms(sizes, lnc):
-    """(looped cost, rows a core runs, chunks a row, split) as work.static_pass counts them."""
+    """``work.static_terms`` of the suite's decode step of ``sizes`` on ``lnc`` cores."""
     inputs = KERNELS["paged_decode_attention"].make({**LAYER, **sizes}, np.random.default_rng(0))
     indptr, last = inputs["kv_indptr"].astype(np.int32), inputs["kv_last_page_len"]
     pages = np.diff(indptr)
     lens = np.where(pages > 0, (pages - 1) * LAYER["page_size"] + last, 0).astype(np.int32)
     req = work.query_blocks(indptr, lens, np.ones_like(lens), 1, -1, True, LAYER["page_size"])
-    rows = bucket(sizes["batch"])
-    chunks_of = (req.c1 - req.c0).astype(np.int64)
-    split = work.static_split(rows, lnc)
-    chunks = work.static_chunk_count(-(-int(chunks_of.max()) // (2 if split else 1)))
-    kinds = work._unit_items(req)[1].sum(axis=0)
-    U = work.items_per_iteration(1)
-    barriers = work.loop_iterations(work.padded_counts(kinds, U), U) * work.ITERATION_COST_CHUNKS
-    looped = (work._core_load(chunks_of.sum(), kinds, U, pad=True) - barriers) / lnc + barriers
-    if lnc == 2:
-        looped += work.SPLIT_MERGE_COST_CHUNKS
-    return looped, (-(-rows // lnc) if rows > 1 else 1), chunks, split
+    return work.static_terms(req, bucket(sizes["batch"]), lnc)
 
 
 def picked(steps, row, slot):
@@ -83,8 +73,7 @@ def picked(steps, row, slot):
     (plus the split's exchange) is below the loops' cost."""
     total = 0.0
     for _, _, static_us, loops_us, (looped, rows, chunks, split) in steps:
-        cost = (work.STATIC_FIXED_COST_CHUNKS + rows * (row + chunks * slot)
-                + (work.STATIC_SPLIT_COST_CHUNKS if split else 0.0))
+        cost = work.static_cost(rows, chunks, split, row, slot)
         total += static_us if cost < looped else loops_us
     return total
 

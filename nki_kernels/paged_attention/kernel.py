@@ -435,10 +435,11 @@ STATIC_UPFRONT_BYTES = 96 * 1024
 
 def issue_gathers(st, item, count, masked, n):
     """Issue the item's first ``n`` gathers (``item.loads``, which the pipeline then uses)."""
+    if n and item.loads is None:
+        item.loads = {}
+    load = loader(st, item, count, masked)
     for g in range(n):
-        if item.loads is None:
-            item.loads = {}
-        item.loads[f"{g}"] = loader(st, item, count, masked)(g)
+        item.loads[f"{g}"] = load(g)
 
 
 def upfront_gathers(st, count, masked, width):

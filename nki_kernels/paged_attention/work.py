@@ -819,11 +819,18 @@ def static_pass(req: _Requests, page_size: int, batch_rows: int, cores: int = 1,
     chunk's K and V (``chunk_bytes`` per partition) past STATIC_MAX_CHUNK_BYTES."""
     if nc_version < 3 or page_size > 128 or chunk_bytes > STATIC_MAX_CHUNK_BYTES:
         return 0
+    looped, rows, chunks, split = static_terms(req, batch_rows, cores)
+    if chunks > STATIC_MAX_CHUNKS or chunks * batch_rows > STATIC_MAX_SLOTS:
+        return 0
+    return chunks if static_cost(rows, chunks, split) < looped else 0
+
+
+def static_terms(req: _Requests, batch_rows: int, cores: int = 1):
+    """What ``static_pass`` weighs, in chunk-equivalents: (the loops' cost, rows a core runs
+    statically, chunks a row, whether a bucket of one is split between two cores)."""
     chunks_of = (req.c1 - req.c0).astype(np.int64)
     split = static_split(batch_rows, cores)
     chunks = static_chunk_count(-(-int(chunks_of.max(initial=0)) // (2 if split else 1)))
-    if chunks > STATIC_MAX_CHUNKS or chunks * batch_rows > STATIC_MAX_SLOTS:
-        return 0
     kinds = _unit_items(req)[1].sum(axis=0)
     U = items_per_iteration(1)
     barriers = loop_iterations(padded_counts(kinds, U), U) * ITERATION_COST_CHUNKS
@@ -833,11 +840,18 @@ def static_pass(req: _Requests, page_size: int, batch_rows: int, cores: int = 1,
     if cores == 2:
         looped += SPLIT_MERGE_COST_CHUNKS
     rows = -(-batch_rows // cores) if batch_rows > 1 else 1     # each core half the rows
-    static = STATIC_FIXED_COST_CHUNKS + rows * (STATIC_ROW_COST_CHUNKS
-                                                + chunks * STATIC_SLOT_COST_CHUNKS)
-    if split:                      # the two halves' states exchanged and merged
-        static += STATIC_SPLIT_COST_CHUNKS
-    return chunks if static < looped else 0
+    return looped, rows, chunks, split
+
+
+def static_cost(rows: int, chunks: int, split: bool, row_cost: float = None,
+                slot_cost: float = None) -> float:
+    """A static pass's cost of ``rows`` rows of ``chunks`` chunks a core (chunk-equivalents;
+    STATIC_ROW_COST_CHUNKS and STATIC_SLOT_COST_CHUNKS unless given), the two halves' exchange
+    and merge added when ``split``."""
+    row_cost = STATIC_ROW_COST_CHUNKS if row_cost is None else row_cost
+    slot_cost = STATIC_SLOT_COST_CHUNKS if slot_cost is None else slot_cost
+    static = STATIC_FIXED_COST_CHUNKS + rows * (row_cost + chunks * slot_cost)
+    return static + (STATIC_SPLIT_COST_CHUNKS if split else 0.0)
 
 
 def static_chunk_count(chunks: int) -> int:
