@@ -216,6 +216,57 @@ def query_block(max_q_len: int, group: int, kv_heads: int = 1, head_dim: int = 1
     return tiles * per_tile
 
 
+# What a launch of whole units costs, per unit of work (seconds; fitted by
+# benchmarks/query_blocks.py on the chunked-prefill replays, trn2, Llama-3-8B layer): a score tile
+# (128 rows) over a chunk of keys (VectorE and ScalarE passes), a chunk an item gathers (per byte
+# of its K and V: 1.24x the DMA time at full bandwidth), and an item's fixed part (its queries,
+# its state's finalize, its share of the loop barriers).
+QB_TILE_CHUNK_S = 0.178e-6
+QB_CHUNK_BYTE_S = 1.77e-6 / (2 * 128 * 8 * 128 * 2)
+QB_ITEM_S = 3.86e-6
+# Smaller items read a request's keys once each: a smaller block is taken only while the launch
+# gathers at most this many times the keys of its step (the launch's requests and the step's
+# decode requests beside; or no more than with the largest block, when that gathers more)
+QB_GATHER_LIMIT = 1.05
+
+
+def prefill_query_block(prob, q_lens, paged_kv_cache, window_left, causal, cores: int = 1,
+                        step_keys: int = None) -> int:
+    """Query tokens per work item of a prefill launch: ``query_block``'s (as many tiles as the
+    longest request fills), or half, a quarter ... of its tiles when that costs less. Every item
+    computes all its tiles, real query rows or padding, so a launch whose requests feed fewer
+    tokens than its longest (a prompt's last chunk beside full ones) spends VectorE and ScalarE
+    passes on padding rows; smaller items read their keys once per item instead (the step's
+    gathers at most ``QB_GATHER_LIMIT`` times its keys, ``step_keys``: by default the launch's).
+    The estimate: ``QB_TILE_CHUNK_S`` a score tile
+    over a chunk, ``QB_CHUNK_BYTE_S`` a byte an item gathers, ``QB_ITEM_S`` an item."""
+    group, geo = prob.group, prob.geo
+    top = query_block(int(q_lens.max(initial=0)), group, geo.num_heads, geo.head_dim, cores)
+    per_tile = max(1, 128 // group)
+    if top <= per_tile:
+        return top
+    T = chunk_tokens(geo.page_size)
+    chunk_bytes = 2 * T * geo.num_heads * geo.head_dim * split_cache(paged_kv_cache)[0].dtype.itemsize
+    limit = None
+    best, qb = None, top
+    while qb >= per_tile and whole_units(qb):
+        items = query_blocks(prob.table.indptr, prob.kv_lens, q_lens, qb, window_left, causal,
+                             geo.page_size)
+        chunks = int((items.c1 - items.c0).sum())
+        if limit is None:
+            keys = int(prob.kv_lens.sum()) if step_keys is None else step_keys
+            limit = max(QB_GATHER_LIMIT * keys, chunks * T)
+        if chunks * T > limit:
+            break
+        tiles = score_tiling(geo.num_heads, group, qb)[2]
+        cost = (tiles * chunks * QB_TILE_CHUNK_S + chunks * chunk_bytes * QB_CHUNK_BYTE_S
+                + items.L.size * QB_ITEM_S)
+        if best is None or cost < best[0]:
+            best = (cost, qb)
+        qb //= 2
+    return best[1]
+
+
 @dataclass(frozen=True)
 class PrefillLaunch:
     """The kernel's arguments after the cache rows, and where each query token sits in the
@@ -252,11 +303,12 @@ class PrefillLaunch:
 
 def plan_prefill(prob, q_lens, qo_indptr, paged_kv_cache, causal,
                  logits_soft_cap, window_left, sinks, k_scale, v_scale, cores,
-                 masks=None) -> PrefillLaunch:
+                 masks=None, step_keys=None) -> PrefillLaunch:
     """Checked inputs (``prob``, ``q_lens``; ``masks``: each request's custom mask, or None)
-    -> work items, padded row maps, kernel arguments."""
-    qb = query_block(int(q_lens.max(initial=0)), prob.group, prob.geo.num_heads, prob.geo.head_dim,
-                     cores)
+    -> work items, padded row maps, kernel arguments (``step_keys``: the keys of the whole
+    step this launch is part of, ``prefill_query_block``)."""
+    qb = prefill_query_block(prob, q_lens, paged_kv_cache, window_left, causal and masks is None,
+                             cores, step_keys)
     items = query_blocks(prob.table.indptr, prob.kv_lens, q_lens, qb, window_left,
                          causal and masks is None, prob.geo.page_size)
     if masks is not None:
@@ -336,8 +388,8 @@ def prefill_parts(prob, q_lens, qo_indptr, paged_kv_cache, causal,
         rows, qo = _sub_queries(idx, qo_indptr)
         sub = dataclasses.replace(prob, batch=idx.size, table=prob.table.requests(idx))
         sub_masks = None if masks is None else [masks[i] for i in idx]
-        parts.append(PrefillPart(rows, plan_prefill(sub, q_lens[idx], qo, *options, sub_masks),
-                                 writes))
+        parts.append(PrefillPart(rows, plan_prefill(sub, q_lens[idx], qo, *options, sub_masks,
+                                                    int(prob.kv_lens.sum())), writes))
     return parts
 
 

@@ -156,6 +156,52 @@ def test_query_block_size():
     assert query_block(1000, 4, 8, 512) == 64 and query_block(1000, 4, 64, 512) == 32
 
 
+def _problem(q_lens, kv_lens, page_size=16, H=8, G=4, D=128):
+    """(prob, cache) of a bf16 Llama-like launch whose requests hold ``kv_lens`` keys."""
+    from nki_kernels.paged_attention.checks import check_batch_decode_inputs
+    rng = np.random.default_rng(0)
+    q, cache, qo, kv_indptr, kv_indices, last, layout = make_prefill_case(
+        rng, [1] * len(kv_lens), kv_lens, page_size, H, G, D, kv_dtype=ml_dtypes.bfloat16)
+    prob = check_batch_decode_inputs(q[:len(kv_lens)], cache, kv_indptr, kv_indices, last, layout,
+                                     None, 0.0, -1, None, 1.0, 1.0)
+    return prob, cache
+
+
+def test_prefill_query_block_follows_the_work():
+    """Items compute every tile, padding or not: a prompt's short last chunk over a long prefix
+    beside a full chunk takes smaller items (the padding's score passes cost more than reading
+    the full chunk's keys again) while the step's gathers stay within QB_GATHER_LIMIT x its
+    keys (here a mixed step: 12k keys of decode requests beside); alone, the re-reads would
+    pass the limit and the block stays. Full chunks keep the largest block."""
+    from nki_kernels.paged_attention.plan import prefill_query_block
+    prob, cache = _problem([40, 256], [1840, 512])
+    q_lens = np.array([40, 256])
+    assert query_block(256, 4, 8, 128) == 256
+    assert prefill_query_block(prob, q_lens, cache, -1, True, step_keys=14000) in (64, 128)
+    assert prefill_query_block(prob, q_lens, cache, -1, True) == 256
+    prob, cache = _problem([256, 256], [1024, 512])
+    assert prefill_query_block(prob, np.array([256, 256]), cache, -1, True, step_keys=14000) == 256
+    prob, cache = _problem([20], [700])                  # one tile: nothing to choose
+    assert prefill_query_block(prob, np.array([20]), cache, -1, True) == 32
+
+
+@pytest.mark.parametrize("target", ["trn1", "trn2"])
+def test_mixed_chunk_lengths_in_smaller_items(target):
+    """A mixed step whose prompt launch the block policy cuts into smaller items (a short last
+    chunk over a long prefix beside a full chunk, decode requests beside) matches the
+    reference, causal, bf16."""
+    from nki_kernels.paged_attention.plan import prefill_query_block
+    rng = np.random.default_rng(7)
+    q_lens, kv_lens = [37, 130, 1, 1, 1], [1100, 300, 1500, 1500, 1500]
+    args = make_prefill_case(rng, q_lens, kv_lens, 16, 2, 4, 64, q_dtype=ml_dtypes.bfloat16,
+                             kv_dtype=ml_dtypes.bfloat16)
+    prob, cache = _problem(q_lens[:2], kv_lens[:2], H=2, D=64)
+    assert prefill_query_block(prob, np.array(q_lens[:2]), cache, -1, True,
+                               step_keys=sum(kv_lens)) < query_block(130, 4, 2, 64)
+    with simulate.use_target(target):
+        check(args, dtype="bfloat16", causal=True)
+
+
 @pytest.mark.parametrize("bad, rule", [
     (dict(qo_indptr=np.array([0, 3, 2], np.int32)), "non-decreasing"),
     (dict(qo_indptr=np.array([1, 2, 5], np.int32)), r"qo_indptr\[0\]"),
