@@ -740,7 +740,9 @@ def unit_group_begin(st, i, n):
 def group_rounds(st, items):
     """Rounds of a loop iteration's whole units: each round folds, for every unit at once (one
     software pipeline, ``fold_items``), one mask-free block of its chunks before its tail, the
-    blocks of ROUND_CHUNKS chunks first (ROUNDS rounds), then blocks of one chunk (ROUNDS1),
+    blocks of ROUND_CHUNKS chunks first (ROUNDS rounds), then the ROUNDS1 single chunks, two a
+    round and the odd one alone (the host counts each single chunk as a round all the same: its
+    choice measured better so),
     each round's blocks just before the last round's (the host's counts for the iteration,
     ``work.with_rounds``; the least of its rows', which keeps every unit's rounds within its own
     mask-free chunks should the host's groups ever differ from these); each unit's own loops
@@ -759,11 +761,16 @@ def group_rounds(st, items):
                            op=nl.minimum)
     fours = nisa.scalar_load(least[0:1, 0:1])
     nl.fori_loop(0, fours, _rounds(st, items, slots, ROUND_CHUNKS))
-    for slot in slots:                         # the chunk just before the last round's block
-        nisa.tensor_scalar(dst=slot, data=slot, op0=nl.add, operand0=(ROUND_CHUNKS - 1) * per,
+    for slot in slots:                         # the two chunks just before the last round's block
+        nisa.tensor_scalar(dst=slot, data=slot, op0=nl.add, operand0=(ROUND_CHUNKS - 2) * per,
                            engine=nisa.engine.gpsimd)
     ones = nisa.scalar_load(least[0:1, 1:2])
-    nl.fori_loop(0, ones, _rounds(st, items, slots, 1))
+    twos = ones // 2                           # single chunks two a round, then the odd one
+    nl.fori_loop(0, twos, _rounds(st, items, slots, 2))
+    for slot in slots:                         # the chunk just before the last round's block
+        nisa.tensor_scalar(dst=slot, data=slot, op0=nl.add, operand0=per,
+                           engine=nisa.engine.gpsimd)
+    nl.fori_loop(0, ones - twos * 2, _rounds(st, items, slots, 1))
     return fours * ROUND_CHUNKS + ones
 
 

@@ -30,7 +30,7 @@ def _rows(*befores):
 
 @pytest.mark.parametrize("befores, rounds", [
     ((4, 4, 4, 4), (1, 0)), ((1, 1, 1, 1), (0, 1)), ((8, 8, 8, 8), (2, 0)),
-    ((0, 4, 4, 4), (0, 0)), ((16, 16), (0, 0)), ((5, 5, 5, 5), (1, 1)), ((3, 3), (0, 1)),
+    ((0, 4, 4, 4), (0, 0)), ((16, 16), (0, 0)), ((5, 5, 5, 5), (1, 1)), ((3, 3), (0, 1)), ((6, 6, 6, 6), (1, 2)),
     ((12, 9, 8, 8), (2, 0)), ((3, 1, 1, 1), (0, 1)), ((32, 32, 32, 32), (0, 0))])
 def test_a_group_takes_the_rounds_that_save_its_loops(befores, rounds):
     """The units' loop iterations plus one a round, fewest (a block of 16 or 32 is one
@@ -88,6 +88,9 @@ def _rounds_run():
     ([40, 40], [1000, 1000], -1, True),
     ([40, 33, 40, 40], [1550] * 4, -1, True),              # rounds of four, then one
     ([40, 40, 40, 40], [600, 650, 700, 640], -1, True),     # rounds of one chunk
+    ([40, 40, 40, 40], [700, 720, 760, 800], -1, True),     # two single chunks: a round of two
+    ([40, 40, 40, 40], [820, 830, 850, 900], -1, True),     # three: a round of two, one of one
+    ([40, 40, 40, 40], [1200, 1250, 1300, 1200], -1, True),  # four, then two single chunks
     ([40, 33, 40, 40], [900, 1000, 1100, 1500], -1, True),
     ([40, 40, 40], [1152, 40, 700], -1, False),
     ([40, 40], [1000, 1000], 700, True),
