@@ -80,8 +80,8 @@ from nki_kernels.paged_kv_append.kernel import scatter_rows
 from .kernel_cursor import Geometry, partition_iota, query_of_row
 from .kernel_items import (SCORES_AHEAD, batched_chunks, finish, fold_items, first_chunks,
                            fold_shape, gathered, item_row, loader, merge_split, prepare,
-                           static_block, static_block_rows, unit, unit_group_begin, unit_loops,
-                           write)
+                           static_block, static_block_keep, static_block_rows, unit,
+                           unit_group_begin, unit_loops, write)
 from .kernel_load import (PSUM_BANK_BYTES, ROW_LIMIT, group_entry_rows, kt_dma_layout,
                           zero_rows)
 from .kernel_mask import custom_mask
@@ -494,11 +494,16 @@ def items_iteration(st, count, masked, width, chained, fresh=False, last_kept=Fa
             # keys: 66.3 -> 63.8 us); a flat list's tails each item's rows, then its gathers
             ahead = upfront_gathers(st, count, masked, width)
             rows_first = st.scratch is None
+            block = static_block(st, masked, count)
             for k in range(width):
-                if static_block(st, masked, count):
+                if block:
                     static_block_rows(st, batch[k], count)
+                if block and not rows_first:
+                    static_block_keep(st, batch[k], count)
                 if not rows_first:
                     issue_gathers(st, batch[k], count, masked, ahead[k])
+            for k in range(width if rows_first and block else 0):
+                static_block_keep(st, batch[k], count)
             for k in range(width if rows_first else 0):
                 issue_gathers(st, batch[k], count, masked, ahead[k])
         if count:

@@ -383,19 +383,17 @@ def static_block(st, masked, count):
 
 
 def static_block_rows(st, item, count):
-    """Set a static block's ``rows`` and ``keep`` (``block_of_masked_chunks``) from its page ids
-    (``set_cache_rows``)."""
-    item.rows, item.keep = block_of_masked_chunks(st, item, count)
+    """Set a static block's ``rows`` (``block_rows_of_masked_chunks``) from its page ids
+    (``set_cache_rows``), and ``keep`` to an empty list that ``static_block_keep`` fills."""
+    item.rows = block_rows_of_masked_chunks(st, item, count)
+    item.keep = []
 
 
-def block_of_masked_chunks(st, item, count):
-    """([T, count] cache rows with the tokens outside the item's keys dropped, uint32 when K is
-    gathered transposed; [R, count * T] uint8 mask predicate) of the ``count`` chunks at the
-    item's cursor, from their page ids (``item.pids``, ``set_cache_rows``; a static pass: one
-    query tile)."""
+def static_block_keep(st, item, count):
+    """Fill a static block's ``keep`` ([R, count * T] uint8 mask predicate of the ``count``
+    chunks at the item's cursor; ``static_block_rows`` left it empty)."""
     T, R = st.T, st.R
     cols = item.cols
-    rows = owned_rows(st, cols, item.pids, cols[0:T, POS0:POS0 + 1], count)
     # score row r keeps the block's tokens s + t (t: st.block_t) with lo_r <= t < hi_r
     def row_col(c):
         return cols[0:R, c:c + 1]
@@ -405,7 +403,15 @@ def block_of_masked_chunks(st, item, count):
         start = mask_start(cols, st.mask)
         for k in range(count):
             masked_keep(st.mask, start, keep[:, k * T:(k + 1) * T], 0, st.Qt, st.G, k)
-    return rows, [keep]
+    item.keep.append(keep)
+
+
+def block_rows_of_masked_chunks(st, item, count):
+    """[T, count] cache rows (tokens outside the item's keys dropped, uint32 when K is gathered
+    transposed) of the ``count`` chunks at the item's cursor, from their page ids
+    (``item.pids``, ``set_cache_rows``; a static pass: one query tile)."""
+    cols = item.cols
+    return owned_rows(st, cols, item.pids, cols[0:st.T, POS0:POS0 + 1], count)
 
 
 def owned_rows(st, cols, pages, first, count):

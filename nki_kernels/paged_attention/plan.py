@@ -243,7 +243,7 @@ def prefill_query_block(prob, q_lens, paged_kv_cache, window_left, causal, cores
     group, geo = prob.group, prob.geo
     top = query_block(int(q_lens.max(initial=0)), group, geo.num_heads, geo.head_dim, cores)
     per_tile = max(1, 128 // group)
-    if top <= per_tile:
+    if top <= per_tile or not whole_units(top):    # one tile, or a flat list's items
         return top
     T = chunk_tokens(geo.page_size)
     chunk_bytes = 2 * T * geo.num_heads * geo.head_dim * split_cache(paged_kv_cache)[0].dtype.itemsize

@@ -183,6 +183,8 @@ def test_prefill_query_block_follows_the_work():
     assert prefill_query_block(prob, np.array([256, 256]), cache, -1, True, step_keys=14000) == 256
     prob, cache = _problem([20], [700])                  # one tile: nothing to choose
     assert prefill_query_block(prob, np.array([20]), cache, -1, True) == 32
+    prob, cache = _problem([16], [300], H=4, G=16, D=64)  # two tiles of a flat list's item
+    assert prefill_query_block(prob, np.array([16]), cache, -1, True) == 16
 
 
 @pytest.mark.parametrize("target", ["trn1", "trn2"])
