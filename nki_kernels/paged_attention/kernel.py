@@ -80,8 +80,8 @@ from nki_kernels.paged_kv_append.kernel import scatter_rows
 from .kernel_cursor import Geometry, partition_iota, query_of_row
 from .kernel_items import (SCORES_AHEAD, batched_chunks, finish, fold_items, first_chunks,
                            fold_shape, gathered, item_row, loader, merge_split, prepare,
-                           static_block, static_block_keep, static_block_rows, unit,
-                           unit_group_begin, unit_loops, write)
+                           static_block, static_block_keep, static_block_rows, static_rows,
+                           unit, unit_group_begin, unit_loops, write)
 from .kernel_load import (PSUM_BANK_BYTES, ROW_LIMIT, group_entry_rows, kt_dma_layout,
                           zero_rows)
 from .kernel_mask import custom_mask
@@ -495,13 +495,13 @@ def items_iteration(st, count, masked, width, chained, fresh=False, last_kept=Fa
             ahead = upfront_gathers(st, count, masked, width)
             rows_first = st.scratch is None
             block = static_block(st, masked, count)
-            for k in range(width):
+            if block and rows_first:
+                static_rows(st, table, batch, count)
+            for k in range(width if not rows_first else 0):
                 if block:
                     static_block_rows(st, batch[k], count)
-                if block and not rows_first:
                     static_block_keep(st, batch[k], count)
-                if not rows_first:
-                    issue_gathers(st, batch[k], count, masked, ahead[k])
+                issue_gathers(st, batch[k], count, masked, ahead[k])
             for k in range(width if rows_first and block else 0):
                 static_block_keep(st, batch[k], count)
             for k in range(width if rows_first else 0):
