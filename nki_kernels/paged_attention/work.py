@@ -784,9 +784,9 @@ def decode_work(kv_indptr, kv_lens, window_left: int, page_size: int, batch_rows
 # compile per chunk count and compute on the padding. Taken when its modelled cost (per row a
 # core runs and per chunk slot, chunk-equivalents fitted to the schedule on trn2, LNC=1 and 2:
 # 238 steps of 1-32 requests (12 and 24 among them) of 128-4096 keys, uniform, spread 8x and
-# within a fifth, each run both ways, ``benchmarks/static_policy.py``; the picks cost 61 us over
-# the 15145 of the better of each, against 817 with at most 64 slots; the misses, up to 11 us a
-# step, are the loops' coarse estimate's)
+# within a fifth, each run both ways, ``benchmarks/static_policy.py``; refit when the static
+# pass made all its rows' cache rows at once: the picks cost the 13360.6 us of the better of
+# each, against 13682.1 with the fit before, row 3.5 and slot 1.2)
 # is below the loops' (``_core_load``), for at most STATIC_MAX_SLOTS chunk slots (the program
 # holds every one: 96 of them, 32 rows of 3 chunks or 16 of 6, take 2,650-2,970 instructions).
 STATIC_MAX_CHUNKS = 32
@@ -799,8 +799,8 @@ STATIC_CHUNK_COUNTS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
 STATIC_FIXED_COST_CHUNKS = 0.0
 SPLIT_MERGE_COST_CHUNKS = 5.0          # LNC=2 loops: the split unit's sendrecv and merge
 STATIC_SPLIT_COST_CHUNKS = 2.0         # a static pass split between two cores: its exchange
-STATIC_ROW_COST_CHUNKS = 3.5
-STATIC_SLOT_COST_CHUNKS = 1.2
+STATIC_ROW_COST_CHUNKS = 2.5
+STATIC_SLOT_COST_CHUNKS = 0.9
 
 
 # A static pass folds 4 chunks a softmax step with its gathers two steps ahead: K and V of a

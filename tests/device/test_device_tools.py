@@ -96,13 +96,14 @@ def test_rehearsal_benchmark_prices_under_hidden_constants(monkeypatch, tmp_path
 def test_fit_recovers_a_hidden_constant_on_its_own_rows():
     """Rows 'measured' under loop_iteration_s = 4 us: the fit of that constant alone finds it
     (steps that run device loops: a static pass has no loop barrier to fit)."""
-    rows = [dict(kernel="paged_decode_attention", sizes=dict(batch=2, kv_len=2100, page_size=16,
+    rows = [dict(kernel="paged_decode_attention", sizes=dict(batch=2, kv_len=4500, page_size=16,
                                                              kv_heads=2, group=2, head_dim=32),
                  ok=True),
-            dict(kernel="paged_decode_attention", sizes=dict(batch=20, kv_len=300, page_size=16,
+            dict(kernel="paged_decode_attention", sizes=dict(batch=40, kv_len=300, page_size=16,
                                                              kv_heads=2, group=2, head_dim=32),
                  ok=True)]
     traces = fitting.row_traces(rows, "trn2")
+    assert all(t.loops for tr in traces for t in tr)         # device loops: barriers to fit
     for row, tr in zip(rows, traces):
         row["p50_us"] = fitting.model_seconds(tr, "trn2", {"loop_iteration_s": 4e-6}) * 1e6
     out = fitting.fit(dict(target="trn2", rows=rows), names=["loop_iteration_s"], samples=8,
