@@ -46,13 +46,14 @@ def _forced(mode):
     """plan.static_pass replaced: "static" whenever a static pass can run, "loops" never."""
     policy = work.static_pass
 
-    def static_pass(req, page_size, batch_rows, cores=1, nc_version=3, chunk_bytes=0):
+    def static_pass(req, page_size, batch_rows, cores=1, nc_version=3, chunk_bytes=0,
+                    row_bytes=0):
         if mode == "loops":
             return 0
         row, slot = work.STATIC_ROW_COST_CHUNKS, work.STATIC_SLOT_COST_CHUNKS
         work.STATIC_ROW_COST_CHUNKS, work.STATIC_SLOT_COST_CHUNKS = -1e9, 0.0
         try:
-            return policy(req, page_size, batch_rows, cores, nc_version, chunk_bytes)
+            return policy(req, page_size, batch_rows, cores, nc_version, chunk_bytes, row_bytes)
         finally:
             work.STATIC_ROW_COST_CHUNKS, work.STATIC_SLOT_COST_CHUNKS = row, slot
     return static_pass

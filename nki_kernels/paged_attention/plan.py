@@ -23,7 +23,8 @@ from .custom_mask import mask_table, with_mask_free_chunks
 from .work import (LATE_TAILS, NO_WINDOW, NullItems, capacity_chunks, chunk_tokens, decode_work,
                    item_query_bytes, items_per_iteration, null_pages, query_blocks, split_work,
                    static_pass, static_work, tail_items, token_table, unit_tail_chunks,
-                   score_tiling, unit_tail_slots, whole_group_units, whole_units, window_span)
+                   score_tiling, static_row_bytes, unit_tail_slots, whole_group_units,
+                   whole_units, window_span)
 
 
 def cache_rows(paged_kv_cache, D):
@@ -80,6 +81,12 @@ def _chunk_bytes(prob, paged_kv_cache) -> int:
     return prob.geo.num_heads * (chunk_tokens(prob.geo.page_size) + prob.geo.head_dim) * itemsize
 
 
+def _row_bytes(prob, paged_kv_cache) -> int:
+    """Bytes per partition of one decode row's query stationaries (``work.static_row_bytes``)."""
+    mm_bytes = _matmul_dtype(split_cache(paged_kv_cache)[0].dtype)[1]
+    return static_row_bytes(prob.geo.num_heads, prob.group, prob.geo.head_dim, mm_bytes)
+
+
 @dataclass(frozen=True)
 class DecodeLaunch:
     """What the host prepared: the kernel's array arguments after the cache rows, its static
@@ -117,7 +124,7 @@ def prepare_decode(q, paged_kv_cache, kv_indptr, kv_indices, kv_last_page_len, k
     req = query_blocks(prob.table.indptr, prob.kv_lens, np.ones_like(prob.kv_lens), 1,
                        window_left, True, prob.geo.page_size)
     chunks = static_pass(req, prob.geo.page_size, rows, cores, host_nc_version(),
-                         _chunk_bytes(prob, paged_kv_cache))
+                         _chunk_bytes(prob, paged_kv_cache), _row_bytes(prob, paged_kv_cache))
     if chunks:
         work = static_work(req, prob.geo.page_size, rows, chunks, null, cores)
     else:
@@ -324,7 +331,8 @@ def plan_prefill(prob, q_lens, qo_indptr, paged_kv_cache, causal,
     unit_tail = _unit_tail(prob, paged_kv_cache, masks, qb, causal and masks is None, items)
     # one query per item and no custom mask: a decode step, static when batch_decode's would be
     chunks = (static_pass(items, prob.geo.page_size, bucket(n_items), cores, host_nc_version(),
-                          _chunk_bytes(prob, paged_kv_cache)) if qb == 1 and masks is None else 0)
+                          _chunk_bytes(prob, paged_kv_cache), _row_bytes(prob, paged_kv_cache))
+              if qb == 1 and masks is None else 0)
     if chunks:
         work = static_work(items, prob.geo.page_size, bucket(n_items), chunks, null, cores)
     else:

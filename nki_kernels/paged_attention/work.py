@@ -784,13 +784,13 @@ def decode_work(kv_indptr, kv_lens, window_left: int, page_size: int, batch_rows
 # compile per chunk count and compute on the padding. Taken when its modelled cost (per row a
 # core runs and per chunk slot, chunk-equivalents fitted to the schedule on trn2, LNC=1 and 2:
 # 238 steps of 1-32 requests (12 and 24 among them) of 128-4096 keys, uniform, spread 8x and
-# within a fifth, each run both ways, ``benchmarks/static_policy.py``; refit when the static
-# pass made all its rows' cache rows at once: the picks cost the 13360.6 us of the better of
-# each, against 13682.1 with the fit before, row 3.5 and slot 1.2)
+# within a fifth, each run both ways, ``benchmarks/static_policy.py``: 316 steps with up to
+# 256 slots; the picks cost 31207 us against the 31120 of the better of each)
 # is below the loops' (``_core_load``), for at most STATIC_MAX_SLOTS chunk slots (the program
-# holds every one: 96 of them, 32 rows of 3 chunks or 16 of 6, take 2,650-2,970 instructions).
+# holds every one: 256 of them, 32 rows of 8 chunks or 8 of 32, take ~6,400 instructions, as
+# many as the loops' 5,800) and STATIC_MAX_ROW_BYTES of SBUF for the rows.
 STATIC_MAX_CHUNKS = 32
-STATIC_MAX_SLOTS = 96
+STATIC_MAX_SLOTS = 256
 # A static row's chunk counts: 1-4, then twice and three times the powers of two from 2 (6, 8,
 # 12, ...), so a row folds a divisor of its count per softmax step (at most 4: one PSUM bank
 # of scores) and pads at most a third of its slots (with powers of two only, 8 x 400-700 keys
@@ -799,28 +799,43 @@ STATIC_CHUNK_COUNTS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
 STATIC_FIXED_COST_CHUNKS = 0.0
 SPLIT_MERGE_COST_CHUNKS = 5.0          # LNC=2 loops: the split unit's sendrecv and merge
 STATIC_SPLIT_COST_CHUNKS = 2.0         # a static pass split between two cores: its exchange
-STATIC_ROW_COST_CHUNKS = 2.5
-STATIC_SLOT_COST_CHUNKS = 0.9
+STATIC_ROW_COST_CHUNKS = 2.25
+STATIC_SLOT_COST_CHUNKS = 1.3
 
 
 # A static pass folds 4 chunks a softmax step with its gathers two steps ahead: K and V of a
 # chunk (bytes per partition) beyond this make its pipeline overflow SBUF (fp32, 16 kv heads of
 # 128: 16 KiB), so such caches run the loops
 STATIC_MAX_CHUNK_BYTES = 8 * 1024
+# SBUF per partition a core's static rows may hold in query stationaries and mask predicates
+# (each row keeps its own, beside the first gathers' STATIC_UPFRONT_BYTES: 32 rows of GQA 16 at
+# head_dim 256 in bf16, 128 KiB of stationaries, overflowed SBUF, as did 16 rows of 16 chunks
+# there, and 32 of 8 chunks at GQA 8; Llama-3-8B's 32 rows of 8 chunks take 48 KiB)
+STATIC_MAX_ROW_BYTES = 64 * 1024
+
+
+def static_row_bytes(kv_heads: int, group: int, head_dim: int, mm_bytes: int) -> int:
+    """Bytes per partition of one decode row's query stationaries: per tile of score rows, one
+    [128, heads x rows] piece per 128 of head_dim (``score_tiling`` of one query)."""
+    _, heads, tiles, rows = score_tiling(kv_heads, group, 1)
+    return tiles * heads * rows * mm_bytes * -(-head_dim // 128)
 
 
 def static_pass(req: _Requests, page_size: int, batch_rows: int, cores: int = 1,
-                nc_version: int = 3, chunk_bytes: int = 0) -> int:
+                nc_version: int = 3, chunk_bytes: int = 0, row_bytes: int = 0) -> int:
     """Chunks per item of a static pass over one-query items ``req`` (``query_blocks`` of
     q_block 1: a decode step), or 0 when the step runs device loops: a bucket too large or
     cheaper looped (``cores``: under LNC=2 each core takes half the rows, or half the chunk
     slots of a bucket of one, ``static_split``; the loops half the work), or no block of masked
     chunks to gather at once (NeuronCore-v2: no indirect DMA; pages over 128 tokens), or a
-    chunk's K and V (``chunk_bytes`` per partition) past STATIC_MAX_CHUNK_BYTES."""
+    chunk's K and V (``chunk_bytes`` per partition) past STATIC_MAX_CHUNK_BYTES, or a core's rows'
+    query stationaries (``row_bytes`` a row, ``static_row_bytes``) and mask predicates (a byte
+    per token slot) past STATIC_MAX_ROW_BYTES."""
     if nc_version < 3 or page_size > 128 or chunk_bytes > STATIC_MAX_CHUNK_BYTES:
         return 0
     looped, rows, chunks, split = static_terms(req, batch_rows, cores)
-    if chunks > STATIC_MAX_CHUNKS or chunks * batch_rows > STATIC_MAX_SLOTS:
+    if (chunks > STATIC_MAX_CHUNKS or chunks * batch_rows > STATIC_MAX_SLOTS
+            or rows * (row_bytes + chunks * chunk_tokens(page_size)) > STATIC_MAX_ROW_BYTES):
         return 0
     return chunks if static_cost(rows, chunks, split) < looped else 0
 

@@ -10,7 +10,7 @@ from nki_kernels.paged_attention import batch_decode, batch_decode_kernel, batch
 from nki_kernels.paged_attention import work
 from nki_kernels.paged_attention.work import query_blocks, static_pass, static_work, NullItems
 
-from .conftest import make_decode_case
+from .conftest import assert_close, make_decode_case
 from .test_serving_shape import FixedCache
 
 
@@ -28,7 +28,8 @@ def _moved(trace, tensor):
 def test_the_policy_takes_it_where_loops_cost_more():
     assert static_pass(_req([1000]), 16, 1) == 8               # 8 chunks: 4 kinds of items
     assert static_pass(_req([2000]), 16, 1) == 16
-    assert static_pass(_req([1024] * 8), 16, 8) == 8           # 115 us against 121 looped
+    assert static_pass(_req([1024] * 8), 16, 8) == 0           # 115 us against 121: a miss
+    assert static_pass(_req([1300, 900] * 8), 16, 16) == 12    # 306 us against 408 looped
     assert static_pass(_req([256] * 24), 16, 32) == 0          # 146 us against 130 looped
     assert static_pass(_req([256] * 8), 16, 8) == 2            # 8 x 2 chunks: 46 us against 50
     # LNC=2: each core half the rows and no barrier, against two barriers on each core
@@ -74,13 +75,18 @@ def test_rows_of_three_six_and_twelve_chunks_match_the_reference(rng, lens, core
     np.testing.assert_allclose(out, batch_decode_ref(q, kv, *table), rtol=2e-5, atol=2e-5)
 
 
-@pytest.mark.parametrize("rows, low, high", [(16, 100, 400), (32, 257, 384), (16, 641, 768)])
-def test_a_full_bucket_of_static_rows_fits_sbuf(rng, rows, low, high):
-    """Llama-3-8B's kv heads (8 x 128, fp32 here): 16 rows of 4 chunks, whose first gathers (256
-    KiB a partition) had overflowed SBUF: a few rows' go first, the others' through the pipeline
-    (kernel.STATIC_UPFRONT_BYTES); the most slots a static pass takes (work.STATIC_MAX_SLOTS:
-    32 rows of 3 chunks, 16 of 6); matches the reference on both cores too."""
+@pytest.mark.parametrize("rows, low, high", [
+    (16, 100, 400), (32, 257, 384), (16, 641, 768), (32, 300, 1024), (16, 600, 2048),
+    (8, 1000, 4096)])
+def test_a_full_bucket_of_static_rows_fits_sbuf(rng, monkeypatch, rows, low, high):
+    """Llama-3-8B's kv heads (8 x 128, fp32 here: the largest chunk a static pass takes,
+    work.STATIC_MAX_CHUNK_BYTES): 16 rows of 4 chunks, whose first gathers (256 KiB a
+    partition) had overflowed SBUF: a few rows' go first, the others' through the pipeline
+    (kernel.STATIC_UPFRONT_BYTES); up to the most slots a static pass takes
+    (work.STATIC_MAX_SLOTS: 32 rows of 8 chunks, 16 of 16, 8 of 32), taken whatever the policy
+    would pick; matches the reference on both cores too."""
     from nki_kernels.buckets import bucket
+    monkeypatch.setattr(work, "STATIC_ROW_COST_CHUNKS", -1e9)
     lens = [int(n) for n in rng.integers(low, high + 1, rows)]
     assert 0 < static_pass(_req(lens), 16, bucket(rows), 1) * rows <= work.STATIC_MAX_SLOTS
     args = make_decode_case(rng, lens, 16, 8, 1, 128, q_dtype=np.float32,
@@ -92,6 +98,23 @@ def test_a_full_bucket_of_static_rows_fits_sbuf(rng, rows, low, high):
             assert not simulate.last_trace().loops
         np.testing.assert_allclose(out, ref, rtol=2e-5, atol=2e-5)
         np.testing.assert_allclose(lse, ref_lse, rtol=2e-5, atol=2e-5)
+
+
+@pytest.mark.parametrize("G, rows, low, high", [(16, 32, 257, 384), (8, 32, 300, 1024)])
+def test_rows_whose_stationaries_would_overflow_sbuf_keep_the_loops(rng, monkeypatch, G, rows,
+                                                                    low, high):
+    """Eight kv heads of 256 in bf16 at GQA 16 (4 KiB of query stationaries a row) or 8:
+    32 static rows overflowed SBUF (work.STATIC_MAX_ROW_BYTES), whatever the policy's costs;
+    the loops run them, matching the reference."""
+    import ml_dtypes
+    monkeypatch.setattr(work, "STATIC_ROW_COST_CHUNKS", -1e9)
+    lens = [int(n) for n in rng.integers(low, high + 1, rows)]
+    bf16 = ml_dtypes.bfloat16
+    args = make_decode_case(rng, lens, 16, 8, G, 256, q_dtype=bf16, kv_dtype=bf16)
+    with simulate.use_target("trn2"):
+        out = batch_decode(*args)
+        assert simulate.last_trace().loops
+    assert_close(out, batch_decode_ref(*args), dtype="bfloat16")
 
 
 def test_its_table_covers_each_request_and_pads_the_bucket():
