@@ -85,7 +85,8 @@ def measure(calls, cfg, lnc):
             rows.append((qb, estimate(traces[0], "trn2").seconds, traces[0].hbm_bytes,
                          features(q_lens, table, qb, cfg), step_keys(table, cfg)))
             qb //= 2
-        out.append(rows)
+        if rows:                       # (blocks of at most 16 queries: a flat list, no choice)
+            out.append(rows)
     return out
 
 
