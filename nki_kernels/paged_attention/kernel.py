@@ -495,17 +495,19 @@ def items_iteration(st, count, masked, width, chained, fresh=False, last_kept=Fa
             ahead = upfront_gathers(st, count, masked, width)
             rows_first = st.scratch is None
             block = static_block(st, masked, count)
-            if block and rows_first:
-                static_rows(st, table, batch, count)
-            for k in range(width if not rows_first else 0):
+            if rows_first:             # every row's cache rows at once, then masks, gathers
                 if block:
-                    static_block_rows(st, batch[k], count)
-                    static_block_keep(st, batch[k], count)
-                issue_gathers(st, batch[k], count, masked, ahead[k])
-            for k in range(width if rows_first and block else 0):
-                static_block_keep(st, batch[k], count)
-            for k in range(width if rows_first else 0):
-                issue_gathers(st, batch[k], count, masked, ahead[k])
+                    static_rows(st, table, batch, count)
+                    for k in range(width):
+                        static_block_keep(st, batch[k], count)
+                for k in range(width):
+                    issue_gathers(st, batch[k], count, masked, ahead[k])
+            else:
+                for k in range(width):
+                    if block:
+                        static_block_rows(st, batch[k], count)
+                        static_block_keep(st, batch[k], count)
+                    issue_gathers(st, batch[k], count, masked, ahead[k])
         if count:
             fold_items(st, batch, count, masked)     # finishes each item but the last
         else:
