@@ -21,7 +21,7 @@ import numpy as np
 import nki_kernels.paged_attention as attention
 from nki_kernels import serve, simulate
 from nki_kernels.paged_attention import plan
-from nki_kernels.paged_attention.work import query_blocks, score_tiling
+from nki_kernels.paged_attention.work import whole_units
 from nki_kernels.profile.cost_model import estimate
 
 
@@ -45,19 +45,16 @@ def record_launches(chunk, steps, lnc):
     return calls
 
 
-def features(q_lens, table, qb, cfg):
-    """(score tiles x chunks, bytes gathered, items, keys gathered) of the launch's requests of
-    more than one query (the others run as decode) in blocks of qb."""
+def features(q_lens, table, qb, cfg, kv_bytes):
+    """``plan.query_block_terms`` of the launch's requests of more than one query (the others
+    run as decode) in blocks of qb."""
     indptr, _, last = table
     pages = np.diff(indptr)
     kv = np.where(pages > 0, (pages - 1) * cfg.page_size + last, 0)
     prompt = q_lens > 1
     ptr = np.concatenate([[0], np.cumsum(pages[prompt])])
-    items = query_blocks(ptr, kv[prompt], q_lens[prompt], qb, -1, True, cfg.page_size)
-    chunks = int((items.c1 - items.c0).sum())
-    chunk_bytes = 2 * 128 * cfg.kv_heads * cfg.head_dim * 2
-    tiles = score_tiling(cfg.kv_heads, cfg.group, qb)[2]
-    return np.array([tiles * chunks, chunks * chunk_bytes, items.L.size, chunks * 128], float)
+    return plan.query_block_terms(ptr, kv[prompt], q_lens[prompt], qb, -1, True, cfg.page_size,
+                                  cfg.kv_heads, cfg.group, cfg.head_dim, kv_bytes)
 
 
 def step_keys(table, cfg):
@@ -67,31 +64,27 @@ def step_keys(table, cfg):
 
 
 def measure(calls, cfg, lnc):
-    """Per launch of blocks of queries: [(qb, modelled s, bytes, features)] over its candidates."""
-    real, out = plan.query_block, []
+    """Per launch of whole units: [(qb, modelled s, bytes, features, step keys)] over the
+    policy's candidates (``plan.query_block_candidates``), each forced in turn."""
+    run, policy, out = attention.batch_prefill, plan.prefill_query_block, []
     for q, cache, qo, table, kw in calls:
         q_lens = np.diff(qo)
-        if q_lens.max() <= 1:
+        top = plan.query_block(int(q_lens.max()), cfg.group, cfg.kv_heads, cfg.head_dim, lnc)
+        if q_lens.max() <= 1 or not whole_units(top):      # decode, or a flat list: no choice
             continue
-        top = real(int(q_lens.max()), cfg.group, cfg.kv_heads, cfg.head_dim, lnc)
-        per_tile, rows, qb = 128 // cfg.group, [], top
-        while qb >= per_tile and qb > 16:
+        rows = []
+        for qb in plan.query_block_candidates(top, cfg.group):
             plan.prefill_query_block = lambda *a, _qb=qb, **k: _qb
             try:
                 with simulate.use_target("trn2"), simulate.tracing() as traces:
-                    real_call(q, cache.copy(), qo, *table, **kw)
+                    run(q, cache.copy(), qo, *table, **kw)
             finally:
                 plan.prefill_query_block = policy
             rows.append((qb, estimate(traces[0], "trn2").seconds, traces[0].hbm_bytes,
-                         features(q_lens, table, qb, cfg), step_keys(table, cfg)))
-            qb //= 2
-        if rows:                       # (blocks of at most 16 queries: a flat list, no choice)
-            out.append(rows)
+                         features(q_lens, table, qb, cfg, cache.dtype.itemsize),
+                         step_keys(table, cfg)))
+        out.append(rows)
     return out
-
-
-real_call = attention.batch_prefill
-policy = plan.prefill_query_block
 
 
 def fit(launches):
@@ -108,11 +101,12 @@ def fit(launches):
 
 def totals(launches, coef):
     """(largest block's seconds, the policy's, the best candidate's, policy bytes / largest's):
-    the policy as plan.prefill_query_block runs it, gathers limited to QB_GATHER_LIMIT."""
+    each launch's pick by ``plan.pick_query_block`` under ``coef``."""
     pick = []
     for rows in launches:
-        limit = max(plan.QB_GATHER_LIMIT * rows[0][4], rows[0][3][3])
-        pick.append(min((r for r in rows if r[3][3] <= limit), key=lambda r: r[3][:3] @ coef))
+        by_qb = {r[0]: r for r in rows}
+        qb = plan.pick_query_block(list(by_qb), lambda b: by_qb[b][3], rows[0][4], coef)
+        pick.append(by_qb[qb])
     return (sum(rows[0][1] for rows in launches), sum(p[1] for p in pick),
             sum(min(r[1] for r in rows) for rows in launches),
             sum(p[2] for p in pick) / max(1, sum(rows[0][2] for rows in launches)))
@@ -125,7 +119,7 @@ def main(argv=None):
     ap.add_argument("--lnc", type=int, default=1, choices=(1, 2))
     args = ap.parse_args(argv)
     cfg = serve.PRESETS["llama8b"]
-    ours = np.array([plan.QB_TILE_CHUNK_S, plan.QB_CHUNK_BYTE_S, plan.QB_ITEM_S])
+    ours = np.array(plan.QB_COSTS)
     per_trace = {}
     for chunk in args.chunks:
         per_trace[chunk] = measure(record_launches(chunk, args.steps, args.lnc), cfg, args.lnc)

@@ -237,40 +237,73 @@ QB_ITEM_S = 3.86e-6
 QB_GATHER_LIMIT = 1.05
 
 
+QB_COSTS = (QB_TILE_CHUNK_S, QB_CHUNK_BYTE_S, QB_ITEM_S)
+
+
 def prefill_query_block(prob, q_lens, paged_kv_cache, window_left, causal, cores: int = 1,
                         step_keys: int = None) -> int:
     """Query tokens per work item of a prefill launch: ``query_block``'s (as many tiles as the
-    longest request fills), or half, a quarter ... of its tiles when that costs less. Every item
-    computes all its tiles, real query rows or padding, so a launch whose requests feed fewer
-    tokens than its longest (a prompt's last chunk beside full ones) spends VectorE and ScalarE
-    passes on padding rows; smaller items read their keys once per item instead (the step's
-    gathers at most ``QB_GATHER_LIMIT`` times its keys, ``step_keys``: by default the launch's).
-    The estimate: ``QB_TILE_CHUNK_S`` a score tile
-    over a chunk, ``QB_CHUNK_BYTE_S`` a byte an item gathers, ``QB_ITEM_S`` an item."""
-    group, geo = prob.group, prob.geo
-    top = query_block(int(q_lens.max(initial=0)), group, geo.num_heads, geo.head_dim, cores)
-    per_tile = max(1, 128 // group)
-    if top <= per_tile or not whole_units(top):    # one tile, or a flat list's items
+    longest request fills), or half, a quarter ... of its tiles when that costs less
+    (``pick_query_block``). Every item computes all its tiles, real query rows or padding, so
+    a launch whose requests feed fewer tokens than its longest (a prompt's last chunk beside
+    full ones) spends VectorE and ScalarE passes on padding rows; smaller items read their keys
+    once per item instead (the step's gathers at most ``QB_GATHER_LIMIT`` times its keys,
+    ``step_keys``: by default the launch's)."""
+    geo = prob.geo
+    top = query_block(int(q_lens.max(initial=0)), prob.group, geo.num_heads, geo.head_dim, cores)
+    candidates = query_block_candidates(top, prob.group)
+    if len(candidates) == 1:
         return top
-    T = chunk_tokens(geo.page_size)
-    chunk_bytes = 2 * T * geo.num_heads * geo.head_dim * split_cache(paged_kv_cache)[0].dtype.itemsize
-    limit = None
-    best, qb = None, top
+    kv_bytes = split_cache(paged_kv_cache)[0].dtype.itemsize
+
+    def terms(qb):
+        return query_block_terms(prob.table.indptr, prob.kv_lens, q_lens, qb, window_left, causal,
+                                 geo.page_size, geo.num_heads, prob.group, geo.head_dim, kv_bytes)
+    keys = int(prob.kv_lens.sum()) if step_keys is None else step_keys
+    return pick_query_block(candidates, terms, keys)
+
+
+def query_block_candidates(top: int, group: int) -> list:
+    """The blocks ``prefill_query_block`` weighs, largest first: ``top``, then half as many
+    tiles of 128 // group queries, ... down to one, whole units only (a block of one tile, or a
+    flat list's, is taken as is: the list is [top])."""
+    per_tile = max(1, 128 // group)
+    if top <= per_tile or not whole_units(top):
+        return [top]
+    out, qb = [], top
     while qb >= per_tile and whole_units(qb):
-        items = query_blocks(prob.table.indptr, prob.kv_lens, q_lens, qb, window_left, causal,
-                             geo.page_size)
-        chunks = int((items.c1 - items.c0).sum())
+        out.append(qb)
+        qb //= 2
+    return out
+
+
+def query_block_terms(kv_indptr, kv_lens, q_lens, qb, window_left, causal, page_size, kv_heads,
+                      group, head_dim, kv_bytes) -> np.ndarray:
+    """[score tiles x chunks, bytes gathered, items, keys gathered] of requests of ``q_lens``
+    queries over ``kv_lens`` keys in blocks of ``qb`` (what ``pick_query_block`` weighs)."""
+    items = query_blocks(kv_indptr, kv_lens, q_lens, qb, window_left, causal, page_size)
+    T = chunk_tokens(page_size)
+    chunks = int((items.c1 - items.c0).sum())
+    tiles = score_tiling(kv_heads, group, qb)[2]
+    return np.array([tiles * chunks, chunks * 2 * T * kv_heads * head_dim * kv_bytes,
+                     items.L.size, chunks * T], float)
+
+
+def pick_query_block(candidates, terms, step_keys: int, costs=None) -> int:
+    """The candidate (largest first) of least estimated cost, ``terms(qb)[:3] @ costs`` (default
+    ``QB_COSTS``), among those whose gathers stay within ``QB_GATHER_LIMIT`` x ``step_keys``
+    (or within the first's, when it gathers more); ``terms``: ``query_block_terms`` of a block."""
+    costs = np.asarray(QB_COSTS if costs is None else costs, float)
+    best, limit = None, None
+    for qb in candidates:
+        t = terms(qb)
         if limit is None:
-            keys = int(prob.kv_lens.sum()) if step_keys is None else step_keys
-            limit = max(QB_GATHER_LIMIT * keys, chunks * T)
-        if chunks * T > limit:
+            limit = max(QB_GATHER_LIMIT * step_keys, t[3])
+        if t[3] > limit:                        # smaller blocks only gather more
             break
-        tiles = score_tiling(geo.num_heads, group, qb)[2]
-        cost = (tiles * chunks * QB_TILE_CHUNK_S + chunks * chunk_bytes * QB_CHUNK_BYTE_S
-                + items.L.size * QB_ITEM_S)
+        cost = float(t[:3] @ costs)
         if best is None or cost < best[0]:
             best = (cost, qb)
-        qb //= 2
     return best[1]
 
 
