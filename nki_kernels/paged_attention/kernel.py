@@ -25,8 +25,9 @@ Args (device):
     static: kv heads, page size, row strides, a token's K (or V) pattern (access_patterns
         PagedKVLayout.token), scale = sm_scale * k_scale, soft_cap, v_scale,
         matmul dtype: shapes and model constants only, so one compile serves every step of a
-        shape bucket; static_pass: () (device loops) or (chunks,) (a static pass, one compile
-        per chunk count); windowed: whether any request may have a sliding window (False: every
+        shape bucket; static_pass: () (device loops) or (chunks, full) (a static pass of
+        ``chunks`` slots a row, the first ``full`` of them every token a key in every row with
+        keys, work.static_full_slots; one compile per pair); windowed: whether any request may have a sliding window (False: every
         window start is 0, and no mask checks it); unit_tail: a whole unit's tail slots (0:
         none; causal launches: work.with_unit_tail made their rows)
 Returns out [B, HQ, D] (q dtype) and lse [B, HQ, 1] fp32, base 2, @ shared HBM.
@@ -42,7 +43,7 @@ items left in slot LOAD (the identity for its first item), loaded with its setup
 their chunks into a fresh state and merge slot LOAD in at their end. Each keeps the result in slot
 STORE and writes the unit's output (rewritten by the unit's later items). Null items (work.NullItems)
 pad a kind's last iteration: every access of theirs is past its tensor and skips. A small bucket
-may run a static pass instead (``static_pass`` = (chunks,), work.static_pass): no device loop,
+may run a static pass instead (``static_pass`` = (chunks, full), work.static_pass): no device loop,
 each row one masked item of ``chunks`` chunks, written once. With ``kernel[2]`` (LNC=2) each program instance runs the
 items of its own units and of its part of the one unit split between the two (the host cuts the
 step's chunks into equal halves, work.decode_work); the two parts' states are exchanged with
@@ -229,6 +230,8 @@ def make_step(q, k_rows, v_rows, meta, kv_indices, tok_tab, row_tab, sinks, mask
               v_scale=v_scale, mm_dtype=mm_dtype, whole=whole_units(Qb),
               # a whole unit's tail slots (the host made its rows: ``work.with_unit_tail``)
               unit_tail=unit_tail if whole_units(Qb) else 0,
+              # a static pass's leading slots that skip no row (their V needs no zeroing)
+              full_slots=static_pass[1] if static_pass else 0,
               p=nl.program_id(0), cores=program_cores(), entry_rows={}, scratch=None,
               keep_all=keep_all, mask=mask, q_pads=None,
               exp_scale=float(scale) if keep_all is not None else 1.0,

@@ -362,8 +362,9 @@ def loader(st, item, count, masked):
             return chunks
         for k in range(g * width, (g + 1) * width):
             if item.keep is not None:
-                chunks.append(_load_rows(st, rows[:, k:k + 1],
-                                         k + 1 == count or not late_tail(st, count, masked),
+                zero_v = ((k + 1 == count or not late_tail(st, count, masked))
+                          and not (in_static_pass(st) and k < st.full_slots))
+                chunks.append(_load_rows(st, rows[:, k:k + 1], zero_v,
                                          in_static_pass(st) and k % VECTOR_ZEROING == 2))
             else:
                 chunks.append(_load_chunk(st.consts, st.kv_indices, cursor, bounds, masked,

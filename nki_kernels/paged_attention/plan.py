@@ -22,7 +22,7 @@ from .checks import check_batch_decode_inputs, soft_cap
 from .custom_mask import mask_table, with_mask_free_chunks
 from .work import (LATE_TAILS, NO_WINDOW, NullItems, capacity_chunks, chunk_tokens, decode_work,
                    item_query_bytes, items_per_iteration, null_pages, query_blocks, split_work,
-                   static_pass, static_work, tail_items, token_table, unit_tail_chunks,
+                   static_full_slots, static_pass, static_work, tail_items, token_table, unit_tail_chunks,
                    score_tiling, static_row_bytes, unit_tail_slots, whole_group_units,
                    whole_units, window_span)
 
@@ -125,15 +125,17 @@ def prepare_decode(q, paged_kv_cache, kv_indptr, kv_indices, kv_last_page_len, k
                        window_left, True, prob.geo.page_size)
     chunks = static_pass(req, prob.geo.page_size, rows, cores, host_nc_version(),
                          _chunk_bytes(prob, paged_kv_cache), _row_bytes(prob, paged_kv_cache))
+    static = ()
     if chunks:
         work = static_work(req, prob.geo.page_size, rows, chunks, null, cores)
+        static = (chunks, static_full_slots(req, prob.geo.page_size, rows, chunks, cores))
     else:
         work = decode_work(prob.table.indptr, prob.kv_lens, window_left, prob.geo.page_size,
                            rows, cores, capacity=table_capacity(prob.geo, prob.table), null=null,
                            tails=LATE_TAILS if _tails(prob, paged_kv_cache, 1) else False)
     arrays, statics = kernel_arguments(prob, paged_kv_cache, work, None,
                                        sinks, logits_soft_cap, k_scale, v_scale,
-                                       static=(chunks,) if chunks else (),
+                                       static=static,
                                        window_left=window_left)
     return DecodeLaunch(arrays, statics, prob.batch, rows)
 
@@ -366,8 +368,11 @@ def plan_prefill(prob, q_lens, qo_indptr, paged_kv_cache, causal,
     chunks = (static_pass(items, prob.geo.page_size, bucket(n_items), cores, host_nc_version(),
                           _chunk_bytes(prob, paged_kv_cache), _row_bytes(prob, paged_kv_cache))
               if qb == 1 and masks is None else 0)
+    static = ()
     if chunks:
         work = static_work(items, prob.geo.page_size, bucket(n_items), chunks, null, cores)
+        static = (chunks, static_full_slots(items, prob.geo.page_size, bucket(n_items), chunks,
+                                            cores))
     else:
         mm_bytes = _matmul_dtype(split_cache(paged_kv_cache)[0].dtype)[1]
         tiles, rows = score_tiling(prob.geo.num_heads, prob.group, qb)[2:]
@@ -392,7 +397,7 @@ def plan_prefill(prob, q_lens, qo_indptr, paged_kv_cache, causal,
                  mask_table(masks, items, qb, gather.size, prob.geo.page_size))
     arrays, statics = kernel_arguments(prob, paged_kv_cache, work, row_tab,
                                        sinks, soft_cap(logits_soft_cap), k_scale, v_scale,
-                                       mask_bits, (chunks,) if chunks else (), window_left,
+                                       mask_bits, static, window_left,
                                        unit_tail)
     return PrefillLaunch(arrays, statics, gather, scatter, prob.kv_lens)
 

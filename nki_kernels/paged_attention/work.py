@@ -885,6 +885,32 @@ def static_split(batch_rows: int, cores: int) -> bool:
     return cores == 2 and batch_rows == 1
 
 
+def static_full_slots(req: _Requests, page_size: int, batch_rows: int, chunks: int,
+                      cores: int = 1) -> int:
+    """Leading chunk slots of a static pass (``static_work``'s rows of ``chunks`` slots) whose
+    every token is a key of its row, in every row that has keys: their gathers skip no row, so
+    their V tiles need no zeroing (``kernel_items.loader``). Rows past the batch read nothing
+    and write rows the launch drops: they do not count. A row with no keys gives 0 (its
+    output must be 0 from zeroed V rows). A static argument: rounded down to a
+    STATIC_CHUNK_COUNTS entry (or 0), so a bucket compiles for few values."""
+    T = chunk_tokens(page_size)
+    split = static_split(batch_rows, cores)
+    full = chunks
+    for b in range(req.L.size):
+        for p in range(2 if split else 1):
+            a = int(req.c0[b]) + p * chunks
+            n = 0
+            while (n < chunks and (a + n) * T >= int(req.W[b])
+                   and (a + n + 1) * T <= int(req.L[b])):
+                n += 1
+            full = min(full, n)
+    rounded = 0
+    for count in STATIC_CHUNK_COUNTS:
+        if count <= full:
+            rounded = count
+    return rounded
+
+
 def static_work(req: _Requests, page_size: int, batch_rows: int, chunks: int,
                 null: NullItems, cores: int = 1) -> DecodeWork:
     """The table of a static pass: row b, item b over ``chunks`` chunks from its first (a row of

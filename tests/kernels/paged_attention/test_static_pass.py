@@ -205,3 +205,48 @@ def test_a_split_request_matches_the_reference(rng, lens, options):
     ref, ref_lse = batch_decode_ref(*args, return_lse=True, **options)
     np.testing.assert_allclose(out, ref, rtol=2e-5, atol=2e-5)
     np.testing.assert_allclose(lse, ref_lse, rtol=2e-5, atol=2e-5)
+
+
+def test_full_slots_are_the_leading_slots_every_row_fills():
+    """Slots that skip no token of any row with keys; rounded down to a chunk count."""
+    full = work.static_full_slots
+    assert full(_req([512, 512]), 16, 2, 4) == 4                 # 4 chunks of 128 each
+    assert full(_req([512, 511]), 16, 2, 4) == 3                 # one token short of slot 3
+    assert full(_req([513, 640]), 16, 2, 6) == 4                 # 4 and 5 whole chunks
+    assert full(_req([900, 640]), 16, 2, 8) == 4                 # 5 whole: rounded down to 4
+    assert full(_req([0, 300]), 16, 2, 3) == 0                   # a row with no keys
+    assert full(_req([127]), 16, 1, 1) == 0
+    assert full(_req([512]), 16, 4, 4) == 4                      # rows past the batch: ignored
+    # a window from position 100: the first slot starts before it
+    assert full(_req([512], window_left=411), 16, 1, 4) == 0
+    # a window from position 128 (a chunk boundary): slots from chunk 1 on, 3 whole
+    assert full(_req([512], window_left=383), 16, 1, 3) == 3
+    # one request split between two cores: each core's slots of its half
+    assert full(_req([512]), 16, 1, 2, cores=2) == 2
+    assert full(_req([500]), 16, 1, 2, cores=2) == 1             # the second half's last
+
+
+@pytest.mark.parametrize("lens, cores", [([512, 511, 640], 1), ([512, 511, 640], 2), ([511], 2),
+                                         ([384, 200], 1)])
+def test_skipped_v_rows_read_zero_where_a_slot_is_not_full(rng, lens, cores):
+    """NaN in every cache entry past each request's keys: a slot whose V tile skipped a row
+    without zeroing it would bring the NaN into the output (0 * NaN)."""
+    from nki_kernels.buckets import bucket
+    cache = FixedCache(rng, pages=200)
+    q, kv, indptr, pages, last, layout = cache.step(lens)
+    for b, n in enumerate(lens):                 # every unused entry of the request's pages
+        for t in range(n, (indptr[b + 1] - indptr[b]) * cache.P):
+            kv[pages[indptr[b] + t // cache.P], :, t % cache.P] = np.nan
+    used = set(pages.tolist())
+    for p in range(kv.shape[0]):                 # and every page no request holds
+        if p not in used:
+            kv[p] = np.nan
+    req = _req(lens)
+    chunks = static_pass(req, 16, bucket(len(lens)), cores)
+    assert chunks and work.static_full_slots(req, 16, bucket(len(lens)), chunks, cores) < chunks
+    with simulate.use_target("trn2"):
+        out = batch_decode(q, kv, indptr, pages, last, layout, lnc=cores)
+        assert not simulate.last_trace().loops
+    assert np.isfinite(out).all()
+    np.testing.assert_allclose(out, batch_decode_ref(q, kv, indptr, pages, last, layout),
+                               rtol=2e-5, atol=2e-5)
