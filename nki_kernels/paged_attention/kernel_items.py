@@ -16,12 +16,12 @@ from .kernel_load import (PSUM_BANK_BYTES, KTTile, KVTile, block_page_ids, block
                           rows_of_pages, step_chunks, transpose_rows)
 from .kernel_mask import mask_start, masked_keep
 from .kernel_queries import group_queries, query_block_rows, query_tile_rows
-from .kernel_softmax import (bank_column, blank_bank, blank_state, chunk_scores, finalize,
-                             finalize_bank, forget_unseen, group_stats, group_sums, head_major,
-                             k_transposed, keys_between, load_bank, load_state, mask_keep,
-                             merge_states, merge_with_partner, poison_state, side_by_side,
-                             softmax_begin, softmax_end, state_bank, state_tile, state_views,
-                             store_bank, store_state)
+from .kernel_softmax import (bank_column, blank_bank, blank_state, chunk_scores, evict_scores,
+                             finalize, finalize_bank, forget_unseen, group_stats, group_sums,
+                             head_major, k_transposed, keys_between, load_bank, load_state,
+                             mask_keep, merge_states, merge_with_partner, poison_state,
+                             raw_scores, side_by_side, softmax_begin, softmax_end, state_bank,
+                             state_tile, state_views, store_bank, store_state)
 from .work import (C0, C1, CHUNK_BLOCKS, ENTRY0, FULL_HI, FULL_LO, LEN, LOAD, META_COLS, OUT,
                    POS0, ROUND_CHUNKS, ROUND_SLOT, ROUNDS, ROUNDS1, SLOT0, STORE, TAIL_CHUNKS,
                    WIN, static_split)
@@ -609,13 +609,21 @@ def fold_items(st, items, count, masked, finished=True):
                 maxima[f"{i},{s},{t // K}"] = nl.ndarray(
                     (st.R, min(K, len(tiles) - t)), nl.float32, buffer=nl.sbuf, name="row_max_g")
             row_max = maxima[f"{i},{s},{t // K}"][:, t % K:t % K + 1]
-        scores = chunk_scores(items[i].q[t], kts[key], st.T, keep, st.scale, st.soft_cap,
-                              st.mm_dtype, st.keep_all, row_max)
+        if deferred:                      # the PSUM tile, evicted when its step begins
+            scores = (raw_scores(items[i].q[t], kts[key], st.T, st.mm_dtype), keep, row_max)
+        else:
+            scores = chunk_scores(items[i].q[t], kts[key], st.T, keep, st.scale, st.soft_cap,
+                                  st.mm_dtype, st.keep_all, row_max)
         if t + 1 == len(tiles) or tiles[t + 1][0] != h0:
             kts.pop(key)                  # its tiles are free from here on
         return scores
 
     total, ahead = per_item * len(items), min(len(tiles), SCORES_AHEAD)
+    # one query a row and one tile a step (decode): a step's scores are made ahead, but evicted
+    # only when the step begins, so ScalarE and VectorE run this step's softmax while TensorE
+    # makes the next step's scores (evicted ahead, the next scores' chain sat in front of this
+    # step's softmax on both engines: 12 x 500-620 keys 152.6 -> 135.8 us; verification lost)
+    deferred = len(tiles) == 1 and st.Qb == 1
     order = []                                 # (item, step) in unit order, for the prefetch
     for i in range(len(items)):
         for s in range(steps):
@@ -651,7 +659,11 @@ def fold_items(st, items, count, masked, finished=True):
             for part in stats:
                 column.append(part[:, t % K:t % K + 1])
         owners.append(i)
-        halves.append(softmax_begin(states[i][t], pending.pop(0), tiles[t][1],
+        scores = pending.pop(0)
+        if deferred:
+            scores = evict_scores(scores[0], scores[1], st.scale, st.soft_cap, st.keep_all,
+                                  scores[2])
+        halves.append(softmax_begin(states[i][t], scores, tiles[t][1],
                                     _v_views(step(i, s)), tiles[t][0], st.D, st.mm_dtype,
                                     st.state_copy_engine, column, st.dma_pT,
                                     st.first_init and s == 0 and not items[i].chained,

@@ -196,7 +196,7 @@ def transpose_dtype(dtype):
     return dtype if nisa.get_nc_version() >= nisa.nc_version.gen3 else nl.float32
 
 
-def _scores(q_pads, kTs, T, mm_dtype):
+def raw_scores(q_pads, kTs, T, mm_dtype):
     """PSUM [n*G, W*T] fp32 for W chunks of T keys side by side (W*T fp32 <= one 2 KiB bank):
     row block j = queries of head h0+j against K of head h0+j (zero-padded stationaries keep the
     heads apart). ``kTs``: per chunk, ``k_transposed`` of the tile's heads."""
@@ -258,7 +258,13 @@ def chunk_scores(q_pads, kTs, T, keep, scale, soft_cap, mm_dtype, keep_all=None,
     NEG_BIG where ``keep`` (``mask_keep``; ``keep_all``, a tile of ones, for a mask-free chunk)
     is 0 and takes each row's max; the scale joins the exponent. With a cap, ScalarE scales and
     caps (copy, tanh), VectorE multiplies back and selects the mask (with the row max)."""
-    s_ps = _scores(q_pads, kTs, T, mm_dtype)
+    return evict_scores(raw_scores(q_pads, kTs, T, mm_dtype), keep, scale, soft_cap, keep_all,
+                        row_max)
+
+
+def evict_scores(s_ps, keep, scale, soft_cap, keep_all=None, row_max=None):
+    """``chunk_scores``' second half: the PSUM scores ``s_ps`` (``_scores``) evicted, masked
+    and their row max taken, as (SBUF scores, row max or None, exponent scale)."""
     R, WT = s_ps.shape
     s = _f32((R, WT), "s")
     if soft_cap <= 0 and keep_all is not None:
