@@ -67,7 +67,7 @@ def run_decode(launch, q, kernel_rows, lnc=1, on_device=lambda a: a):
     kernel = batch_decode_kernel if lnc == 1 else batch_decode_kernel[lnc]
     out, lse = kernel(launch.pad_queries(q), *kernel_rows, *(on_device(a) for a in launch.arrays),
                       *launch.statics)
-    return out[:B], lse[:B].reshape(B, HQ)
+    return launch.unpad(out), launch.unpad(lse).reshape(B, HQ)
 
 
 def batch_prefill(q, paged_kv_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len,

@@ -22,9 +22,9 @@ from .checks import check_batch_decode_inputs, soft_cap
 from .custom_mask import mask_table, with_mask_free_chunks
 from .work import (LATE_TAILS, NO_WINDOW, NullItems, capacity_chunks, chunk_tokens, decode_work,
                    item_query_bytes, items_per_iteration, null_pages, query_blocks, split_work,
-                   static_full_slots, static_pass, static_work, tail_items, token_table, unit_tail_chunks,
-                   score_tiling, static_row_bytes, unit_tail_slots, whole_group_units,
-                   whole_units, window_span)
+                   static_full_slots, static_pass, static_rows_of, static_work, tail_items,
+                   token_table, unit_tail_chunks, score_tiling, static_row_bytes,
+                   unit_tail_slots, whole_group_units, whole_units, window_span)
 
 
 def cache_rows(paged_kv_cache, D):
@@ -96,10 +96,31 @@ class DecodeLaunch:
     statics: tuple
     batch: int
     bucket: int
+    rows: np.ndarray = None   # [batch] the padded row of each request (None: row b)
 
     def pad_queries(self, q):
-        """q padded with zero rows to the batch bucket (a NumPy array, or a torch tensor)."""
-        return pad_rows(q, self.bucket)
+        """q padded with zero rows to the batch bucket, request b at its row (a NumPy array,
+        or a torch tensor)."""
+        if self.rows is None:
+            return pad_rows(q, self.bucket)
+        shape = (self.bucket,) + tuple(q.shape[1:])
+        if isinstance(q, np.ndarray):
+            out = np.zeros(shape, q.dtype)
+            out[self.rows] = q
+            return out
+        import torch
+        out = q.new_zeros(shape)
+        out[torch.from_numpy(self.rows).to(q.device)] = q
+        return out
+
+    def unpad(self, out):
+        """Each request's row of a padded kernel output (NumPy or torch)."""
+        if self.rows is None:
+            return out[:self.batch]
+        if isinstance(out, np.ndarray):
+            return out[self.rows]
+        import torch
+        return out[torch.from_numpy(self.rows).to(out.device)]
 
     @property
     def static_chunks(self) -> int:
@@ -125,10 +146,13 @@ def prepare_decode(q, paged_kv_cache, kv_indptr, kv_indices, kv_last_page_len, k
                        window_left, True, prob.geo.page_size)
     chunks = static_pass(req, prob.geo.page_size, rows, cores, host_nc_version(),
                          _chunk_bytes(prob, paged_kv_cache), _row_bytes(prob, paged_kv_cache))
-    static = ()
+    static, order = (), None
     if chunks:
         work = static_work(req, prob.geo.page_size, rows, chunks, null, cores)
         static = (chunks, static_full_slots(req, prob.geo.page_size, rows, chunks, cores))
+        order = static_rows_of(req, rows, cores)
+        if (order == np.arange(order.size)).all():
+            order = None
     else:
         work = decode_work(prob.table.indptr, prob.kv_lens, window_left, prob.geo.page_size,
                            rows, cores, capacity=table_capacity(prob.geo, prob.table), null=null,
@@ -137,7 +161,7 @@ def prepare_decode(q, paged_kv_cache, kv_indptr, kv_indices, kv_last_page_len, k
                                        sinks, logits_soft_cap, k_scale, v_scale,
                                        static=static,
                                        window_left=window_left)
-    return DecodeLaunch(arrays, statics, prob.batch, rows)
+    return DecodeLaunch(arrays, statics, prob.batch, rows, order)
 
 
 def static_chunks(statics) -> int:
@@ -369,10 +393,12 @@ def plan_prefill(prob, q_lens, qo_indptr, paged_kv_cache, causal,
                           _chunk_bytes(prob, paged_kv_cache), _row_bytes(prob, paged_kv_cache))
               if qb == 1 and masks is None else 0)
     static = ()
+    item_rows = np.arange(n_items)                 # the padded block of each item
     if chunks:
         work = static_work(items, prob.geo.page_size, bucket(n_items), chunks, null, cores)
         static = (chunks, static_full_slots(items, prob.geo.page_size, bucket(n_items), chunks,
                                             cores))
+        item_rows = static_rows_of(items, bucket(n_items), cores)
     else:
         mm_bytes = _matmul_dtype(split_cache(paged_kv_cache)[0].dtype)[1]
         tiles, rows = score_tiling(prob.geo.num_heads, prob.group, qb)[2:]
@@ -387,7 +413,8 @@ def plan_prefill(prob, q_lens, qo_indptr, paged_kv_cache, causal,
     tok = items.q0[:, None] + np.arange(qb)[None, :]
     real = tok < q_lens[items.request][:, None]
     gather = np.full((bucket(n_items), qb), -1, np.int64)
-    gather[:n_items] = np.where(real, qo_indptr[items.request].astype(np.int64)[:, None] + tok, -1)
+    gather[item_rows] = np.where(real, qo_indptr[items.request].astype(np.int64)[:, None] + tok,
+                                 -1)
     gather = gather.reshape(-1)
     scatter = np.empty(int(q_lens.sum()), np.int64)
     scatter[gather[gather >= 0]] = np.flatnonzero(gather >= 0)

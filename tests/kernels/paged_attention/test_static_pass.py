@@ -250,3 +250,46 @@ def test_skipped_v_rows_read_zero_where_a_slot_is_not_full(rng, lens, cores):
     assert np.isfinite(out).all()
     np.testing.assert_allclose(out, batch_decode_ref(q, kv, indptr, pages, last, layout),
                                rtol=2e-5, atol=2e-5)
+
+
+def test_two_cores_take_balanced_halves_of_a_spread_batch():
+    """Under LNC=2 core p runs rows [p * half, (p + 1) * half): the requests are dealt so each
+    half's chunks balance; one core (or a split bucket of one) keeps request order."""
+    chunks = lambda lens: [-(-n // 128) for n in lens]           # noqa: E731
+    lens = [100, 333, 566, 800]
+    rows = work.static_rows_of(_req(lens), 4, 2)
+    assert sorted(rows.tolist()) == [0, 1, 2, 3]
+    halves = [sum(c for c, r in zip(chunks(lens), rows) if r // 2 == p) for p in range(2)]
+    assert halves == [8, 8]                          # 1 + 7 and 3 + 5 (request order: 4, 12)
+    rows = work.static_rows_of(_req([2000, 100, 100, 100, 100]), 8, 2)
+    assert (rows < 4).sum() == 1 or (rows >= 4).sum() == 1      # the long one alone on a core
+    assert len(set(rows.tolist())) == 5 and rows.max() < 8
+    assert (rows[[1, 2, 3, 4]] // 4 == rows[[1, 2, 3, 4]][0] // 4).all()
+    np.testing.assert_array_equal(work.static_rows_of(_req(lens), 4, 1), np.arange(4))
+    np.testing.assert_array_equal(work.static_rows_of(_req([900]), 1, 2), [0])
+    rows = work.static_rows_of(_req([500] * 6), 8, 2)           # 3 a core, not 4 and 2
+    assert sorted((rows // 4).tolist()) == [0, 0, 0, 1, 1, 1]
+
+
+@pytest.mark.parametrize("lens", [[100, 333, 566, 800], [1000, 100, 100, 100, 100],
+                                  [40, 700, 9, 1500, 256, 3]])
+def test_a_balanced_lnc2_pass_returns_each_request_its_own_rows(rng, lens):
+    """Requests reordered across the cores' halves come back in request order, from batch_decode
+    and from a decode-only batch_prefill."""
+    from nki_kernels.buckets import bucket
+    from nki_kernels.paged_attention import batch_prefill, batch_prefill_ref
+    req = _req(lens)
+    assert static_pass(req, 16, bucket(len(lens)), 2)
+    assert (work.static_rows_of(req, bucket(len(lens)), 2) != np.arange(len(lens))).any()
+    cache = FixedCache(rng, pages=300)
+    q, kv, *table = cache.step(lens)
+    with simulate.use_target("trn2"):
+        out, lse = batch_decode(q, kv, *table, lnc=2, return_lse=True)
+        assert not simulate.last_trace().loops
+        qo = np.arange(len(lens) + 1, dtype=np.int32)
+        pre = batch_prefill(q, kv, qo, *table[:3], causal=True, lnc=2)
+    ref, ref_lse = batch_decode_ref(q, kv, *table, return_lse=True)
+    np.testing.assert_allclose(out, ref, rtol=2e-5, atol=2e-5)
+    np.testing.assert_allclose(lse, ref_lse, rtol=2e-5, atol=2e-5)
+    np.testing.assert_allclose(pre, batch_prefill_ref(q, kv, qo, *table[:3], causal=True),
+                               rtol=2e-5, atol=2e-5)
