@@ -619,11 +619,13 @@ def fold_items(st, items, count, masked, finished=True):
         return scores
 
     total, ahead = per_item * len(items), min(len(tiles), SCORES_AHEAD)
-    # one query a row and one tile a step (decode): a step's scores are made ahead, but evicted
-    # only when the step begins, so ScalarE and VectorE run this step's softmax while TensorE
-    # makes the next step's scores (evicted ahead, the next scores' chain sat in front of this
-    # step's softmax on both engines: 12 x 500-620 keys 152.6 -> 135.8 us; verification lost)
-    deferred = len(tiles) == 1 and st.Qb == 1
+    # one query a row and one tile a step (decode), NeuronCore-v3+: a step's scores are made
+    # ahead, but evicted only when the step begins, so ScalarE and VectorE run this step's
+    # softmax while TensorE makes the next step's scores (evicted ahead, the next scores' chain
+    # sat in front of this step's softmax on both engines: 12 x 500-620 keys 152.6 -> 135.8 us;
+    # verification and trn1 lost 0.1-0.8%)
+    deferred = (len(tiles) == 1 and st.Qb == 1
+                and nisa.get_nc_version() >= nisa.nc_version.gen3)
     order = []                                 # (item, step) in unit order, for the prefetch
     for i in range(len(items)):
         for s in range(steps):
