@@ -24,7 +24,7 @@ from .kernel_softmax import (bank_column, blank_bank, blank_state, chunk_scores,
                              state_tile, state_views, store_bank, store_state)
 from .work import (C0, C1, CHUNK_BLOCKS, ENTRY0, FULL_HI, FULL_LO, LEN, LOAD, META_COLS, OUT,
                    POS0, ROUND_CHUNKS, ROUND_SLOT, ROUNDS, ROUNDS1, SLOT0, STORE, TAIL_CHUNKS,
-                   WIN, static_split)
+                   STATIC_MAX_CHUNKS, WIN, static_split)
 
 
 # Chunks per softmax step: a mask-free block gathered several tokens per partition folds them
@@ -327,11 +327,26 @@ def fold_shape(st, count, masked):
     of ``count`` chunks."""
     group = 1 if masked else gathered(st, count)
     if static_block(st, masked, count):   # as many chunks a step as one PSUM bank of scores
-        width = static_step_chunks(count, PSUM_BANK_BYTES // (4 * st.T))
+        width = static_step_chunks(count, min(PSUM_BANK_BYTES // (4 * st.T),
+                                              static_step_limit(st)))
     else:
         width = (step_chunks(st.geo, group) if group > 1 else
                  min(count, FOLD_WIDTH if len(st.tiles) > 1 and st.Qb > 1 else 1))
     return group, width, count // width
+
+
+def static_step_limit(st):
+    """Most chunks a softmax step of a static pass folds given the rows a core runs: one for
+    a single row, two for two (the softmax after a row's last gather is then one short step;
+    cost model, trn2, one request of 512-3000 keys 3-9% faster with steps of one chunk, two of
+    512-1500 keys 4-5% with steps of two), no limit for more (the steps' fixed costs then
+    weigh: 12 x 500-620 keys 135.8 -> 145.2 us with steps of two)."""
+    rows = st.q.shape[0] // st.Qb
+    if in_static_pass(st) and st.cores == 2 and rows > 1:
+        rows = rows // 2
+    if not in_static_pass(st) or rows > 2:
+        return STATIC_MAX_CHUNKS
+    return rows
 
 
 def static_step_chunks(count, most):
