@@ -46,8 +46,8 @@ def _tails(prob, paged_kv_cache, qb) -> bool:
 
 def _unit_tail(prob, paged_kv_cache, masks, qb, causal, items) -> int:
     """Tail slots of this launch's whole units ``items`` (at most ``work.unit_tail_chunks``), a
-    static kernel argument: ``buckets.tail_slots_mode`` (4 unless set; ``launch``: the size
-    ``work.unit_tail_slots`` picks over the units). Causal launches only, whose units all end in
+    static kernel argument: of the sizes ``buckets.tail_slots_mode`` allows (4 or 8 unless
+    set), the one ``work.unit_tail_slots`` picks over the units. Causal launches only, whose units all end in
     masked chunks (a mask-free unit's tail would be empty slots or cost its blocks loops: a
     cascade's shared level of 32 chunks on two cores, 158 -> 182 us); 0 for blocks of queries
     that are not whole units."""
@@ -56,10 +56,8 @@ def _unit_tail(prob, paged_kv_cache, masks, qb, causal, items) -> int:
     limit = unit_tail_chunks(host_nc_version(), prob.geo.page_size,
                              _cache_row_count(paged_kv_cache, prob.geo.head_dim),
                              masks is not None, _chunk_bytes(prob, paged_kv_cache))
-    mode = tail_slots_mode()
-    if mode == "launch":
-        return unit_tail_slots(limit, zip(items.c0, items.full_lo, items.full_hi, items.c1))
-    return min(mode, limit)
+    return unit_tail_slots(limit, zip(items.c0, items.full_lo, items.full_hi, items.c1),
+                           tail_slots_mode())
 
 
 def _cache_row_count(paged_kv_cache, head_dim) -> int:

@@ -353,8 +353,9 @@ def whole_units(q_block: int) -> bool:
 # them down to the tail's start, so the unit runs fewer loop iterations (a barrier and a
 # pipeline fill each) than with loops for them; slots past its keys read nothing but still cost
 # their scores' compute. The slots are one static kernel argument for all the launch's units:
-# four (buckets.tail_slots_mode), or per launch the power of two whose loop iterations and
-# empty slots cost least over them (``unit_tail_slots``; cost model, trn2, Llama-3-8B layer,
+# per launch, of the sizes buckets.tail_slots_mode allows (4 or 8 unless set), the one whose
+# loop iterations and empty slots cost least over them (``unit_tail_slots``; cost model, trn2,
+# Llama-3-8B layer,
 # one launch each: eight prompt chunks of 64 queries over 64 keys 204 us with four slots, 151
 # with one; of 128 over 129-256 keys 457 / 375 with two; four chunks of 256 over 256-1500 keys
 # 651 with four, 689 with eight; two chunks of 512 over 900-1500 keys 730 / 696 with eight).
@@ -377,24 +378,25 @@ def unit_tail_chunks(nc_version: int, page_size: int, cache_rows: int, custom_ma
     return slots if slots * chunk_bytes <= UNIT_TAIL_BYTES else 0
 
 
-def unit_tail_slots(limit: int, units) -> int:
+def unit_tail_slots(limit: int, units, choices=(1, 2, 4, 8)) -> int:
     """Tail slots of a launch's whole units ``units`` ([(C0, FULL_LO, FULL_HI, C1)] chunk
-    bounds each): the power of two up to ``limit`` (``unit_tail_chunks``, 0 for none) whose
+    bounds each): of ``choices`` (``buckets.tail_slots_mode``) up to ``limit``
+    (``unit_tail_chunks``, 0 for none; ``limit`` itself when no choice fits), the one whose
     loop iterations and empty slots (``unit_tail_cost``), plus UNIT_TAIL_SLOT a slot, sum least
     over the units, the fewer slots on ties: steps of prompts' first chunks take the small
-    ones, long prefixes the large. Used per launch only when asked (``buckets.tail_slots_mode``:
-    a bucket then compiles once per size it meets)."""
+    ones, long prefixes the large. A static argument: a bucket compiles once per size it
+    meets."""
     if not limit:
         return 0
     units = [tuple(int(x) for x in unit) for unit in units]
-    best, best_cost, slots = 1, None, 1
-    while slots <= limit:
+    sizes = sorted(size for size in choices if size <= limit) or [limit]
+    best, best_cost = sizes[0], None
+    for slots in sizes:
         cost = 0.0
         for c0, lo, hi, c1 in units:
             cost += unit_tail_cost(c0, lo, hi, c1, slots)[0] + UNIT_TAIL_SLOT * slots
         if best_cost is None or cost < best_cost - 1e-9:
             best, best_cost = slots, cost
-        slots *= 2
     return best
 
 

@@ -134,22 +134,34 @@ def test_a_pinned_tail_size_serves_every_launch(rng, monkeypatch, pinned):
     assert seen[-1] == min(int(pinned), 4)
 
 
-def test_the_default_tail_is_four_slots_whatever_the_units(rng, monkeypatch):
-    """Unset, every launch takes four slots (one compile per bucket), not the size its units
-    would favour (one chunk of keys each: one slot)."""
+def test_the_default_tail_is_four_or_eight_slots(rng, monkeypatch):
+    """Unset, each launch takes four or eight slots, whichever its units favour (a bucket
+    compiles at most twice), never the one slot a launch of one-chunk units would favour."""
     seen = _tail_sizes(monkeypatch)
     monkeypatch.delenv("NKI_KERNELS_TAIL_SLOTS", raising=False)
     for kv_lens in ([40, 64], [700, 680]):
         args = make_prefill_case(rng, [40, 33], kv_lens, 16, 2, 4, 32)
         with simulate.use_target("trn2"):
             check(args, causal=True)
-    assert seen == [4, 4]
+    assert seen == [4, 8]
 
 
-def test_a_bad_pinned_tail_size_is_refused(rng, monkeypatch):
-    monkeypatch.setenv("NKI_KERNELS_TAIL_SLOTS", "3")
+def test_a_list_of_tail_sizes_bounds_the_choice(rng, monkeypatch):
+    """NKI_KERNELS_TAIL_SLOTS="1,2" lets each launch choose between those two only."""
+    seen = _tail_sizes(monkeypatch)
+    monkeypatch.setenv("NKI_KERNELS_TAIL_SLOTS", "1,2")
+    for kv_lens in ([40, 64], [700, 680]):
+        args = make_prefill_case(rng, [40, 33], kv_lens, 16, 2, 4, 32)
+        with simulate.use_target("trn2"):
+            check(args, causal=True)
+    assert seen == [1, 2]
+
+
+@pytest.mark.parametrize("text", ["3", "4,5", "four"])
+def test_a_bad_pinned_tail_size_is_refused(rng, monkeypatch, text):
+    monkeypatch.setenv("NKI_KERNELS_TAIL_SLOTS", text)
     args = make_prefill_case(rng, [40], [40], 16, 2, 4, 32)
-    with pytest.raises(ValueError, match="NKI_KERNELS_TAIL_SLOTS='3' must be 'launch' or one"):
+    with pytest.raises(ValueError, match="NKI_KERNELS_TAIL_SLOTS=.* must be 'launch' or sizes"):
         with simulate.use_target("trn2"):
             check(args, causal=True)
 
