@@ -353,7 +353,8 @@ def whole_units(q_block: int) -> bool:
 # them down to the tail's start, so the unit runs fewer loop iterations (a barrier and a
 # pipeline fill each) than with loops for them; slots past its keys read nothing but still cost
 # their scores' compute. The slots are one static kernel argument for all the launch's units:
-# per launch, of the sizes buckets.tail_slots_mode allows (4 or 8 unless set), the one whose
+# per launch, of the sizes buckets.tail_slots_mode allows (4, or 4 or 8 for a launch of one
+# unit, unless set), the one whose
 # loop iterations and empty slots cost least over them (``unit_tail_slots``; cost model, trn2,
 # Llama-3-8B layer,
 # one launch each: eight prompt chunks of 64 queries over 64 keys 204 us with four slots, 151
