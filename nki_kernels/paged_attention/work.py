@@ -788,8 +788,10 @@ def decode_work(kv_indptr, kv_lens, window_left: int, page_size: int, batch_rows
 # core runs and per chunk slot, chunk-equivalents fitted to the schedule on trn2, LNC=1 and 2:
 # 238 steps of 1-32 requests (12 and 24 among them) of 128-4096 keys, uniform, spread 8x and
 # within a fifth, each run both ways, ``benchmarks/static_policy.py``: 316 steps with up to
-# 256 slots; the picks cost 28874 us against the 28758 of the better of each, 29150 with the
-# slot at 1.3 before static passes zeroed V in their full slots only)
+# 256 slots; the picks cost 29025 us against the 28758 of the better of each, 29150 with the
+# slot at 1.3 before static passes zeroed V in their full slots only; 1.0 fits the grid best,
+# 28873, but took steps of the serving replays static that ran faster looped: LNC=1 395.3 ->
+# 398.9 us a step)
 # is below the loops' (``_core_load``), for at most STATIC_MAX_SLOTS chunk slots (the program
 # holds every one: 256 of them, 32 rows of 8 chunks or 8 of 32, take ~6,400 instructions, as
 # many as the loops' 5,800) and STATIC_MAX_ROW_BYTES of SBUF for the rows.
@@ -804,7 +806,7 @@ STATIC_FIXED_COST_CHUNKS = 0.0
 SPLIT_MERGE_COST_CHUNKS = 5.0          # LNC=2 loops: the split unit's sendrecv and merge
 STATIC_SPLIT_COST_CHUNKS = 2.0         # a static pass split between two cores: its exchange
 STATIC_ROW_COST_CHUNKS = 2.25
-STATIC_SLOT_COST_CHUNKS = 1.0
+STATIC_SLOT_COST_CHUNKS = 1.15
 
 
 # A static pass folds 4 chunks a softmax step with its gathers two steps ahead: K and V of a
