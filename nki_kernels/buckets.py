@@ -5,10 +5,11 @@ batch, its total page count and its tokens per step all the time; padding each o
 bucket keeps the number of distinct programs small (one compile per bucket, reused ever after).
 
 Policy (``BucketPolicy``): a size n is padded to the smallest bucket >= n from a geometric ladder
-``minimum, minimum*growth, ...`` (default powers of two from 1). Padding costs nothing on device:
-padded requests have length 0 and padded tokens are skipped, so no work or HBM traffic scales with
-the padding (only the tiny index tables grow). A larger ``growth`` means fewer compiles and more
-padding. Set the process-wide policy with ``set_bucket_policy`` or the environment variable
+``minimum, minimum*growth, ...`` (default powers of two from 1). Padding moves no HBM data:
+padded requests have length 0 and padded tokens are skipped. Device loops run no work for them;
+a small decode bucket's static pass (``paged_attention.work.static_pass``) computes its padding
+rows like real ones (12 requests in a bucket of 16: a quarter of its compute). A larger
+``growth`` means fewer compiles and more padding. Set the process-wide policy with ``set_bucket_policy`` or the environment variable
 ``NKI_KERNELS_BUCKETS="minimum,growth"`` (e.g. ``"8,2"``); ``BucketPolicy(exact=True)`` turns
 bucketing off (one compile per distinct size, as before).
 """
