@@ -586,10 +586,7 @@ def fold_items(st, items, count, masked, finished=True):
     per_item = steps * len(tiles)              # units (step, tile) of one item
     states, loaders, loads = [], [], []
     for item in items:
-        views = []
-        for t in item.states:
-            views.append(state_views(t))
-        states.append(views)
+        states.append(_views_of(item))
         loaders.append(loader(st, item, count, masked))
         loads.append(item.loads if item.loads is not None else {})
     kts = {}                                   # K^T by f"{item},{step},{first kv head}"
@@ -634,13 +631,7 @@ def fold_items(st, items, count, masked, finished=True):
         return scores
 
     total, ahead = per_item * len(items), min(len(tiles), SCORES_AHEAD)
-    # one query a row and one tile a step (decode), NeuronCore-v3+: a step's scores are made
-    # ahead, but evicted only when the step begins, so ScalarE and VectorE run this step's
-    # softmax while TensorE makes the next step's scores (evicted ahead, the next scores' chain
-    # sat in front of this step's softmax on both engines: 12 x 500-620 keys 152.6 -> 135.8 us;
-    # verification and trn1 lost 0.1-0.8%)
-    deferred = (len(tiles) == 1 and st.Qb == 1
-                and nisa.get_nc_version() >= nisa.nc_version.gen3)
+    deferred = deferred_eviction(st)
     order = []                                 # (item, step) in unit order, for the prefetch
     for i in range(len(items)):
         for s in range(steps):
@@ -650,14 +641,7 @@ def fold_items(st, items, count, masked, finished=True):
     pending = []
     for v in range(min(ahead, total)):
         pending.append(score(v))
-    # each softmax step ends one unit (DMA_PT_LAG with P^T by DMA) behind its begin (VectorE
-    # then never waits on this unit's exp), unless a gather's V tile is large: it is not held
-    # past its own step (decode too since its masked items load together, first_chunks: eight
-    # spread and uniform decode steps 1.5% faster)
-    held = group * st.geo.H * st.D * st.k_bytes
-    halves, owners, lag = [], [], 0                # begun steps not yet ended, their items
-    if held <= LAG_TILE_BYTES:
-        lag = DMA_PT_LAG if st.dma_pT else 1
+    halves, owners, lag = [], [], end_lag(st, group)   # begun steps not yet ended, their items
     for v in range(total):
         i, u = v // per_item, v % per_item
         s, t = u // len(tiles), u % len(tiles)
@@ -677,7 +661,7 @@ def fold_items(st, items, count, masked, finished=True):
                 column.append(part[:, t % K:t % K + 1])
         owners.append(i)
         scores = pending.pop(0)
-        if deferred:
+        if deferred:                      # (s_ps, keep, row max) made ahead, evicted now
             scores = evict_scores(scores[0], scores[1], st.scale, st.soft_cap, st.keep_all,
                                   scores[2])
         halves.append(softmax_begin(states[i][t], scores, tiles[t][1],
@@ -700,6 +684,34 @@ def fold_items(st, items, count, masked, finished=True):
                 finish(st, items[i - 1])         # (see items_iteration)
     for half in halves:
         softmax_end(half)
+
+
+def _views_of(item):
+    """[negm, l, acc] views of each of the item's state tiles."""
+    views = []
+    for t in item.states:
+        views.append(state_views(t))
+    return views
+
+
+def deferred_eviction(st):
+    """Whether ``fold_items`` makes a step's scores ahead but evicts them only when the step
+    begins: one query a row and one tile a step (decode), NeuronCore-v3+. ScalarE and VectorE
+    then run this step's softmax while TensorE makes the next step's scores (evicted ahead, the
+    next scores' chain sat in front of this step's softmax on both in-order engines: 12 x
+    500-620 keys 152.6 -> 135.8 us; verification and trn1 lost 0.1-0.8% with it)."""
+    return (len(st.tiles) == 1 and st.Qb == 1
+            and nisa.get_nc_version() >= nisa.nc_version.gen3)
+
+
+def end_lag(st, group):
+    """Units a softmax step's end lags its begin in ``fold_items``: one (DMA_PT_LAG with P^T by
+    DMA), so VectorE never waits on this unit's exp, unless a gather's V tile (``group`` tokens a
+    partition) is large: it is not held past its own step (decode too since its masked items
+    load together, first_chunks: eight spread and uniform decode steps 1.5% faster)."""
+    if group * st.geo.H * st.D * st.k_bytes > LAG_TILE_BYTES:
+        return 0
+    return DMA_PT_LAG if st.dma_pT else 1
 
 
 def acc_on_gpsimd(st, tile):
