@@ -9,7 +9,8 @@ Policy (``BucketPolicy``): a size n is padded to the smallest bucket >= n from a
 padded requests have length 0 and padded tokens are skipped. Device loops run no work for them;
 a small decode bucket's static pass (``paged_attention.work.static_pass``) computes its padding
 rows like real ones (12 requests in a bucket of 16: a quarter of its compute). A larger
-``growth`` means fewer compiles and more padding. Set the process-wide policy with ``set_bucket_policy`` or the environment variable
+``growth`` means fewer compiles and more padding. Set the process-wide policy with
+``set_bucket_policy`` or the environment variable
 ``NKI_KERNELS_BUCKETS="minimum,growth"`` (e.g. ``"8,2"``); ``BucketPolicy(exact=True)`` turns
 bucketing off (one compile per distinct size, as before).
 """

@@ -27,9 +27,10 @@ Args (device):
         matmul dtype: shapes and model constants only, so one compile serves every step of a
         shape bucket; static_pass: () (device loops) or (chunks, full) (a static pass of
         ``chunks`` slots a row, the first ``full`` of them every token a key in every row with
-        keys, work.static_full_slots; one compile per pair); windowed: whether any request may have a sliding window (False: every
-        window start is 0, and no mask checks it); unit_tail: a whole unit's tail slots (0:
-        none; causal launches: work.with_unit_tail made their rows)
+        keys, work.static_full_slots; one compile per pair); windowed: whether any request may
+        have a sliding window (False: every window start is 0, and no mask checks it);
+        unit_tail: a whole unit's tail slots (0: none; causal launches: work.with_unit_tail
+        made their rows)
 Returns out [B, HQ, D] (q dtype) and lse [B, HQ, 1] fp32, base 2, @ shared HBM.
 
 Control flow is on the device: one loop per kind of work item and width (U items per iteration,
@@ -43,7 +44,8 @@ items left in slot LOAD (the identity for its first item), loaded with its setup
 their chunks into a fresh state and merge slot LOAD in at their end. Each keeps the result in slot
 STORE and writes the unit's output (rewritten by the unit's later items). Null items (work.NullItems)
 pad a kind's last iteration: every access of theirs is past its tensor and skips. A small bucket
-may run a static pass instead (``static_pass`` = (chunks, full), work.static_pass): no device loop,
+may run a static pass instead (``static_pass`` = (chunks, full), work.static_pass): no device
+loop,
 each row one masked item of ``chunks`` chunks, written once. With ``kernel[2]`` (LNC=2) each program instance runs the
 items of its own units and of its part of the one unit split between the two (the host cuts the
 step's chunks into equal halves, work.decode_work); the two parts' states are exchanged with

@@ -341,12 +341,12 @@ def static_step_limit(st):
     cost model, trn2, one request of 512-3000 keys 3-9% faster with steps of one chunk, two of
     512-1500 keys 4-5% with steps of two), no limit for more (the steps' fixed costs then
     weigh: 12 x 500-620 keys 135.8 -> 145.2 us with steps of two)."""
-    rows = st.q.shape[0] // st.Qb
-    if in_static_pass(st) and st.cores == 2 and rows > 1:
-        rows = rows // 2
-    if not in_static_pass(st) or rows > 2:
+    if not in_static_pass(st):
         return STATIC_MAX_CHUNKS
-    return rows
+    rows = st.q.shape[0] // st.Qb
+    if st.cores == 2 and rows > 1:             # each core half the rows
+        rows //= 2
+    return rows if rows <= 2 else STATIC_MAX_CHUNKS
 
 
 def static_step_chunks(count, most):

@@ -931,8 +931,12 @@ def static_rows_of(req: _Requests, batch_rows: int, cores: int = 1) -> np.ndarra
     load, members = [0, 0], [[], []]
     chunks = (req.c1 - req.c0).astype(np.int64)
     for b in sorted(range(B), key=lambda b: (-int(chunks[b]), b)):
-        p = 0 if len(members[1]) >= half else 1 if len(members[0]) >= half else int(
-            load[1] < load[0])
+        if len(members[0]) >= half:
+            p = 1
+        elif len(members[1]) >= half:
+            p = 0
+        else:
+            p = int(load[1] < load[0])
         members[p].append(b)
         load[p] += int(chunks[b])
     rows = np.zeros(B, np.int64)
