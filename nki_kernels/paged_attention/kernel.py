@@ -45,9 +45,8 @@ their chunks into a fresh state and merge slot LOAD in at their end. Each keeps 
 STORE and writes the unit's output (rewritten by the unit's later items). Null items (work.NullItems)
 pad a kind's last iteration: every access of theirs is past its tensor and skips. A small bucket
 may run a static pass instead (``static_pass`` = (chunks, full), work.static_pass): no device
-loop,
-each row one masked item of ``chunks`` chunks, written once. With ``kernel[2]`` (LNC=2) each program instance runs the
-items of its own units and of its part of the one unit split between the two (the host cuts the
+loop, each row one masked item of ``chunks`` chunks, written once. With ``kernel[2]`` (LNC=2)
+each program instance runs the items of its own units and of its part of the one unit split between the two (the host cuts the
 step's chunks into equal halves, work.decode_work); the two parts' states are exchanged with
 ``nisa.sendrecv`` and merged, and program 0 writes that unit.
 Blocks of more than work.FLAT_LIST_MAX_QUERIES queries (chunked prefill) run as whole units instead
