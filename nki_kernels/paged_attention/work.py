@@ -836,8 +836,11 @@ def static_pass(req: _Requests, page_size: int, batch_rows: int, cores: int = 1,
     chunks to gather at once (NeuronCore-v2: no indirect DMA; pages over 128 tokens), or a
     chunk's K and V (``chunk_bytes`` per partition) past STATIC_MAX_CHUNK_BYTES, or a core's rows'
     query stationaries (``row_bytes`` a row, ``static_row_bytes``) and mask predicates (a byte
-    per token slot) past STATIC_MAX_ROW_BYTES."""
+    per token slot) past STATIC_MAX_ROW_BYTES, or, under LNC=2, an odd bucket of several rows
+    (the cores take equal halves: a bucket policy of growth 1.5 makes buckets of 3 or 9)."""
     if nc_version < 3 or page_size > 128 or chunk_bytes > STATIC_MAX_CHUNK_BYTES:
+        return 0
+    if cores == 2 and batch_rows > 1 and batch_rows % 2:
         return 0
     looped, rows, chunks, split = static_terms(req, batch_rows, cores)
     if (chunks > STATIC_MAX_CHUNKS or chunks * batch_rows > STATIC_MAX_SLOTS

@@ -293,3 +293,21 @@ def test_a_balanced_lnc2_pass_returns_each_request_its_own_rows(rng, lens):
     np.testing.assert_allclose(lse, ref_lse, rtol=2e-5, atol=2e-5)
     np.testing.assert_allclose(pre, batch_prefill_ref(q, kv, qo, *table[:3], causal=True),
                                rtol=2e-5, atol=2e-5)
+
+
+def test_an_odd_bucket_on_two_cores_keeps_the_loops(rng):
+    """Under LNC=2 a static pass gives each core half its rows: a bucket of 9 (growth 1.5)
+    would leave its last row to no core, so such a step loops and every request is computed."""
+    from nki_kernels.buckets import BucketPolicy, set_bucket_policy
+    lens = [300, 200, 250, 100, 90, 280, 310, 60, 150]
+    assert static_pass(_req(lens), 16, 9, cores=2) == 0
+    assert static_pass(_req(lens), 16, 9, cores=1) > 0          # one core runs all nine rows
+    previous = set_bucket_policy(BucketPolicy(1, 1.5))
+    try:
+        cache = FixedCache(rng, pages=300)
+        q, kv, *table = cache.step(lens)
+        with simulate.use_target("trn2"):
+            out = batch_decode(q, kv, *table, lnc=2)
+    finally:
+        set_bucket_policy(previous)
+    np.testing.assert_allclose(out, batch_decode_ref(q, kv, *table), rtol=2e-5, atol=2e-5)
