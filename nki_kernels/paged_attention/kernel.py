@@ -91,8 +91,8 @@ from .kernel_queries import query_pads
 from .kernel_softmax import load_state, state_tile
 from .work import (CHUNK_BLOCKS, ITEM_CLASSES, META_COLS, NEXT, TAIL_CHUNKS, chains_in,
                    item_query_bytes, items_per_iteration, loop_widths, score_tiling, span_column,
-                   span_start, split_slot, starts_fresh, state_slots, whole_group_units,
-                   whole_units)
+                   span_start, split_slot, starts_fresh, state_slots, static_core_rows,
+                   whole_group_units, whole_units)
 
 
 def whole_units_per_iteration(st):
@@ -365,7 +365,7 @@ def run_static_pass(st, chunks):
     rows = st.q.shape[0] // st.Qb
     block_columns(st, chunks)
     if st.cores == 2 and rows >= 2:
-        half = rows // 2
+        half = static_core_rows(rows, st.cores)
         items_iteration(st, chunks, True, half, False)(st.p * half)
     elif st.cores == 2:
         item = items_iteration(st, chunks, True, 1, False, last_kept=True)(st.p)

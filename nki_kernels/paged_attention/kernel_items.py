@@ -24,7 +24,7 @@ from .kernel_softmax import (bank_column, blank_bank, blank_state, chunk_scores,
                              state_tile, state_views, store_bank, store_state)
 from .work import (C0, C1, CHUNK_BLOCKS, ENTRY0, FULL_HI, FULL_LO, LEN, LOAD, META_COLS, OUT,
                    POS0, ROUND_CHUNKS, ROUND_SLOT, ROUNDS, ROUNDS1, SLOT0, STORE, TAIL_CHUNKS,
-                   STATIC_MAX_CHUNKS, WIN, static_split)
+                   STATIC_MAX_CHUNKS, WIN, static_core_rows, static_split)
 
 
 # Chunks per softmax step: a mask-free block gathered several tokens per partition folds them
@@ -343,9 +343,7 @@ def static_step_limit(st):
     weigh: 12 x 500-620 keys 135.8 -> 145.2 us with steps of two)."""
     if not in_static_pass(st):
         return STATIC_MAX_CHUNKS
-    rows = st.q.shape[0] // st.Qb
-    if st.cores == 2 and rows > 1:             # each core half the rows
-        rows //= 2
+    rows = static_core_rows(st.q.shape[0] // st.Qb, st.cores)
     return rows if rows <= 2 else STATIC_MAX_CHUNKS
 
 

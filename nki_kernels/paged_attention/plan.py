@@ -147,9 +147,7 @@ def prepare_decode(q, paged_kv_cache, kv_indptr, kv_indices, kv_last_page_len, k
                          _chunk_bytes(prob, paged_kv_cache), _row_bytes(prob, paged_kv_cache))
     static, order = (), None
     if chunks:
-        work = static_work(req, prob.geo.page_size, rows, chunks, null, cores)
-        static = (chunks, static_full_slots(req, prob.geo.page_size, rows, chunks, cores))
-        order = static_rows_of(req, rows, cores)
+        work, static, order = _static_plan(req, prob.geo.page_size, rows, chunks, null, cores)
         if (order == np.arange(order.size)).all():
             order = None
     else:
@@ -161,6 +159,14 @@ def prepare_decode(q, paged_kv_cache, kv_indptr, kv_indices, kv_last_page_len, k
                                        static=static,
                                        window_left=window_left)
     return DecodeLaunch(arrays, statics, prob.batch, rows, order)
+
+
+def _static_plan(req, page_size, batch_rows, chunks, null, cores):
+    """A static pass's work table, static arguments (chunks, full slots:
+    ``work.static_full_slots``) and each item's table row (``work.static_rows_of``)."""
+    rows = static_rows_of(req, batch_rows, cores)
+    return (static_work(req, page_size, batch_rows, chunks, null, cores, rows),
+            (chunks, static_full_slots(req, page_size, batch_rows, chunks, cores)), rows)
 
 
 def static_chunks(statics) -> int:
@@ -395,10 +401,8 @@ def plan_prefill(prob, q_lens, qo_indptr, paged_kv_cache, causal,
     static = ()
     item_rows = np.arange(n_items)                 # the padded block of each item
     if chunks:
-        work = static_work(items, prob.geo.page_size, bucket(n_items), chunks, null, cores)
-        static = (chunks, static_full_slots(items, prob.geo.page_size, bucket(n_items), chunks,
-                                            cores))
-        item_rows = static_rows_of(items, bucket(n_items), cores)
+        work, static, item_rows = _static_plan(items, prob.geo.page_size, bucket(n_items),
+                                               chunks, null, cores)
     else:
         mm_bytes = _matmul_dtype(split_cache(paged_kv_cache)[0].dtype)[1]
         tiles, rows = score_tiling(prob.geo.num_heads, prob.group, qb)[2:]

@@ -863,8 +863,7 @@ def static_terms(req: _Requests, batch_rows: int, cores: int = 1):
     looped = (_core_load(chunks_of.sum(), kinds, U, pad=True) - barriers) / cores + barriers
     if cores == 2:
         looped += SPLIT_MERGE_COST_CHUNKS
-    rows = -(-batch_rows // cores) if batch_rows > 1 else 1     # each core half the rows
-    return looped, rows, chunks, split
+    return looped, static_core_rows(batch_rows, cores), chunks, split
 
 
 def static_cost(rows: int, chunks: int, split: bool, row_cost: float = None,
@@ -920,6 +919,13 @@ def static_full_slots(req: _Requests, page_size: int, batch_rows: int, chunks: i
     return rounded
 
 
+def static_core_rows(batch_rows: int, cores: int = 1) -> int:
+    """Rows each core runs in a static pass over a bucket of ``batch_rows``: half of them
+    under LNC=2 (``static_pass`` takes no odd bucket there), one each for a split bucket of one
+    (``static_split``), else all."""
+    return batch_rows // cores if batch_rows > 1 else 1
+
+
 def static_rows_of(req: _Requests, batch_rows: int, cores: int = 1) -> np.ndarray:
     """[B] the static pass's table row of each request (``static_work``): request b at row b on
     one core (and for a split bucket of one); under LNC=2, where core p takes rows
@@ -930,7 +936,7 @@ def static_rows_of(req: _Requests, batch_rows: int, cores: int = 1) -> np.ndarra
     B = req.L.size
     if cores != 2 or batch_rows < 2 or B == 0:
         return np.arange(B, dtype=np.int64)
-    half = batch_rows // 2
+    half = static_core_rows(batch_rows, cores)
     load, members = [0, 0], [[], []]
     chunks = (req.c1 - req.c0).astype(np.int64)
     for b in sorted(range(B), key=lambda b: (-int(chunks[b]), b)):
@@ -950,11 +956,12 @@ def static_rows_of(req: _Requests, batch_rows: int, cores: int = 1) -> np.ndarra
 
 
 def static_work(req: _Requests, page_size: int, batch_rows: int, chunks: int,
-                null: NullItems, cores: int = 1) -> DecodeWork:
-    """The table of a static pass: row b, item b over ``chunks`` chunks from its first (a row of
-    the bucket past the items reads no keys: LEN 0 on the sentinel pages, ``null``); split
-    between two cores (``static_split``), row p the core's half: chunks from c0 + p * chunks.
-    The spans are unused (zeros)."""
+                null: NullItems, cores: int = 1, rows: np.ndarray = None) -> DecodeWork:
+    """The table of a static pass: item b at row ``rows[b]`` (``static_rows_of``, computed when
+    not given) over ``chunks`` chunks from its first (a row of the bucket holding no item reads
+    no keys: LEN 0 on the sentinel pages, ``null``); split between two cores
+    (``static_split``), row p the core's half: chunks from c0 + p * chunks. The spans are
+    unused (zeros)."""
     B = req.L.size
     if static_split(batch_rows, cores):
         table = np.zeros((2, META_COLS), np.int64)
@@ -971,15 +978,16 @@ def static_work(req: _Requests, page_size: int, batch_rows: int, chunks: int,
         return DecodeWork(table.astype(np.int32), np.zeros((2, span_cols(U)), np.int32),
                           (float(chunks), float(chunks)))
     table = np.zeros((batch_rows, META_COLS), np.int64)
-    rows = static_rows_of(req, batch_rows, cores)
+    if rows is None:
+        rows = static_rows_of(req, batch_rows, cores)
     if B:
         if (req.out != np.arange(B)).any():     # the host maps request b to row rows[b]
             raise AssertionError("a static pass's rows are its one-query units in output order")
         table[rows] = req.items(np.arange(B), req.c0, req.c0 + chunks, page_size)
         table[rows, OUT] = rows                  # the kernel writes row r's output at row r
-    for r in sorted(set(range(batch_rows)) - set(rows.tolist())):
-        table[r, PTR] = table[r, SLOT0] = null.slot
-        table[r, C1], table[r, OUT], table[r, W_SPAN] = chunks, r, NO_WINDOW
+    empty = np.setdiff1d(np.arange(batch_rows), rows)       # rows holding no item
+    table[empty, PTR] = table[empty, SLOT0] = null.slot
+    table[empty, C1], table[empty, OUT], table[empty, W_SPAN] = chunks, empty, NO_WINDOW
     U = items_per_iteration(1)
     spans = np.zeros((1, span_cols(U)), np.int64)
     return DecodeWork(table.astype(np.int32), spans.astype(np.int32),
