@@ -263,7 +263,7 @@ def chunk_scores(q_pads, kTs, T, keep, scale, soft_cap, mm_dtype, keep_all=None,
 
 
 def evict_scores(s_ps, keep, scale, soft_cap, keep_all=None, row_max=None):
-    """``chunk_scores``' second half: the PSUM scores ``s_ps`` (``_scores``) evicted, masked
+    """``chunk_scores``' second half: the PSUM scores ``s_ps`` (``raw_scores``) evicted, masked
     and their row max taken, as (SBUF scores, row max or None, exponent scale)."""
     R, WT = s_ps.shape
     s = _f32((R, WT), "s")
