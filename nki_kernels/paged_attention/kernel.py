@@ -81,13 +81,14 @@ from nki_kernels.paged_kv_append.kernel import scatter_rows
 
 from .kernel_cursor import Geometry, partition_iota, query_of_row
 from .kernel_items import (SCORES_AHEAD, batched_chunks, finish, fold_items, first_chunks,
-                           fold_shape, gathered, item_row, loader, merge_split, prepare,
+                           fold_shape, gathered, item_queries, item_row, loader, merge_split,
+                           prepare, PREP_AHEAD,
                            static_block, static_block_keep, static_block_rows, static_rows,
                            unit, unit_group_begin, unit_loops, write)
 from .kernel_load import (PSUM_BANK_BYTES, ROW_LIMIT, group_entry_rows, kt_dma_layout,
                           zero_rows)
 from .kernel_mask import custom_mask
-from .kernel_queries import query_pads
+from .kernel_queries import query_pads, query_rows
 from .kernel_softmax import load_state, state_tile
 from .work import (CHUNK_BLOCKS, ITEM_CLASSES, META_COLS, NEXT, TAIL_CHUNKS, chains_in,
                    item_query_bytes, items_per_iteration, loop_widths, score_tiling, span_column,
@@ -162,6 +163,7 @@ def attention(q, k_rows, v_rows, meta, spans, kv_indices, tok_tab, row_tab, sink
                    num_kv_heads, page_size, strides, token_pattern, scale, soft_cap, v_scale,
                    mm_dtype, static_pass, windowed, unit_tail)
     if static_pass:
+        st.slot_rows = spans           # no loops: the pass's token slots' cache rows instead
         run_static_pass(st, static_pass[0])
         return st.out, st.lse
     span = nl.ndarray((1, spans.shape[1]), nl.int32, buffer=nl.sbuf, name="span")
@@ -222,7 +224,7 @@ def make_step(q, k_rows, v_rows, meta, kv_indices, tok_tab, row_tab, sinks, mask
     mask = custom_mask(mask_bits, B, R)
     st = Step(q=q, meta=meta, kv_indices=kv_indices, sinks=sinks, out=out, lse=lse, geo=geo,
               sources=sources, G=G, D=D, T=T, Qb=Qb, Qt=Qt, GQ=GQ, R=R, tiles=tiles, row_q=row_q,
-              tok_sb=tok_sb, windowed=windowed, block_t=None,
+              tok_sb=tok_sb, windowed=windowed, block_t=None, slot_rows=None,
               consts=(geo, sources, iota_rt, indirect, v_dtype, mask, Qt, G,
                       zero_rows(T, H * D, k_rows.dtype) if geo.kt_dma else None),
               indirect=indirect, v_dtype=v_dtype, page_size=page_size,
@@ -432,9 +434,10 @@ def load_rows_ahead(st, ahead, row):
 # Tail items (work.TAIL) of a loop iteration whose gathers are issued before any softmax
 TAIL_AHEAD = 2
 # K and V bytes per partition of a static pass's first gathers issued before any softmax: a
-# Llama-3-8B step's 4 rows of 4 chunks (64 KiB) all; 16 rows of 4 chunks (256 KiB) overflowed
-# SBUF, and so did 8 rows of fp32 16 kv heads
-STATIC_UPFRONT_BYTES = 96 * 1024
+# Llama-3-8B step's 2 rows of 4 chunks; 16 rows of 4 chunks (256 KiB) overflowed SBUF. Their V
+# zeroing delays the first softmax on ScalarE: 96 KiB -> 40 KiB, 24 x 32-256 keys 100.7 -> 96.1
+# us (trn2; the others within 1%)
+STATIC_UPFRONT_BYTES = 40 * 1024
 
 
 def issue_gathers(st, item, count, masked, n):
@@ -465,6 +468,39 @@ def upfront_gathers(st, count, masked, width):
     return ahead
 
 
+def static_prep(st, batch, count):
+    """For ``fold_items``: a function making the queries and masks of a static pass's rows up
+    to k not made yet, which the pipeline calls a few rows ahead of their scores (made for
+    every row before the first softmax, a 32-row pass's first exp waited ~20 us on them). The
+    rows' queries are loaded here, before any gather (their DMAs queue behind none), and the
+    first rows' made."""
+    made, loaded = [], []
+    for k in range(len(batch)):
+        rows = []
+        for t in range(len(st.tiles)):
+            h0, n, q0 = st.tiles[t]
+            rows.append(query_rows(st.q, batch[k].b, h0, n, st.G, st.Qt, q0))
+        loaded.append(rows)
+    pool = 0                  # the rows take turns over a few zero-padded stationaries
+    if st.q_pads is None:
+        pool = PREP_AHEAD + 2
+        st.q_pads = {}
+        for slot in range(pool):
+            for t in range(len(st.tiles)):
+                n = st.tiles[t][1]
+                st.q_pads[f"{slot},{t}"] = query_pads(n, n * st.GQ, st.D, st.mm_dtype,
+                                                      nisa.engine.vector)
+
+    def prep(k):
+        while len(made) <= min(k, len(batch) - 1):
+            j = len(made)
+            item_queries(st, batch[j], j % pool if pool else j, loaded[j])
+            static_block_keep(st, batch[j], count)
+            made.append(j)
+    prep(min(PREP_AHEAD, len(batch) - 1))
+    return prep
+
+
 def items_iteration(st, count, masked, width, chained, fresh=False, last_kept=False,
                     rows_ahead=None):
     """The body of a loop over ``width`` items of one kind: every item's setup first, a masked
@@ -483,27 +519,30 @@ def items_iteration(st, count, masked, width, chained, fresh=False, last_kept=Fa
         # (queries, page ids) then never queue behind another's
         table, rows = item_row(st, i, count, width, tile=True)
         batch = []
+        # a static pass's rows make their queries and masks in the pipeline (static_prep)
+        lazy = masked and st.scratch is None and static_block(st, masked, count)
         for k in range(width):
             head = None
             if rows_ahead is not None:
                 head = rows_ahead[0:1, k * META_COLS:(k + 1) * META_COLS]
-            batch.append(prepare(st, i + k, count, masked, rows[k], k, chained, fresh, head))
+            batch.append(prepare(st, i + k, count, masked, rows[k], k, chained, fresh, head,
+                                 lazy))
+        prep = None
         if batched_chunks(st, count, masked):
             first_chunks(st, table, batch)
         elif masked:
             # the items whose first gathers are issued here (the pipeline fetches the others'
             # two steps ahead), so SBUF holds a few blocks, not all: a flat list's tails
             # TAIL_AHEAD, a static pass's rows as many as STATIC_UPFRONT_BYTES holds
-            # a static pass makes every row's cache rows first, then gathers (4 x 100-800
-            # keys: 66.3 -> 63.8 us); a flat list's tails each item's rows, then its gathers
+            # a static pass loads every row's cache rows first (the host made them), then
+            # gathers; a flat list's tails each item's rows, then its gathers
             ahead = upfront_gathers(st, count, masked, width)
             rows_first = st.scratch is None
             block = static_block(st, masked, count)
-            if rows_first:             # every row's cache rows at once, then masks, gathers
+            if rows_first:
                 if block:
-                    static_rows(st, table, batch, count)
-                    for k in range(width):
-                        static_block_keep(st, batch[k], count)
+                    static_rows(st, i, batch, count)
+                    prep = static_prep(st, batch, count)
                 for k in range(width):
                     issue_gathers(st, batch[k], count, masked, ahead[k])
             else:
@@ -513,7 +552,7 @@ def items_iteration(st, count, masked, width, chained, fresh=False, last_kept=Fa
                         static_block_keep(st, batch[k], count)
                     issue_gathers(st, batch[k], count, masked, ahead[k])
         if count:
-            fold_items(st, batch, count, masked)     # finishes each item but the last
+            fold_items(st, batch, count, masked, prep=prep)    # finishes each item but the last
         else:
             for k in range(1, len(batch)):
                 finish(st, batch[k - 1])

@@ -55,6 +55,8 @@ DMA_PT_LAG = 4
 # Tiles of query rows whose scores are made ahead of the softmax (a step ahead when a step has
 # no more tiles than this; each is an [R, <= 512] fp32 tile in SBUF).
 SCORES_AHEAD = 8
+# Items of a static pass whose queries and mask are made ahead of the one whose scores are next
+PREP_AHEAD = 2
 
 
 class WorkItem(nl.NKIObject):
@@ -89,8 +91,9 @@ def set_cache_rows(st, item, count, masked):
     mask come after every item of the iteration has issued its own (``static_block_rows``)."""
     group = 1 if masked else gathered(st, count)
     item.rows, item.pids = None, None
-    if static_block(st, masked, count):
-        item.pids = block_pages(st.kv_indices, item.cursor, count, st.geo, 1)
+    if static_block(st, masked, count):       # a static pass's rows come from the host
+        item.pids = None if in_static_pass(st) else block_pages(st.kv_indices, item.cursor,
+                                                                count, st.geo, 1)
     elif st.blocked and not masked and st.indirect:
         item.rows = block_rows(st.kv_indices, item.cursor, count, st.geo, group,
                                st.entry_rows[f"{group}"], moves=st.whole)
@@ -98,7 +101,8 @@ def set_cache_rows(st, item, count, masked):
         item.pids = block_page_ids(st.kv_indices, item.cursor, count, st.geo)
 
 
-def prepare(st, i, count, masked, cols=None, slot=0, chained=False, fresh=False, head=None):
+def prepare(st, i, count, masked, cols=None, slot=0, chained=False, fresh=False, head=None,
+            lazy=False):
     """Work item i's setup, issued for all items of a loop iteration before any of their
     chunks: its table row (``cols``, when the caller loaded it: ``item_row``), queries, bounds,
     cursor and a mask-free block's cache rows, so the next item's first gather never waits
@@ -108,7 +112,9 @@ def prepare(st, i, count, masked, cols=None, slot=0, chained=False, fresh=False,
     ``fresh``: the unit's state is still the identity (``work.starts_fresh``): the item starts
     a state of its own, as an unchained item, and has nothing to merge at its end (no LOAD).
     ``head``: its row on one partition, loaded ahead (``kernel.load_rows_ahead``): its scalars
-    and first page-list slot are read there, so its first DMAs do not wait for ``cols``."""
+    and first page-list slot are read there, so its first DMAs do not wait for ``cols``.
+    ``lazy``: its queries are left to ``item_queries`` (a static pass's rows, made in the
+    pipeline a few rows ahead of their scores)."""
     if cols is None:
         cols = item_row(st, i, count)
     if head is None:
@@ -154,27 +160,8 @@ def prepare(st, i, count, masked, cols=None, slot=0, chained=False, fresh=False,
     item.states, item.bank = states, bank
     if count == 0:
         return item
-    queries, loaded = [], {}
-    heads = head_major(st.tiles) if st.whole else 0
-    together = None
-    if bank is not None and not st.whole:     # side-by-side tiles: their rows in one DMA
-        together = query_tile_rows(st.q, item.b, st.tiles[0][1], st.G, st.Qt, len(st.tiles))
-    for t in range(len(st.tiles)):
-        h0, n, q0 = st.tiles[t]
-        kept = st.q_pads.get(f"{slot},{t}") if st.q_pads is not None else None
-        rows = None
-        if heads:                  # one DMA per query block for all kv heads
-            if f"{q0}" not in loaded:
-                loaded[f"{q0}"] = query_block_rows(st.q, item.b, heads, st.G, st.Qt, q0)
-            rows = loaded[f"{q0}"][:, h0 * st.D:(h0 + 1) * st.D]
-        elif together is not None:
-            rows = together[:, t * st.D:(t + 1) * st.D]
-        pads, poison = group_queries(st.q, item.b, h0, n, st.G, st.Qt, st.mm_dtype, q0, kept,
-                                     rows, st.dma_pT)
-        queries.append(pads)
-        if poison is not None:
-            poison_state(states[t], poison)
-    item.q = queries
+    if not lazy:
+        item_queries(st, item, slot)
     if early:
         return item
     if static_block(st, masked, count):
@@ -189,6 +176,35 @@ def prepare(st, i, count, masked, cols=None, slot=0, chained=False, fresh=False,
         item.cursor = start_cursor(cols, st.tok_sb, st.R, st.mask, st.iota_t)
     set_cache_rows(st, item, count, masked)
     return item
+
+
+def item_queries(st, item, slot=0, tile_rows=None):
+    """Set the item's ``q``: per tile its queries as the score matmuls' stationaries
+    (``group_queries``; ``slot``: the item's place in its loop iteration, as ``prepare``;
+    ``tile_rows``: each tile's query rows loaded before, ``query_rows``)."""
+    queries, loaded = [], {}
+    heads = head_major(st.tiles) if st.whole else 0
+    together = None
+    if item.bank is not None and not st.whole:     # side-by-side tiles: their rows in one DMA
+        together = query_tile_rows(st.q, item.b, st.tiles[0][1], st.G, st.Qt, len(st.tiles))
+    for t in range(len(st.tiles)):
+        h0, n, q0 = st.tiles[t]
+        kept = st.q_pads.get(f"{slot},{t}") if st.q_pads is not None else None
+        rows = None
+        if heads:                  # one DMA per query block for all kv heads
+            if f"{q0}" not in loaded:
+                loaded[f"{q0}"] = query_block_rows(st.q, item.b, heads, st.G, st.Qt, q0)
+            rows = loaded[f"{q0}"][:, h0 * st.D:(h0 + 1) * st.D]
+        elif together is not None:
+            rows = together[:, t * st.D:(t + 1) * st.D]
+        if tile_rows is not None:
+            rows = tile_rows[t]
+        pads, poison = group_queries(st.q, item.b, h0, n, st.G, st.Qt, st.mm_dtype, q0, kept,
+                                     rows, st.dma_pT)
+        queries.append(pads)
+        if poison is not None:
+            poison_state(item.states[t], poison)
+    item.q = queries
 
 
 def static_out_row(st, i):
@@ -305,7 +321,7 @@ def _first_limits(st, col, W):
     return key_limits(st, row_col, W)
 
 
-def key_limits(st, row_col, width):
+def key_limits(st, row_col, width, engine=None):
     """[R, width] key limits (hi, lo) of items' score rows relative to their first token s =
     POS0 (keys t with lo <= t < hi; lo None without a window): decode rows L - s and W - s; a
     block of queries' rows each their own, from its query qi = row_q (work.py's L_r, W_r).
@@ -318,7 +334,12 @@ def key_limits(st, row_col, width):
     for k in range(2):
         if keys[k] is not None:
             limits[k] = nl.ndarray((st.R, width), nl.int32, buffer=nl.sbuf, name="key_limit")
-            nisa.tensor_tensor(dst=limits[k], data1=keys[k], data2=row_col(POS0), op=nl.subtract)
+            if engine is None:
+                nisa.tensor_tensor(dst=limits[k], data1=keys[k], data2=row_col(POS0),
+                                   op=nl.subtract)
+            else:
+                nisa.tensor_tensor(dst=limits[k], data1=keys[k], data2=row_col(POS0),
+                                   op=nl.subtract, engine=engine)
     return limits[0], limits[1]
 
 
@@ -403,38 +424,19 @@ def static_block_rows(st, item, count):
     item.keep = []
 
 
-def static_rows(st, table, batch, count):
-    """Every static row's ``rows`` at once (a static pass, ``static_block``; ``table``: the
-    iteration's [parts, W * META_COLS] rows, ``item_row``): the W rows' [T, count] cache rows
-    side by side in one [T, W * count] tile, each row's page ids (``set_cache_rows``) made rows
-    by one instruction, the tokens outside each row's keys dropped by one instruction a step
-    for all of them (the per-row chain of eight small instructions delayed the first gather by
-    ~1.2 us a row); ``keep`` left empty for ``static_block_keep``."""
-    geo, T, W = st.geo, st.T, len(batch)
-    n = W * count
-
-    def col(c):                        # column c of row w at [t, w * count + j], every j
-        return table.ap([[W * META_COLS, T], [META_COLS, W], [0, count]], offset=c)
-
-    def grid(tile):                    # a [T, W * count] tile as [T, W, count]
-        return tile.ap([[n, T], [count, W], [1, count]])
-    rows = nl.ndarray((T, n), nl.int32, buffer=nl.sbuf, name="static_rows")
-    for k in range(W):
-        nisa.tensor_scalar(dst=rows[:, k * count:(k + 1) * count], data=batch[k].pids,
-                           op0=nl.multiply, operand0=geo.rows_per_page, op1=nl.add,
-                           operand1=st.entry_rows["1"])
-    pos = nl.ndarray((T, n), nl.int32, buffer=nl.sbuf, name="static_pos")
-    nisa.iota(dst=pos, pattern=[[0, W], [T, count]], offset=0, channel_multiplier=1)
-    nisa.tensor_tensor(dst=grid(pos), data1=grid(pos), data2=col(POS0), op=nl.add)
-    ok = nl.ndarray((T, n), nl.int32, buffer=nl.sbuf, name="static_ok")
-    nisa.tensor_tensor(dst=grid(ok), data1=grid(pos), data2=col(LEN), op=nl.less)
-    if st.windowed:
-        nisa.tensor_tensor(dst=grid(pos), data1=grid(pos), data2=col(WIN), op=nl.greater_equal)
-        nisa.tensor_tensor(dst=ok, data1=ok, data2=pos, op=nl.multiply)
-    drop_invalid(rows, rows, ok)
-    if st.geo.kt_dma:
-        rows = transpose_rows(rows)
-    for k in range(W):
+def static_rows(st, first, batch, count):
+    """Every static row's ``rows`` at once (a static pass, ``static_block``): the host made the
+    [T, W * count] cache rows of table rows ``first``.. (``st.slot_rows``,
+    ``work.static_slot_rows``: tokens outside a row's keys at a row past the cache), one DMA
+    for all of them, so the first gather waits on no page-id load or address arithmetic (a
+    per-row page-id DMA and its descriptors had delayed it by ~0.6 us a row); ``keep`` left
+    empty for ``static_block_keep``."""
+    n = len(batch) * count
+    rows = nl.ndarray((st.T, n), nl.int32, buffer=nl.sbuf, name="static_rows")
+    nisa.dma_copy(dst=rows, src=st.slot_rows[:, first * count:first * count + n])
+    if st.geo.kt_dma:               # a gather-transpose's indices are uint32 (all >= 0 here)
+        rows = rows.view(nl.uint32)
+    for k in range(len(batch)):
         batch[k].rows = rows[:, k * count:(k + 1) * count]
         batch[k].keep = []
 
@@ -447,7 +449,8 @@ def static_block_keep(st, item, count):
     # score row r keeps the block's tokens s + t (t: st.block_t) with lo_r <= t < hi_r
     def row_col(c):
         return cols[0:R, c:c + 1]
-    hi, lo = key_limits(st, row_col, 1)
+    # on VectorE: a static pass makes them in its pipeline, GpSimd makes its gathers' descriptors
+    hi, lo = key_limits(st, row_col, 1, nisa.engine.vector if in_static_pass(st) else None)
     keep = keys_between(st.block_t, hi, lo, "block_keep")
     if st.mask is not None:       # each chunk slot's custom-mask bits
         start = mask_start(cols, st.mask)
@@ -498,7 +501,7 @@ def late_tail(st, count, masked):
 # Llama-3-8B chunk: most of ScalarE's work there); every third chunk's on VectorE instead
 # (memset), the engines then about as busy (trn2: 12 x 500-620 keys 202.1 -> 180.7 us, 8 x
 # 400-700 99.4 -> 92.1; one in two, or in four, balanced worse)
-VECTOR_ZEROING = 3
+VECTOR_ZEROING = 2
 
 
 def in_static_pass(st):
@@ -567,7 +570,7 @@ def fold(st, item, count, masked):
     fold_items(st, [item], count, masked)
 
 
-def fold_items(st, items, count, masked, finished=True):
+def fold_items(st, items, count, masked, finished=True, prep=None):
     """The ``count`` chunks of each of ``items`` (one loop iteration's items of one kind),
     ``width`` per softmax step (one [rows, width*T] score tile), software-pipelined in program
     order across the items: gathers run two steps ahead and scores up to SCORES_AHEAD tiles
@@ -577,7 +580,8 @@ def fold_items(st, items, count, masked, finished=True):
     per partition, folded ``width`` chunks per softmax step (``per_load`` steps per gather).
     Item k-1 is ``finish``ed after item k's first softmax step (its DMAs then sit behind
     gathers already issued) unless not ``finished`` (whole units' tails: their loops follow);
-    ``item.loads``: gathers issued before."""
+    ``item.loads``: gathers issued before; ``prep(k)``: makes the queries and masks of items up
+    to k not made yet (a static pass's, ``kernel.static_prep``), PREP_AHEAD items ahead."""
     group, width, steps = fold_shape(st, count, masked)
     per_load = max(1, group // width)          # softmax steps per load
     tiles = st.tiles
@@ -604,6 +608,7 @@ def fold_items(st, items, count, masked, finished=True):
         """Scores of unit v = (item, step, tile); K^T of a step's chunks made once per kv
         heads, at their first tile, dropped after their last."""
         i, u = v // per_item, v % per_item
+        _ready(prep, i)
         s, t = u // len(tiles), u % len(tiles)
         h0, n = tiles[t][0], tiles[t][1]
         loaded = step(i, s)
@@ -623,7 +628,7 @@ def fold_items(st, items, count, masked, finished=True):
             scores = (raw_scores(items[i].q[t], kts[key], st.T, st.mm_dtype), keep, row_max)
         else:
             scores = chunk_scores(items[i].q[t], kts[key], st.T, keep, st.scale, st.soft_cap,
-                                  st.mm_dtype, st.keep_all, row_max)
+                                  st.mm_dtype, st.keep_all, row_max, st.mask is None)
         if t + 1 == len(tiles) or tiles[t + 1][0] != h0:
             kts.pop(key)                  # its tiles are free from here on
         return scores
@@ -636,6 +641,7 @@ def fold_items(st, items, count, masked, finished=True):
             order.append((i, s))
     for j in range(min(2, len(order))):
         step(order[j][0], order[j][1])
+    _ready(prep, PREP_AHEAD)
     pending = []
     for v in range(min(ahead, total)):
         pending.append(score(v))
@@ -645,6 +651,8 @@ def fold_items(st, items, count, masked, finished=True):
         s, t = u // len(tiles), u % len(tiles)
         if t == 0 and i * steps + s + 2 < len(order):
             step(order[i * steps + s + 2][0], order[i * steps + s + 2][1])
+        if u == 0:
+            _ready(prep, i + 1 + PREP_AHEAD)
         if v + ahead < total:
             pending.append(score(v + ahead))
         column = None
@@ -661,7 +669,7 @@ def fold_items(st, items, count, masked, finished=True):
         scores = pending.pop(0)
         if deferred:                      # (s_ps, keep, row max) made ahead, evicted now
             scores = evict_scores(scores[0], scores[1], st.scale, st.soft_cap, st.keep_all,
-                                  scores[2])
+                                  scores[2], st.mask is None)
         halves.append(softmax_begin(states[i][t], scores, tiles[t][1],
                                     _v_views(step(i, s)), tiles[t][0], st.D, st.mm_dtype,
                                     st.state_copy_engine, column, st.dma_pT,
@@ -682,6 +690,12 @@ def fold_items(st, items, count, masked, finished=True):
                 finish(st, items[i - 1])         # (see items_iteration)
     for half in halves:
         softmax_end(half)
+
+
+def _ready(prep, k):
+    """Items up to k of ``fold_items`` have their queries and mask (``prep`` makes each once)."""
+    if prep is not None:
+        prep(k)
 
 
 def _views_of(item):

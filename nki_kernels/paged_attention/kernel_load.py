@@ -46,10 +46,12 @@ def load_chunk_indirect(tiles, sources, kv_indices, cursor, valid_t, geo, row=No
             nisa.dma_transpose(dst=tile, src=src, oob_mode=nisa.oob_mode.skip)
             continue
         if valid_t is not None or dropped:            # skipped rows must read as 0, not NaN
+            words = word_view(tile)
             if zeros is not None:
-                nisa.activation(dst=tile, op=nl.copy, data=zeros[0:tile.shape[0], 0:tile.shape[1]])
+                nisa.activation(dst=words, op=nl.copy,
+                                data=zeros[0:words.shape[0], 0:words.shape[1]])
             else:
-                nisa.memset(dst=tile, value=0.0)
+                nisa.memset(dst=words, value=0.0)
         src = rows.ap([[D, T]] + list(geo.token_pattern), offset=offset, vector_offset=row,
                       indirect_dim=0)
         nisa.dma_copy(dst=tile, src=src, oob_mode=nisa.oob_mode.skip)
@@ -82,11 +84,22 @@ def kt_dma_layout(indirect, k_dtype, mm_dtype, T, D, H, entry_stride, token_patt
 
 
 def zero_rows(T, width, dtype):
-    """A [T, width] SBUF tile of zeros, set once per launch (VectorE: GpSimd sets the identity
-    state that the launch's first DMA writes)."""
-    zeros = nl.ndarray((T, width), dtype, buffer=nl.sbuf, name="zero_rows")
+    """A [T, width] SBUF tile of zeros (as ``word_view`` sees it: fp32 words when its bytes
+    allow), set once per launch (VectorE: GpSimd sets the identity state that the launch's
+    first DMA writes)."""
+    zeros = word_view(nl.ndarray((T, width), dtype, buffer=nl.sbuf, name="zero_rows"))
     nisa.memset(dst=zeros, value=0.0, engine=nisa.engine.vector)
     return zeros
+
+
+def word_view(tile):
+    """``tile`` ([P, n] SBUF) seen as fp32 words when its element is narrower and its row is a
+    whole number of words: zeroing it (all bits 0 in every float format) then takes an
+    instruction over a half (2-byte) or a quarter (1-byte) of the elements."""
+    width = tile.shape[-1] * dtype_bytes(tile.dtype)
+    if dtype_bytes(tile.dtype) >= 4 or width % 4 or len(tile.shape) != 2:
+        return tile
+    return tile.view(nl.float32)
 
 
 def transpose_rows(row):

@@ -62,6 +62,17 @@ def query_tile_rows(q, t0, n, G, Qb, tiles):
     return rows
 
 
+def query_rows(q, t0, h0, n, G, Qb, q0=0):
+    """The [R, D] rows of ``group_queries``' tile (kv heads h0..h0+n-1, tokens t0 + q0 ..
+    t0 + q0 + Qb), one DMA; a null item's rows are past q's (work.NullItems): skipped."""
+    _, HQ, D = q.shape
+    rows = nl.ndarray((n * G * Qb, D), q.dtype, buffer=nl.sbuf, name="q_rows")
+    nisa.dma_copy(dst=rows, src=rows_at(q, [[G * D, n], [HQ * D, Qb], [D, G], [1, D]],
+                                        (q0 * HQ + h0 * G) * D, t0),
+                  oob_mode=nisa.oob_mode.skip)
+    return rows
+
+
 def group_queries(q, t0, h0, n, G, Qb, mm_dtype, q0=0, kept=None, rows=None, by_dma=False):
     """Per kv head j < n of the group: Q^T tiles [Dp, R] (R = n*G*Qb) in the matmul dtype, holding
     head h0+j's rows in columns j*G*Qb..(j+1)*G*Qb and zeros elsewhere, so the per-head matmuls
@@ -77,11 +88,7 @@ def group_queries(q, t0, h0, n, G, Qb, mm_dtype, q0=0, kept=None, rows=None, by_
     GQ = G * Qb
     R = n * GQ
     if rows is None:
-        rows = nl.ndarray((R, D), q.dtype, buffer=nl.sbuf, name="q_rows")
-        # a null item's rows are past q's (work.NullItems): skipped
-        nisa.dma_copy(dst=rows, src=rows_at(q, [[G * D, n], [HQ * D, Qb], [D, G], [1, D]],
-                                            (q0 * HQ + h0 * G) * D, t0),
-                      oob_mode=nisa.oob_mode.skip)
+        rows = query_rows(q, t0, h0, n, G, Qb, q0)
     poison = None
     if nisa.get_nc_version() < nisa.nc_version.gen3:
         rows, poison = _finite_rows(rows)

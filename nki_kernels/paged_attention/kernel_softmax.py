@@ -248,7 +248,8 @@ def k_transposed(k_sb, h0, n, D, mm_dtype, vector_share):
     return kT
 
 
-def chunk_scores(q_pads, kTs, T, keep, scale, soft_cap, mm_dtype, keep_all=None, row_max=None):
+def chunk_scores(q_pads, kTs, T, keep, scale, soft_cap, mm_dtype, keep_all=None, row_max=None,
+                 plain_mask=False):
     """The scores of W chunks (``kTs``: each chunk's ``k_transposed``) for a tile of query rows,
     as (SBUF [n*G, W*T] fp32, row max or None, exponent scale), issued ahead of the softmax
     (``softmax_begin``) so TensorE makes the next scores while VectorE and ScalarE work on
@@ -259,19 +260,26 @@ def chunk_scores(q_pads, kTs, T, keep, scale, soft_cap, mm_dtype, keep_all=None,
     is 0 and takes each row's max; the scale joins the exponent. With a cap, ScalarE scales and
     caps (copy, tanh), VectorE multiplies back and selects the mask (with the row max)."""
     return evict_scores(raw_scores(q_pads, kTs, T, mm_dtype), keep, scale, soft_cap, keep_all,
-                        row_max)
+                        row_max, plain_mask)
 
 
-def evict_scores(s_ps, keep, scale, soft_cap, keep_all=None, row_max=None):
+def evict_scores(s_ps, keep, scale, soft_cap, keep_all=None, row_max=None, plain_mask=False):
     """``chunk_scores``' second half: the PSUM scores ``s_ps`` (``raw_scores``) evicted, masked
-    and their row max taken, as (SBUF scores, row max or None, exponent scale)."""
+    and their row max taken, as (SBUF scores, row max or None, exponent scale). ``plain_mask``:
+    no custom mask (``forget_unseen`` assumes the scale of ``Step.exp_scale``), so a masked
+    chunk's scores take the one VectorE pass too (decode: ScalarE's eviction copy saved)."""
     R, WT = s_ps.shape
     s = _f32((R, WT), "s")
-    if soft_cap <= 0 and keep_all is not None:
+    if soft_cap <= 0 and (keep_all is not None or (plain_mask and keep is not None)):
         if row_max is None:                    # else a column of its group's [R, K] tile
             row_max = _f32((R, 1), "row_max")
+        # a masked score scales to NEG_BIG in the exponent (-inf when the scale is below 1): a
+        # row with no key then has the identity's max, as with the scores scaled first
+        masked = NEG_BIG
+        if keep_all is None:
+            masked = NEG_BIG / scale if scale >= 1.0 else float("-inf")
         nisa.select_reduce(dst=s, predicate=keep_all[0:R, 0:WT] if keep is None else keep,
-                           on_true=s_ps, on_false=NEG_BIG, reduce_res=row_max,
+                           on_true=s_ps, on_false=masked, reduce_res=row_max,
                            reduce_cmd=nisa.reduce_cmd.reset_reduce, reduce_op=nl.maximum)
         return s, row_max, float(scale)
     nisa.activation(dst=s, op=nl.copy, data=s_ps, scale=float(scale))

@@ -22,8 +22,8 @@ from .checks import check_batch_decode_inputs, soft_cap
 from .custom_mask import mask_table, with_mask_free_chunks
 from .work import (LATE_TAILS, NO_WINDOW, NullItems, capacity_chunks, chunk_tokens, decode_work,
                    item_query_bytes, items_per_iteration, null_pages, query_blocks, split_work,
-                   static_full_slots, static_pass, static_rows_of, static_work, tail_items,
-                   token_table, unit_tail_chunks, score_tiling, static_row_bytes,
+                   static_full_slots, static_pass, static_rows_of, static_slot_rows, static_work,
+                   tail_items, token_table, unit_tail_chunks, score_tiling, static_row_bytes,
                    unit_tail_slots, whole_group_units, whole_units, window_span)
 
 
@@ -213,7 +213,12 @@ def kernel_arguments(prob, paged_kv_cache, work, row_tab, sinks,
     padded[real:, 0] = geo.num_pages          # null items' pages: past the cache, skipped
     mm_dtype = _matmul_dtype(k_dtype)[0]
     sinks32 = None if sinks is None else np.asarray(sinks, np.float32).reshape(-1, 1)
-    arrays = (work.items, work.spans, padded, token_table(geo.page_size), row_tab, sinks32,
+    spans = work.spans
+    if static:                 # no loops: the pass's token slots' cache rows instead
+        rpp, es, _ = geo.d_row_strides
+        spans = static_slot_rows(work.items, padded, geo.page_size, rpp, es, static[0],
+                                 window_span(window_left) != NO_WINDOW)
+    arrays = (work.items, spans, padded, token_table(geo.page_size), row_tab, sinks32,
               mask_bits)
     statics = (geo.num_heads, geo.page_size, geo.d_row_strides, tuple(geo.token().pattern),
                prob.sm_scale * float(k_scale),

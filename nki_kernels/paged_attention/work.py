@@ -994,6 +994,34 @@ def static_work(req: _Requests, page_size: int, batch_rows: int, chunks: int,
                       (float(batch_rows * chunks),))
 
 
+# A static pass's skipped token: a cache row past any cache the indirect path reads (fewer than
+# 2**24 rows), non-negative so that it reads the same as int32 and as a gather-transpose's uint32
+SKIPPED_ROW = 1 << 24
+
+
+def static_slot_rows(items: np.ndarray, pages: np.ndarray, page_size: int, rows_per_page: int,
+                     entry_stride: int, chunks: int, windowed: bool) -> np.ndarray:
+    """[T, rows * chunks] int32: the cache row (of the [R, D] row view) of every token slot of a
+    static pass (``static_work``'s table ``items``, ``pages`` the padded page list): partition t,
+    column r * chunks + k holds token t of table row r's chunk k, SKIPPED_ROW where that token is
+    outside the row's keys [WIN, LEN) (WIN only when ``windowed``). Made on the host so a static
+    pass's gathers wait on one DMA, not on a page-id load and address arithmetic per row. Only
+    the indirect path reads it (caches of fewer than 2**24 rows); larger rows are clipped to
+    SKIPPED_ROW to stay int32."""
+    T = chunk_tokens(page_size)
+    items = np.asarray(items, np.int64)
+    pages = np.asarray(pages, np.int64).reshape(-1)
+    rel = items[:, ENTRY0, None, None] + (np.arange(chunks)[:, None] * T + np.arange(T))[None]
+    pos = items[:, POS0, None, None] - items[:, ENTRY0, None, None] + rel      # [rows, chunks, T]
+    slot = np.clip(items[:, SLOT0, None, None] + rel // page_size, 0, pages.size - 1)
+    row = pages[slot] * rows_per_page + (rel % page_size) * entry_stride
+    ok = pos < items[:, LEN, None, None]
+    if windowed:
+        ok &= pos >= items[:, WIN, None, None]
+    row = np.where(ok & (row >= 0), np.minimum(row, SKIPPED_ROW), SKIPPED_ROW)
+    return np.ascontiguousarray(row.transpose(2, 0, 1).reshape(T, -1)).astype(np.int32)
+
+
 def _unit_items(req: _Requests, tails=False):
     """Each unit's ``class_items`` and [units, kinds] how many of each kind (a unit with no keys:
     one empty item)."""

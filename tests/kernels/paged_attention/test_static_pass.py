@@ -311,3 +311,61 @@ def test_an_odd_bucket_on_two_cores_keeps_the_loops(rng):
     finally:
         set_bucket_policy(previous)
     np.testing.assert_allclose(out, batch_decode_ref(q, kv, *table), rtol=2e-5, atol=2e-5)
+
+
+def _expected_slot_rows(lens, indptr, pages, P, rpp, es, chunks, window_left, table):
+    """Token by token: table row r's chunk k, token t is position C0*T + k*T + t of its request
+    (found by its LEN and first slot), at page pages[indptr[b] + pos // P], entry pos % P."""
+    T = work.chunk_tokens(P)
+    out = np.full((T, table.shape[0] * chunks), work.SKIPPED_ROW, np.int64)
+    for r in range(table.shape[0]):
+        L, W, c0 = table[r, work.LEN], table[r, work.WIN], table[r, work.C0]
+        ptr = table[r, work.PTR]
+        for k in range(chunks):
+            for t in range(T):
+                pos = c0 * T + k * T + t
+                if pos < L and (window_left < 0 or pos >= W):
+                    out[t, r * chunks + k] = pages[ptr + pos // P] * rpp + (pos % P) * es
+    return out
+
+
+@pytest.mark.parametrize("lens, cores, window_left, P", [
+    ([300, 0, 40], 1, -1, 16), ([129, 5, 700], 1, 60, 16), ([1000], 2, -1, 16),
+    ([517, 33], 2, 100, 32), ([90, 200, 1], 1, -1, 8)])
+def test_slot_rows_are_each_token_slots_cache_row(rng, lens, cores, window_left, P):
+    """The host's static-pass rows, against a token-by-token count: the request's page and entry
+    for a key inside [W, L), SKIPPED_ROW (past any cache the pass reads) elsewhere."""
+    from nki_kernels.buckets import bucket
+    lens = np.asarray(lens)
+    npages = -(-lens // P)
+    indptr = np.concatenate([[0], np.cumsum(npages)])
+    pages = rng.permutation(int(indptr[-1]) + 50)[:int(indptr[-1])].astype(np.int64)
+    req = query_blocks(indptr, lens, np.ones_like(lens), 1, window_left, True, P)
+    rows = bucket(len(lens))
+    chunks = work.static_chunk_count(max(1, int(-(-lens.max() // work.chunk_tokens(P)))))
+    if cores == 2 and rows == 1:
+        chunks = -(-chunks // 2)
+    padded = np.concatenate([pages, np.full(work.chunk_tokens(P), 10 ** 6)]).reshape(-1, 1)
+    table = static_work(req, P, rows, chunks, NullItems(slot=int(indptr[-1]), out=rows),
+                        cores).items
+    rpp, es = 3 * P, 3                       # three kv heads a row of the row view
+    got = work.static_slot_rows(table, padded, P, rpp, es, chunks, window_left >= 0)
+    want = _expected_slot_rows(lens, indptr, padded[:, 0], P, rpp, es, chunks, window_left,
+                               table)
+    assert got.dtype == np.int32 and got.shape == want.shape
+    np.testing.assert_array_equal(got, want)
+    assert (got[got != work.SKIPPED_ROW] < work.SKIPPED_ROW).all()
+
+
+@pytest.mark.parametrize("sm_scale", [0.05, 1.0, 3.0])
+@pytest.mark.parametrize("lnc", [1, 2])
+def test_a_request_without_keys_gives_zero_and_minus_inf_at_any_scale(rng, sm_scale, lnc):
+    """A masked score takes NEG_BIG / scale (-inf below 1) so the scale may join the exponent:
+    a row that sees no key still ends with l = 0 or the identity's max, out 0 and LSE -inf."""
+    args = make_decode_case(rng, [70, 0, 300, 0], 16, 2, 4, 64)
+    with simulate.use_target("trn2"):
+        out, lse = batch_decode(*args, sm_scale=sm_scale, return_lse=True, lnc=lnc)
+        assert not simulate.last_trace().loops
+    ref, ref_lse = batch_decode_ref(*args, sm_scale=sm_scale, return_lse=True)
+    assert (out[[1, 3]] == 0).all() and np.isneginf(lse[[1, 3]]).all()
+    assert_close(out, ref, lse, ref_lse)
