@@ -16,7 +16,8 @@ Args (device):
         through (LOAD, STORE); spans: [cores, work.span_cols(U)] int32, the rows each core runs
         per kind and loop width, and the split unit's slot and output row (LNC=2); whole units:
         [cores, work.WHOLE_UNIT_SPAN_COLS], the core's units, its part of the split one and
-        whether there is one
+        whether there is one; a static pass: its token slots' cache rows, [T, rows * chunks]
+        int32 (work.static_slot_rows)
     kv_indices: [>= pages + T, 1] int32 (padded)
     tok_tab: [T, 2] int32 (page slot, entry of chunk-local token t)
     row_tab: [G*Qb, 1] int32, the query token (r // G) of a kv head's score row r, or None
@@ -45,8 +46,13 @@ their chunks into a fresh state and merge slot LOAD in at their end. Each keeps 
 STORE and writes the unit's output (rewritten by the unit's later items). Null items (work.NullItems)
 pad a kind's last iteration: every access of theirs is past its tensor and skips. A small bucket
 may run a static pass instead (``static_pass`` = (chunks, full), work.static_pass): no device
-loop, each row one masked item of ``chunks`` chunks, written once. With ``kernel[2]`` (LNC=2)
-each program instance runs the items of its own units and of its part of the one unit split between the two (the host cuts the
+loop, each row one masked item of ``chunks`` chunks, written once; its token slots' cache rows
+come from the host (``spans`` holds them then, work.static_slot_rows), its rows' queries and
+masks are made a few rows ahead in the pipeline, and a decode pass packs requests into one tile
+of score rows (work.static_pack: four Llama-3-8B requests fill 128 partitions; each request's
+scores are written at its own partition offset, so nothing crosses requests). With
+``kernel[2]`` (LNC=2) each program instance runs the items of its own units and of its part of
+the one unit split between the two (the host cuts the
 step's chunks into equal halves, work.decode_work); the two parts' states are exchanged with
 ``nisa.sendrecv`` and merged, and program 0 writes that unit.
 Blocks of more than work.FLAT_LIST_MAX_QUERIES queries (chunked prefill) run as whole units instead
@@ -79,7 +85,7 @@ from nki_kernels.kernel_dtypes import dtype_bytes
 from nki_kernels.launch_options import program_cores
 from nki_kernels.paged_kv_append.kernel import scatter_rows
 
-from .kernel_cursor import Geometry, partition_iota, query_of_row
+from .kernel_cursor import Geometry, packed_columns, partition_iota, query_of_row
 from .kernel_items import (SCORES_AHEAD, batched_chunks, finish, fold_items, first_chunks,
                            fold_shape, gathered, item_queries, item_row, loader, merge_split,
                            prepare, PREP_AHEAD,
@@ -93,7 +99,7 @@ from .kernel_softmax import load_state, state_tile
 from .work import (CHUNK_BLOCKS, ITEM_CLASSES, META_COLS, NEXT, TAIL_CHUNKS, chains_in,
                    item_query_bytes, items_per_iteration, loop_widths, score_tiling, span_column,
                    span_start, split_slot, starts_fresh, state_slots, static_core_rows,
-                   whole_group_units, whole_units)
+                   static_pack, whole_group_units, whole_units)
 
 
 def whole_units_per_iteration(st):
@@ -175,6 +181,32 @@ def attention(q, k_rows, v_rows, meta, spans, kv_indices, tok_tab, row_tab, sink
     return st.out, st.lse
 
 
+def score_tiles(H, Qb, Qt, per_group, pack=1):
+    """The tiles of score rows (first kv head, kv heads, first query token of the block): every
+    tile of a chunk's step shares its K^T per kv head and its V. ``pack`` requests a tile
+    (``packed_requests``): one tile of their pack * H kv heads, request r's head j the tile's
+    (virtual) head r * H + j, its query and output rows r * HQ + j * G + g of the first."""
+    if pack > 1:
+        return [(0, pack * H, 0)]
+    tiles = []
+    for h0 in range(0, H, per_group):
+        for q0 in range(0, Qb, Qt):
+            tiles.append((h0, min(per_group, H - h0), q0))
+    return tiles
+
+
+def packed_requests(B, Qb, H, G, static_pass, indirect, page_size, k_dtype, mask_bits,
+                    mm_dtype):
+    """Requests a tile of score rows holds (``work.static_pack``): several in a decode static
+    pass on the indirect path (each its own gathers; no custom mask, no V converted per chunk),
+    else 1."""
+    convert_v = k_dtype == nl.float8_e4m3fn and nisa.get_nc_version() < nisa.nc_version.gen4
+    if (not static_pass or Qb != 1 or not indirect or page_size > 128 or convert_v
+            or mask_bits is not None):
+        return 1
+    return static_pack(static_core_rows(B, program_cores()), H, G, dtype_bytes(mm_dtype))
+
+
 def make_step(q, k_rows, v_rows, meta, kv_indices, tok_tab, row_tab, sinks, mask_bits,
               num_kv_heads, page_size, strides, token_pattern, scale, soft_cap, v_scale, mm_dtype,
               static_pass=(), windowed=True, unit_tail=0):
@@ -196,13 +228,10 @@ def make_step(q, k_rows, v_rows, meta, kv_indices, tok_tab, row_tab, sinks, mask
     tok_sb = nl.ndarray((T, 2), nl.int32, buffer=nl.sbuf, name="tok_tab")
     nisa.dma_copy(dst=tok_sb, src=tok_tab)
     GQ = G * Qt                                            # score rows per kv head and tile
-    # tiles of score rows (first kv head, kv heads, first query token of the block): every tile
-    # of a chunk's step shares its K^T per kv head and its V
-    tiles = []
-    for h0 in range(0, H, per_group):
-        for q0 in range(0, Qb, Qt):
-            tiles.append((h0, min(per_group, H - h0), q0))
-    R = per_group * GQ
+    pack = packed_requests(B, Qb, H, G, static_pass, indirect, page_size, k_rows.dtype, mask_bits,
+                           mm_dtype)
+    tiles = score_tiles(H, Qb, Qt, per_group, pack)
+    R = tiles[0][1] * GQ
     row_q = []                     # per tile of query tokens (q0 = j * Qt): its rows' tokens
     if Qb > 1:
         for q0 in range(0, Qb, Qt):
@@ -224,7 +253,7 @@ def make_step(q, k_rows, v_rows, meta, kv_indices, tok_tab, row_tab, sinks, mask
     mask = custom_mask(mask_bits, B, R)
     st = Step(q=q, meta=meta, kv_indices=kv_indices, sinks=sinks, out=out, lse=lse, geo=geo,
               sources=sources, G=G, D=D, T=T, Qb=Qb, Qt=Qt, GQ=GQ, R=R, tiles=tiles, row_q=row_q,
-              tok_sb=tok_sb, windowed=windowed, block_t=None, slot_rows=None,
+              tok_sb=tok_sb, windowed=windowed, block_t=None, slot_rows=None, pack=pack,
               consts=(geo, sources, iota_rt, indirect, v_dtype, mask, Qt, G,
                       zero_rows(T, H * D, k_rows.dtype) if geo.kt_dma else None),
               indirect=indirect, v_dtype=v_dtype, page_size=page_size,
@@ -462,7 +491,8 @@ def upfront_gathers(st, count, masked, width):
             ahead.append(1 if k < first else 0)
         return ahead
     chunks, steps = fold_shape(st, count, masked)[1:]
-    blocks = max(1, STATIC_UPFRONT_BYTES // (chunks * st.geo.H * (st.T + st.D) * st.k_bytes))
+    blocks = max(1, STATIC_UPFRONT_BYTES // (st.pack * chunks * st.geo.H * (st.T + st.D)
+                                             * st.k_bytes))
     for k in range(width):
         ahead.append(max(0, min(steps, blocks - k * steps)))
     return ahead
@@ -483,13 +513,13 @@ def static_prep(st, batch, count):
         loaded.append(rows)
     pool = 0                  # the rows take turns over a few zero-padded stationaries
     if st.q_pads is None:
-        pool = PREP_AHEAD + 2
+        pool = min(PREP_AHEAD + 2, len(batch))
         st.q_pads = {}
         for slot in range(pool):
             for t in range(len(st.tiles)):
-                n = st.tiles[t][1]
-                st.q_pads[f"{slot},{t}"] = query_pads(n, n * st.GQ, st.D, st.mm_dtype,
-                                                      nisa.engine.vector)
+                n = st.tiles[t][1]      # a request's rows each (packed: st.pack requests)
+                st.q_pads[f"{slot},{t}"] = query_pads(n, n // st.pack * st.GQ, st.D,
+                                                      st.mm_dtype, nisa.engine.vector)
 
     def prep(k):
         while len(made) <= min(k, len(batch) - 1):
@@ -517,16 +547,20 @@ def items_iteration(st, count, masked, width, chained, fresh=False, last_kept=Fa
     def iteration(i):
         # every item's table row first, one DMA for the iteration: the DMAs that depend on one
         # (queries, page ids) then never queue behind another's
-        table, rows = item_row(st, i, count, width, tile=True)
+        pack = st.pack                 # requests an item (a static pass's packed tiles)
+        if pack > 1:
+            table, rows = packed_columns(st.meta, i, width // pack, pack, st.R // pack)
+        else:
+            table, rows = item_row(st, i, count, width, tile=True)
         batch = []
         # a static pass's rows make their queries and masks in the pipeline (static_prep)
         lazy = masked and st.scratch is None and static_block(st, masked, count)
-        for k in range(width):
+        for k in range(width // pack):
             head = None
             if rows_ahead is not None:
                 head = rows_ahead[0:1, k * META_COLS:(k + 1) * META_COLS]
-            batch.append(prepare(st, i + k, count, masked, rows[k], k, chained, fresh, head,
-                                 lazy))
+            batch.append(prepare(st, i + k * pack, count, masked, rows[k], k, chained, fresh,
+                                 head, lazy))
         prep = None
         if batched_chunks(st, count, masked):
             first_chunks(st, table, batch)
@@ -536,14 +570,14 @@ def items_iteration(st, count, masked, width, chained, fresh=False, last_kept=Fa
             # TAIL_AHEAD, a static pass's rows as many as STATIC_UPFRONT_BYTES holds
             # a static pass loads every row's cache rows first (the host made them), then
             # gathers; a flat list's tails each item's rows, then its gathers
-            ahead = upfront_gathers(st, count, masked, width)
+            ahead = upfront_gathers(st, count, masked, len(batch))
             rows_first = st.scratch is None
             block = static_block(st, masked, count)
             if rows_first:
                 if block:
                     static_rows(st, i, batch, count)
                     prep = static_prep(st, batch, count)
-                for k in range(width):
+                for k in range(len(batch)):
                     issue_gathers(st, batch[k], count, masked, ahead[k])
             else:
                 for k in range(width):

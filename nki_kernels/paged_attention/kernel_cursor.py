@@ -52,6 +52,20 @@ def item_columns(meta, i, parts, count=1, tile=False):
     return rows if count > 1 else rows[0]
 
 
+def packed_columns(meta, i, count, pack, rows):
+    """The table rows of a static pass's ``count`` packed items from table row ``i`` (an int),
+    each ``pack`` consecutive rows (``kernel.packed_requests``), request r's row on partitions
+    r * rows.. (``rows``: its score rows): one [pack * rows, count * META_COLS] int32 tile, one
+    DMA, and its view per item."""
+    t = nl.ndarray((pack * rows, count * META_COLS), nl.int32, buffer=nl.sbuf, name="items")
+    nisa.dma_copy(dst=t, src=meta.ap([[META_COLS, pack], [0, rows], [pack * META_COLS, count],
+                                      [1, META_COLS]], offset=i * META_COLS))
+    views = []
+    for k in range(count):
+        views.append(t[:, k * META_COLS:(k + 1) * META_COLS])
+    return t, views
+
+
 class Bounds(NamedTuple):
     """Request b's length and window start on the T token rows and the R score rows (the
     window starts None when the launch has no sliding window: every one is 0)."""

@@ -10,7 +10,8 @@ from nki_kernels.backend import nisa, nl
 
 from .kernel_cursor import (advance, block_bounds, drop_invalid, item_columns, query_row_keys,
                             request_bounds, start_cursor, token_validity)
-from .kernel_load import (PSUM_BANK_BYTES, KTTile, KVTile, block_page_ids, block_pages,
+from .kernel_load import (PSUM_BANK_BYTES, KTTile, KVTile, PackedKT, PackedKV, block_page_ids,
+                          block_pages,
                           block_rows, converted_v, group_size, load_chunk_indirect,
                           load_chunk_pages, load_group_indirect, load_group_pages, piece,
                           rows_of_pages, step_chunks, transpose_rows)
@@ -57,6 +58,10 @@ DMA_PT_LAG = 4
 SCORES_AHEAD = 8
 # Items of a static pass whose queries and mask are made ahead of the one whose scores are next
 PREP_AHEAD = 2
+# K and V bytes per partition of a packed static step's gathers (its requests' chunks; three
+# steps are in flight): Llama-3-8B bf16 two chunks a step at four requests (trn2: 12 x 500-620
+# keys 111.1 -> 106.1 us, 16 x 600-1500 229.4 -> 220.5; 8 x 1024 101.2 -> 104.1)
+PACKED_STEP_BYTES = 32 * 1024
 
 
 class WorkItem(nl.NKIObject):
@@ -200,7 +205,7 @@ def item_queries(st, item, slot=0, tile_rows=None):
         if tile_rows is not None:
             rows = tile_rows[t]
         pads, poison = group_queries(st.q, item.b, h0, n, st.G, st.Qt, st.mm_dtype, q0, kept,
-                                     rows, st.dma_pT)
+                                     rows, st.dma_pT, st.pack)
         queries.append(pads)
         if poison is not None:
             poison_state(item.states[t], poison)
@@ -364,8 +369,12 @@ def static_step_limit(st):
     weigh: 12 x 500-620 keys 135.8 -> 145.2 us with steps of two)."""
     if not in_static_pass(st):
         return STATIC_MAX_CHUNKS
-    rows = static_core_rows(st.q.shape[0] // st.Qb, st.cores)
-    return rows if rows <= 2 else STATIC_MAX_CHUNKS
+    rows = static_core_rows(st.q.shape[0] // st.Qb, st.cores) // st.pack
+    most = rows if rows <= 2 else STATIC_MAX_CHUNKS
+    if st.pack > 1:                    # a packed step gathers for each of its requests
+        most = max(1, min(most, PACKED_STEP_BYTES // (st.pack * 2 * st.geo.H * st.D
+                                                        * st.k_bytes)))
+    return most
 
 
 def static_step_chunks(count, most):
@@ -398,8 +407,8 @@ def loader(st, item, count, masked):
             if item.keep is not None:
                 zero_v = ((k + 1 == count or not late_tail(st, count, masked))
                           and not (in_static_pass(st) and k < st.full_slots))
-                chunks.append(_load_rows(st, rows[:, k:k + 1], zero_v,
-                                         in_static_pass(st) and k % VECTOR_ZEROING == 2))
+                chunks.append(_load_packed(st, rows, k, count, zero_v) if st.pack > 1
+                              else _load_rows(st, rows[:, k:k + 1], zero_v))
             else:
                 chunks.append(_load_chunk(st.consts, st.kv_indices, cursor, bounds, masked,
                                           None if rows is None else rows[:, k:k + 1],
@@ -431,13 +440,14 @@ def static_rows(st, first, batch, count):
     for all of them, so the first gather waits on no page-id load or address arithmetic (a
     per-row page-id DMA and its descriptors had delayed it by ~0.6 us a row); ``keep`` left
     empty for ``static_block_keep``."""
-    n = len(batch) * count
+    per = st.pack * count              # an item's columns: its requests' (packed) side by side
+    n = len(batch) * per
     rows = nl.ndarray((st.T, n), nl.int32, buffer=nl.sbuf, name="static_rows")
     nisa.dma_copy(dst=rows, src=st.slot_rows[:, first * count:first * count + n])
     if st.geo.kt_dma:               # a gather-transpose's indices are uint32 (all >= 0 here)
         rows = rows.view(nl.uint32)
     for k in range(len(batch)):
-        batch[k].rows = rows[:, k * count:(k + 1) * count]
+        batch[k].rows = rows[:, k * per:(k + 1) * per]
         batch[k].keep = []
 
 
@@ -497,32 +507,39 @@ def late_tail(st, count, masked):
             and not st.whole)
 
 
-# A static pass zeroes the skipped V rows of every chunk (ScalarE copies a zero tile, 0.9 us a
-# Llama-3-8B chunk: most of ScalarE's work there); every third chunk's on VectorE instead
-# (memset), the engines then about as busy (trn2: 12 x 500-620 keys 202.1 -> 180.7 us, 8 x
-# 400-700 99.4 -> 92.1; one in two, or in four, balanced worse)
-VECTOR_ZEROING = 2
-
-
 def in_static_pass(st):
     """Whether the launch is a static pass (``kernel.run_static_pass``: no scratch for states,
     not whole units)."""
     return st.scratch is None and not st.whole
 
 
-def _load_rows(st, row, zero_v=True, zero_on_vector=False):
+def _load_rows(st, row, zero_v=True):
     """One chunk of a static block (``row``: its [T, 1] rows, dropped tokens past the cache):
     ((K, V) views, None); skipped V rows read 0 unless not ``zero_v`` (a chunk whose every row
-    is gathered: a late tail's whole chunks), zeroed by VectorE when ``zero_on_vector`` (else
-    as ``load_chunk_indirect`` does)."""
+    is gathered: a late tail's whole chunks), zeroed as ``load_chunk_indirect`` does (ScalarE
+    copies a zero tile as fp32 words: VectorE, the decode softmax's busier engine, did every
+    third chunk's before they were words; now ScalarE alone is faster)."""
     geo, sources, _, _, v_dtype, _, _, _, zeros = st.consts
     tiles = _chunk_tiles(geo, sources[0][0].dtype)
-    load_chunk_indirect(tiles, sources, st.kv_indices, None, None, geo, row,
-                        None if zero_on_vector else zeros, dropped=zero_v)
+    load_chunk_indirect(tiles, sources, st.kv_indices, None, None, geo, row, zeros,
+                        dropped=zero_v)
     views = _chunk_views(geo, tiles)
     if v_dtype is not None:
         views[1] = converted_v(views[1:], v_dtype)[0]
     return (views[0], views[1]), None
+
+
+def _load_packed(st, rows, k, count, zero_v):
+    """Chunk slot k of a packed item's requests (``kernel.packed_requests``; ``rows``: their
+    [T, count] cache rows side by side): each request's own gathers, as one chunk of the
+    tile's virtual heads (``PackedKT`` / ``PackedKV``)."""
+    ks, vs = [], []
+    for r in range(st.pack):
+        views = _load_rows(st, rows[:, r * count + k:r * count + k + 1], zero_v)[0]
+        ks.append(views[0])
+        vs.append(views[1])
+    k_view = PackedKT(tuple(ks), st.geo.H) if st.geo.kt_dma else PackedKV(tuple(ks), st.geo.H)
+    return (k_view, PackedKV(tuple(vs), st.geo.H)), None
 
 
 def _chunk_tiles(geo, dtype):
@@ -625,20 +642,18 @@ def fold_items(st, items, count, masked, finished=True, prep=None):
                     (st.R, min(K, len(tiles) - t)), nl.float32, buffer=nl.sbuf, name="row_max_g")
             row_max = maxima[f"{i},{s},{t // K}"][:, t % K:t % K + 1]
         if deferred:                      # the PSUM tile, evicted when its step begins
-            scores = (raw_scores(items[i].q[t], kts[key], st.T, st.mm_dtype), keep, row_max)
+            scores = (raw_scores(items[i].q[t], kts[key], st.T, st.mm_dtype, st.pack), keep,
+                      row_max)
         else:
             scores = chunk_scores(items[i].q[t], kts[key], st.T, keep, st.scale, st.soft_cap,
-                                  st.mm_dtype, st.keep_all, row_max, st.mask is None)
+                                  st.mm_dtype, st.keep_all, row_max, st.mask is None, st.pack)
         if t + 1 == len(tiles) or tiles[t + 1][0] != h0:
             kts.pop(key)                  # its tiles are free from here on
         return scores
 
     total, ahead = per_item * len(items), min(len(tiles), SCORES_AHEAD)
     deferred = deferred_eviction(st)
-    order = []                                 # (item, step) in unit order, for the prefetch
-    for i in range(len(items)):
-        for s in range(steps):
-            order.append((i, s))
+    order = _unit_order(len(items), steps)     # (item, step) in unit order, for the prefetch
     for j in range(min(2, len(order))):
         step(order[j][0], order[j][1])
     _ready(prep, PREP_AHEAD)
@@ -690,6 +705,15 @@ def fold_items(st, items, count, masked, finished=True, prep=None):
                 finish(st, items[i - 1])         # (see items_iteration)
     for half in halves:
         softmax_end(half)
+
+
+def _unit_order(items, steps):
+    """[(item, step)] of ``fold_items``' units in order."""
+    order = []
+    for i in range(items):
+        for s in range(steps):
+            order.append((i, s))
+    return order
 
 
 def _ready(prep, k):
@@ -958,7 +982,7 @@ def _step_keep(st, item, loaded, t, c0, width):
     """The mask predicate of tile t's softmax step over the item's chunks c0..c0+width
     (``loaded``): a static block's columns of its predicate, a masked step's chunks'
     predicates side by side, or None (mask-free)."""
-    rows = item.q[t][0][0].shape[1]
+    rows = st.tiles[t][1] * st.GQ
     j = st.tiles[t][2] // st.Qt                # the tile's query tokens
     if item.keep is not None:
         return item.keep[j][0:rows, c0 * st.T:(c0 + width) * st.T]

@@ -141,6 +141,32 @@ class KVTile(NamedTuple):
         return self.tile[:, col:col + dp]
 
 
+class PackedKT(NamedTuple):
+    """K^T views of several requests' chunks packed into one tile of score rows
+    (``kernel.packed_requests``): virtual head h is request h // heads's head h % heads."""
+
+    parts: tuple
+    heads: int
+
+    def head(self, h):
+        return self.parts[h // self.heads].head(h % self.heads)
+
+
+class PackedKV(NamedTuple):
+    """K or V views (``KVTile``) of several requests' chunks packed into one tile of score rows:
+    virtual head h is request h // heads's head h % heads."""
+
+    parts: tuple
+    heads: int
+
+    @property
+    def tile(self):
+        return self.parts[0].tile
+
+    def head(self, h, d0, dp):
+        return self.parts[h // self.heads].head(h % self.heads, d0, dp)
+
+
 def converted_v(views, dtype):
     """V views of one loaded tile in ``dtype`` (OCP fp8 is a matmul input from NeuronCore-v4
     only): the tile's V columns, from the lowest view's base to its end (the whole tile, or the

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from nki_kernels.backend import nisa, nl
 
+from .kernel_load import word_view
 from .kernel_softmax import rows_at, transpose_dtype
 
 
@@ -34,7 +35,7 @@ def query_pads(n, R, D, mm_dtype, engine=None):
     pads = []
     for d0 in range(0, D, 128):
         pad = nl.ndarray((min(128, D - d0), n * R), mm_dtype, buffer=nl.sbuf, name="q_pad_kept")
-        nisa.memset(dst=pad, value=0.0, engine=engine or nisa.engine.gpsimd)
+        nisa.memset(dst=word_view(pad), value=0.0, engine=engine or nisa.engine.gpsimd)
         pads.append(pad)
     return pads
 
@@ -73,7 +74,8 @@ def query_rows(q, t0, h0, n, G, Qb, q0=0):
     return rows
 
 
-def group_queries(q, t0, h0, n, G, Qb, mm_dtype, q0=0, kept=None, rows=None, by_dma=False):
+def group_queries(q, t0, h0, n, G, Qb, mm_dtype, q0=0, kept=None, rows=None, by_dma=False,
+                  blocks=1):
     """Per kv head j < n of the group: Q^T tiles [Dp, R] (R = n*G*Qb) in the matmul dtype, holding
     head h0+j's rows in columns j*G*Qb..(j+1)*G*Qb and zeros elsewhere, so the per-head matmuls
     of a group accumulate into one PSUM tile. ``q`` [B, HQ, D] @ HBM; the tokens are rows
@@ -83,7 +85,10 @@ def group_queries(q, t0, h0, n, G, Qb, mm_dtype, q0=0, kept=None, rows=None, by_
     off-diagonal zeros kept from before), else fresh tiles zeroed here. ``rows``: the tile's
     rows [R, D] already loaded (``query_block_rows``), else loaded here. ``by_dma``: a tile of
     one kv head whose rows are in the 2-byte matmul dtype is transposed by DMA (SBUF to SBUF,
-    NeuronCore-v3+; no padding to write): no TensorE transpose and no PSUM eviction."""
+    NeuronCore-v3+; no padding to write): no TensorE transpose and no PSUM eviction.
+    ``blocks``: the tile's rows are that many packed requests' (``kernel.packed_requests``),
+    each n / blocks kv heads: a head's stationary is [Dp, R / blocks], its request's rows only
+    (``raw_scores`` writes each request's scores at its own partitions)."""
     _, HQ, D = q.shape
     GQ = G * Qb
     R = n * GQ
@@ -102,6 +107,7 @@ def group_queries(q, t0, h0, n, G, Qb, mm_dtype, q0=0, kept=None, rows=None, by_
             nisa.dma_transpose(dst=pad, src=rows[:, d0:d0 + dp])
             pads[0].append(pad)
         return pads, poison
+    Rb, Hb = R // blocks, n // blocks       # a request's rows and kv heads
     for d0 in range(0, D, 128):
         dp = min(128, D - d0)
         qT_ps = nl.ndarray((dp, R), transpose_dtype(q.dtype), buffer=nl.psum, name="qT_ps")
@@ -111,14 +117,15 @@ def group_queries(q, t0, h0, n, G, Qb, mm_dtype, q0=0, kept=None, rows=None, by_
         if kept is not None:
             pad = kept[d0 // 128]
         else:
-            pad = nl.ndarray((dp, n * R), mm_dtype, buffer=nl.sbuf, name="q_pad")
+            pad = nl.ndarray((dp, n * Rb), mm_dtype, buffer=nl.sbuf, name="q_pad")
             if n > 1:
                 nisa.memset(dst=pad, value=0.0, engine=nisa.engine.gpsimd)
         # evicted by ScalarE: VectorE carries the softmax's selects and state updates
-        nisa.activation(dst=pad.ap([[n * R, dp], [R + GQ, n], [1, GQ]]), op=nl.copy,
-                        data=qT_ps.ap([[R, dp], [GQ, n], [1, GQ]]))
+        nisa.activation(dst=pad.ap([[n * Rb, dp], [Hb * Rb, blocks], [Rb + GQ, Hb], [1, GQ]]),
+                        op=nl.copy, data=qT_ps.ap([[R, dp], [Hb * GQ, blocks], [GQ, Hb],
+                                                   [1, GQ]]))
         for j in range(n):
-            pads[j].append(pad[:, j * R:(j + 1) * R])
+            pads[j].append(pad[:, j * Rb:(j + 1) * Rb])
     return pads, poison
 
 

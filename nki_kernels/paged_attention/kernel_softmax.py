@@ -13,7 +13,7 @@ from __future__ import annotations
 from nki_kernels.backend import nisa, nl
 from nki_kernels.kernel_dtypes import dtype_bytes
 
-from .kernel_load import PSUM_BANK_BYTES, KTTile
+from .kernel_load import PSUM_BANK_BYTES, KTTile, PackedKT
 
 
 def rows_at(t, pattern, offset, b):
@@ -196,19 +196,22 @@ def transpose_dtype(dtype):
     return dtype if nisa.get_nc_version() >= nisa.nc_version.gen3 else nl.float32
 
 
-def raw_scores(q_pads, kTs, T, mm_dtype):
+def raw_scores(q_pads, kTs, T, mm_dtype, blocks=1):
     """PSUM [n*G, W*T] fp32 for W chunks of T keys side by side (W*T fp32 <= one 2 KiB bank):
     row block j = queries of head h0+j against K of head h0+j (zero-padded stationaries keep the
-    heads apart). ``kTs``: per chunk, ``k_transposed`` of the tile's heads."""
-    R = q_pads[0][0].shape[1]
-    s_ps = nl.ndarray((R, len(kTs) * T), nl.float32, buffer=nl.psum, name="s_ps")
+    heads apart). ``kTs``: per chunk, ``k_transposed`` of the tile's heads. ``blocks``: packed
+    requests (``group_queries``): each request's heads accumulate into its own rows only."""
+    Rb = q_pads[0][0].shape[1]                 # a request's rows (``blocks`` packed ones)
+    Hb = len(q_pads) // blocks
+    s_ps = nl.ndarray((Rb * blocks, len(kTs) * T), nl.float32, buffer=nl.psum, name="s_ps")
     for c in range(len(kTs)):
         kT = kTs[c]
         for j in range(len(q_pads)):
             parts = q_pads[j]
+            r0 = j // Hb * Rb
             for k in range(len(parts)):
-                nisa.nc_matmul(dst=s_ps[:, c * T:(c + 1) * T], stationary=parts[k],
-                               moving=kT[(j, k)], accumulate=(j, k) != (0, 0))
+                nisa.nc_matmul(dst=s_ps[r0:r0 + Rb, c * T:(c + 1) * T], stationary=parts[k],
+                               moving=kT[(j, k)], accumulate=(j % Hb, k) != (0, 0))
     return s_ps
 
 
@@ -219,7 +222,7 @@ def k_transposed(k_sb, h0, n, D, mm_dtype, vector_share):
     it on VectorE: 0 or 0.5) instead of one per head. Made once per chunk and kv heads, shared by
     every tile of query rows of those heads, and all of a step's before its first matmul, so
     TensorE transposes the next chunk while the last one's K^T is evicted."""
-    if isinstance(k_sb, KTTile):       # transposed by its gather
+    if isinstance(k_sb, (KTTile, PackedKT)):       # transposed by its gather
         kT = {}
         for j in range(n):
             kT[(j, 0)] = k_sb.head(h0 + j)
@@ -249,7 +252,7 @@ def k_transposed(k_sb, h0, n, D, mm_dtype, vector_share):
 
 
 def chunk_scores(q_pads, kTs, T, keep, scale, soft_cap, mm_dtype, keep_all=None, row_max=None,
-                 plain_mask=False):
+                 plain_mask=False, blocks=1):
     """The scores of W chunks (``kTs``: each chunk's ``k_transposed``) for a tile of query rows,
     as (SBUF [n*G, W*T] fp32, row max or None, exponent scale), issued ahead of the softmax
     (``softmax_begin``) so TensorE makes the next scores while VectorE and ScalarE work on
@@ -259,8 +262,8 @@ def chunk_scores(q_pads, kTs, T, keep, scale, soft_cap, mm_dtype, keep_all=None,
     NEG_BIG where ``keep`` (``mask_keep``; ``keep_all``, a tile of ones, for a mask-free chunk)
     is 0 and takes each row's max; the scale joins the exponent. With a cap, ScalarE scales and
     caps (copy, tanh), VectorE multiplies back and selects the mask (with the row max)."""
-    return evict_scores(raw_scores(q_pads, kTs, T, mm_dtype), keep, scale, soft_cap, keep_all,
-                        row_max, plain_mask)
+    return evict_scores(raw_scores(q_pads, kTs, T, mm_dtype, blocks), keep, scale, soft_cap,
+                        keep_all, row_max, plain_mask)
 
 
 def evict_scores(s_ps, keep, scale, soft_cap, keep_all=None, row_max=None, plain_mask=False):
@@ -469,7 +472,10 @@ def finalize(state, out, lse, sinks, b, h0, G, Qb, v_scale, q0=0):
     GQ = G * Qb
     if sinks is not None:
         sk = _f32((R, 1), "sink")
-        if Qb == 1:
+        if Qb == 1 and R > sinks.shape[0]:     # packed requests: each its query heads' sinks
+            nisa.dma_copy(dst=sk, src=sinks.ap([[0, R // sinks.shape[0]], [1, sinks.shape[0]],
+                                                [1, 1]], offset=0))
+        elif Qb == 1:
             nisa.dma_copy(dst=sk, src=sinks[h0 * G:h0 * G + R, :])
         else:
             for j in range(R // GQ):        # kv head j's rows (token, g) take sink (h0 + j) * G + g

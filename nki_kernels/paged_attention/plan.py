@@ -23,7 +23,8 @@ from .custom_mask import mask_table, with_mask_free_chunks
 from .work import (LATE_TAILS, NO_WINDOW, NullItems, capacity_chunks, chunk_tokens, decode_work,
                    item_query_bytes, items_per_iteration, null_pages, query_blocks, split_work,
                    static_full_slots, static_pass, static_rows_of, static_slot_rows, static_work,
-                   tail_items, token_table, unit_tail_chunks, score_tiling, static_row_bytes,
+                   tail_items, token_table, unit_tail_chunks, score_tiling, static_core_rows,
+                   static_pack, static_row_bytes,
                    unit_tail_slots, whole_group_units, whole_units, window_span)
 
 
@@ -86,6 +87,12 @@ def _row_bytes(prob, paged_kv_cache) -> int:
     return static_row_bytes(prob.geo.num_heads, prob.group, prob.geo.head_dim, mm_bytes)
 
 
+def _pack(prob, paged_kv_cache, rows, cores) -> int:
+    """Requests a static pass's tile of score rows would hold (``work.static_pack``)."""
+    mm_bytes = _matmul_dtype(split_cache(paged_kv_cache)[0].dtype)[1]
+    return static_pack(static_core_rows(rows, cores), prob.geo.num_heads, prob.group, mm_bytes)
+
+
 @dataclass(frozen=True)
 class DecodeLaunch:
     """What the host prepared: the kernel's array arguments after the cache rows, its static
@@ -144,7 +151,8 @@ def prepare_decode(q, paged_kv_cache, kv_indptr, kv_indices, kv_last_page_len, k
     req = query_blocks(prob.table.indptr, prob.kv_lens, np.ones_like(prob.kv_lens), 1,
                        window_left, True, prob.geo.page_size)
     chunks = static_pass(req, prob.geo.page_size, rows, cores, host_nc_version(),
-                         _chunk_bytes(prob, paged_kv_cache), _row_bytes(prob, paged_kv_cache))
+                         _chunk_bytes(prob, paged_kv_cache), _row_bytes(prob, paged_kv_cache),
+                         _pack(prob, paged_kv_cache, rows, cores))
     static, order = (), None
     if chunks:
         work, static, order = _static_plan(req, prob.geo.page_size, rows, chunks, null, cores)
@@ -401,7 +409,8 @@ def plan_prefill(prob, q_lens, qo_indptr, paged_kv_cache, causal,
                            cores)
     # one query per item and no custom mask: a decode step, static when batch_decode's would be
     chunks = (static_pass(items, prob.geo.page_size, bucket(n_items), cores, host_nc_version(),
-                          _chunk_bytes(prob, paged_kv_cache), _row_bytes(prob, paged_kv_cache))
+                          _chunk_bytes(prob, paged_kv_cache), _row_bytes(prob, paged_kv_cache),
+                          _pack(prob, paged_kv_cache, bucket(n_items), cores))
               if qb == 1 and masks is None else 0)
     static = ()
     item_rows = np.arange(n_items)                 # the padded block of each item

@@ -793,10 +793,14 @@ def decode_work(kv_indptr, kv_lens, window_left: int, page_size: int, batch_rows
 # 28873, but took steps of the serving replays static that ran faster looped: LNC=1 395.3 ->
 # 398.9 us a step)
 # is below the loops' (``_core_load``), for at most STATIC_MAX_SLOTS chunk slots (the program
-# holds every one: 256 of them, 32 rows of 8 chunks or 8 of 32, take ~6,400 instructions, as
-# many as the loops' 5,800) and STATIC_MAX_ROW_BYTES of SBUF for the rows.
+# holds every one: 256 of them, 32 rows of 8 chunks or 8 of 32, took ~6,400 instructions, as
+# many as the loops' 5,800; packed four requests a tile, ``static_pack``, 512 slots take about
+# as many) and STATIC_MAX_ROW_BYTES of SBUF for the rows. Packed, the policy takes every
+# short-context step of the grid static: the loops cost 1.3-3.2x more there (trn2, Llama-3-8B:
+# 48 x 200-700 keys 341 us against 533, 32 x 64-2048 511 against 710, LNC=2 176 against 283
+# and 256 against 401).
 STATIC_MAX_CHUNKS = 32
-STATIC_MAX_SLOTS = 256
+STATIC_MAX_SLOTS = 512
 # A static row's chunk counts: 1-4, then twice and three times the powers of two from 2 (6, 8,
 # 12, ...), so a row folds a divisor of its count per softmax step (at most 4: one PSUM bank
 # of scores) and pads at most a third of its slots (with powers of two only, 8 x 400-700 keys
@@ -807,6 +811,7 @@ SPLIT_MERGE_COST_CHUNKS = 5.0          # LNC=2 loops: the split unit's sendrecv 
 STATIC_SPLIT_COST_CHUNKS = 2.0         # a static pass split between two cores: its exchange
 STATIC_ROW_COST_CHUNKS = 2.25
 STATIC_SLOT_COST_CHUNKS = 1.15
+PACKED_SLOT_SHARE = 0.5                # of a slot's cost, what packed requests share (assumed)
 
 
 # A static pass folds 4 chunks a softmax step with its gathers two steps ahead: K and V of a
@@ -821,32 +826,36 @@ STATIC_MAX_ROW_BYTES = 64 * 1024
 
 
 def static_row_bytes(kv_heads: int, group: int, head_dim: int, mm_bytes: int) -> int:
-    """Bytes per partition of one decode row's query stationaries: per tile of score rows, one
-    [128, heads x rows] piece per 128 of head_dim (``score_tiling`` of one query)."""
-    _, heads, tiles, rows = score_tiling(kv_heads, group, 1)
-    return tiles * heads * rows * mm_bytes * -(-head_dim // 128)
+    """Bytes per partition one decode row keeps for a whole static pass: its query rows, one
+    [rows, head_dim] tile per tile of score rows (``score_tiling`` of one query; its zero-padded
+    stationaries come from a pool of a few and its mask is made a few rows ahead,
+    ``kernel.static_prep``)."""
+    tiles = score_tiling(kv_heads, group, 1)[2]
+    return tiles * head_dim * mm_bytes
 
 
 def static_pass(req: _Requests, page_size: int, batch_rows: int, cores: int = 1,
-                nc_version: int = 3, chunk_bytes: int = 0, row_bytes: int = 0) -> int:
+                nc_version: int = 3, chunk_bytes: int = 0, row_bytes: int = 0,
+                pack: int = 1) -> int:
     """Chunks per item of a static pass over one-query items ``req`` (``query_blocks`` of
     q_block 1: a decode step), or 0 when the step runs device loops: a bucket too large or
     cheaper looped (``cores``: under LNC=2 each core takes half the rows, or half the chunk
     slots of a bucket of one, ``static_split``; the loops half the work), or no block of masked
     chunks to gather at once (NeuronCore-v2: no indirect DMA; pages over 128 tokens), or a
     chunk's K and V (``chunk_bytes`` per partition) past STATIC_MAX_CHUNK_BYTES, or a core's rows'
-    query stationaries (``row_bytes`` a row, ``static_row_bytes``) and mask predicates (a byte
-    per token slot) past STATIC_MAX_ROW_BYTES, or, under LNC=2, an odd bucket of several rows
-    (the cores take equal halves: a bucket policy of growth 1.5 makes buckets of 3 or 9)."""
+    queries (``row_bytes`` a row, ``static_row_bytes``) and cache rows (4 bytes a chunk slot)
+    past STATIC_MAX_ROW_BYTES, or, under LNC=2, an odd bucket of several rows (the cores take
+    equal halves: a bucket policy of growth 1.5 makes buckets of 3 or 9). ``pack``: requests
+    a tile of score rows (``static_pack``), whose fixed costs they share."""
     if nc_version < 3 or page_size > 128 or chunk_bytes > STATIC_MAX_CHUNK_BYTES:
         return 0
     if cores == 2 and batch_rows > 1 and batch_rows % 2:
         return 0
     looped, rows, chunks, split = static_terms(req, batch_rows, cores)
     if (chunks > STATIC_MAX_CHUNKS or chunks * batch_rows > STATIC_MAX_SLOTS
-            or rows * (row_bytes + chunks * chunk_tokens(page_size)) > STATIC_MAX_ROW_BYTES):
+            or rows * (row_bytes + 4 * chunks) > STATIC_MAX_ROW_BYTES):
         return 0
-    return chunks if static_cost(rows, chunks, split) < looped else 0
+    return chunks if static_cost(rows, chunks, split, pack=pack) < looped else 0
 
 
 def static_terms(req: _Requests, batch_rows: int, cores: int = 1):
@@ -867,12 +876,16 @@ def static_terms(req: _Requests, batch_rows: int, cores: int = 1):
 
 
 def static_cost(rows: int, chunks: int, split: bool, row_cost: float = None,
-                slot_cost: float = None) -> float:
+                slot_cost: float = None, pack: int = 1) -> float:
     """A static pass's cost of ``rows`` rows of ``chunks`` chunks a core (chunk-equivalents;
     STATIC_ROW_COST_CHUNKS and STATIC_SLOT_COST_CHUNKS unless given), the two halves' exchange
-    and merge added when ``split``."""
+    and merge added when ``split``; ``pack`` requests a tile share a row's cost and
+    PACKED_SLOT_SHARE of a slot's (the softmax; each has its own gathers)."""
     row_cost = STATIC_ROW_COST_CHUNKS if row_cost is None else row_cost
     slot_cost = STATIC_SLOT_COST_CHUNKS if slot_cost is None else slot_cost
+    if pack > 1:
+        row_cost /= pack
+        slot_cost *= 1 - PACKED_SLOT_SHARE * (1 - 1 / pack)
     static = STATIC_FIXED_COST_CHUNKS + rows * (row_cost + chunks * slot_cost)
     return static + (STATIC_SPLIT_COST_CHUNKS if split else 0.0)
 
@@ -924,6 +937,27 @@ def static_core_rows(batch_rows: int, cores: int = 1) -> int:
     under LNC=2 (``static_pass`` takes no odd bucket there), one each for a split bucket of one
     (``static_split``), else all."""
     return batch_rows // cores if batch_rows > 1 else 1
+
+
+# SBUF per partition of one packed item's zero-padded query stationaries (pack x kv heads of
+# them, each [D, kv heads x group] in the matmul dtype; a pool of a few is kept)
+STATIC_PACK_PAD_BYTES = 8 * 1024
+
+
+def static_pack(core_rows: int, kv_heads: int, group: int, mm_bytes: int = 2) -> int:
+    """Requests of a decode static pass that share one tile of score rows: the largest power of
+    two whose rows fit 128 partitions, whose stationaries fit STATIC_PACK_PAD_BYTES and that
+    divides the rows a core runs (``static_core_rows``); 1 for a split bucket, or when a
+    request's rows (kv heads x group) are not a multiple of 32 (each request's scores are
+    matmul outputs at its own partition offset, which must be 0, 32, 64 or 96: no product
+    crosses requests). Packed, a tile's softmax, evictions and output write serve several
+    requests at once (a Llama-3-8B request fills 32 partitions)."""
+    rows = kv_heads * group
+    pack = 1
+    while (rows % 32 == 0 and 2 * pack * rows <= 128 and core_rows % (2 * pack) == 0
+           and 2 * pack * kv_heads * rows * mm_bytes <= STATIC_PACK_PAD_BYTES):
+        pack *= 2
+    return pack
 
 
 def static_rows_of(req: _Requests, batch_rows: int, cores: int = 1) -> np.ndarray:

@@ -99,7 +99,7 @@ def test_fit_recovers_a_hidden_constant_on_its_own_rows():
     rows = [dict(kernel="paged_decode_attention", sizes=dict(batch=2, kv_len=4500, page_size=16,
                                                              kv_heads=2, group=2, head_dim=32),
                  ok=True),
-            dict(kernel="paged_decode_attention", sizes=dict(batch=40, kv_len=700, page_size=16,
+            dict(kernel="paged_decode_attention", sizes=dict(batch=80, kv_len=700, page_size=16,
                                                              kv_heads=2, group=2, head_dim=32),
                  ok=True)]
     traces = fitting.row_traces(rows, "trn2")
