@@ -86,11 +86,11 @@ from nki_kernels.launch_options import program_cores
 from nki_kernels.paged_kv_append.kernel import scatter_rows
 
 from .kernel_cursor import Geometry, packed_columns, partition_iota, query_of_row
-from .kernel_items import (SCORES_AHEAD, batched_chunks, finish, fold_items, first_chunks,
-                           fold_shape, gathered, item_queries, item_row, loader, merge_split,
-                           prepare, PREP_AHEAD,
-                           static_block, static_block_keep, static_block_rows, static_rows,
-                           unit, unit_group_begin, unit_loops, write)
+from .kernel_items import (PREP_AHEAD, SCORES_AHEAD, batched_chunks, finish, fold_items,
+                           first_chunks, fold_shape, gathered, item_queries, item_row, loader,
+                           merge_split, prepare, static_block, static_block_keep,
+                           static_block_rows, static_rows, unit, unit_group_begin, unit_loops,
+                           write)
 from .kernel_load import (PSUM_BANK_BYTES, ROW_LIMIT, group_entry_rows, kt_dma_layout,
                           zero_rows)
 from .kernel_mask import custom_mask

@@ -11,8 +11,7 @@ from nki_kernels.backend import nisa, nl
 from .kernel_cursor import (advance, block_bounds, drop_invalid, item_columns, query_row_keys,
                             request_bounds, start_cursor, token_validity)
 from .kernel_load import (PSUM_BANK_BYTES, KTTile, KVTile, PackedKT, PackedKV, block_page_ids,
-                          block_pages,
-                          block_rows, converted_v, group_size, load_chunk_indirect,
+                          block_pages, block_rows, converted_v, group_size, load_chunk_indirect,
                           load_chunk_pages, load_group_indirect, load_group_pages, piece,
                           rows_of_pages, step_chunks, transpose_rows)
 from .kernel_mask import mask_start, masked_keep
