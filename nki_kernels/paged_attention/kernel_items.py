@@ -19,7 +19,8 @@ from .kernel_queries import group_queries, query_block_rows, query_tile_rows
 from .kernel_softmax import (bank_column, blank_bank, blank_state, chunk_scores, evict_scores,
                              finalize, finalize_bank, forget_unseen, group_stats, group_sums,
                              head_major, k_transposed, keys_between, load_bank, load_state,
-                             mask_keep, merge_states, merge_with_partner, poison_state,
+                             mask_keep, merge_bank_with_partner, merge_states, merge_with_partner,
+                             poison_state,
                              raw_scores, side_by_side, softmax_begin, softmax_end, state_bank,
                              state_tile, state_views, store_bank, store_state)
 from .work import (C0, C1, CHUNK_BLOCKS, ENTRY0, FULL_HI, FULL_LO, LEN, LOAD, META_COLS, OUT,
@@ -815,8 +816,11 @@ def write(st, states, b, bank=None, forgotten=False):
 def merge_split(st, states, b, bank=None):
     """LNC=2: this core's part of the unit split between the cores merged with the other's
     (both end with the merged states); program 0 writes the unit."""
-    for tile in states:
-        merge_with_partner(tile, st.p)
+    if bank is not None:
+        merge_bank_with_partner(bank, st.D, st.p)
+    else:
+        for tile in states:
+            merge_with_partner(tile, st.p)
     if st.p == 0:
         write(st, states, b, bank)
 

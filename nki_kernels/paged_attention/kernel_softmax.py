@@ -644,6 +644,32 @@ def merge_with_partner(st, p):
     merge_states(st, peer)
 
 
+def merge_bank_with_partner(bank, D, p):
+    """LNC=2: ``merge_with_partner`` for a ``state_bank`` of side-by-side states at once: one
+    ``nisa.sendrecv`` for the bank, the running maxima and both sides' weights of every tile in
+    one instruction each, then each tile's sums rescaled (a whole unit's eight tiles: 64
+    instructions became 22)."""
+    E = D + 2
+    R, W = bank.shape
+    n = W // E
+    peer = _f32((R, W), "peer_states")
+    nisa.sendrecv(src=bank, dst=peer, send_to_rank=1 - p, recv_from_rank=1 - p, pipe_id=0)
+    negm, peer_negm = bank[:, 0:W:E], peer[:, 0:W:E]
+    negm_new, a_mine, a_peer = _f32((R, n), "neg_m"), _f32((R, n), "alpha"), _f32((R, n), "alpha")
+    nisa.tensor_tensor(dst=negm_new, data1=negm, data2=peer_negm, op=nl.minimum)
+    nisa.tensor_tensor(dst=a_mine, data1=negm_new, data2=negm, op=nl.subtract)
+    nisa.activation(dst=a_mine, op=nl.exp, data=a_mine)
+    nisa.tensor_tensor(dst=a_peer, data1=negm_new, data2=peer_negm, op=nl.subtract)
+    nisa.activation(dst=a_peer, op=nl.exp, data=a_peer)
+    for t in range(n):             # ScalarE scales this side's sums, VectorE adds the peer's
+        sums = bank[:, t * E + 1:(t + 1) * E]
+        nisa.activation(dst=sums, op=nl.copy, data=sums, scale=a_mine[:, t:t + 1])
+        nisa.scalar_tensor_tensor(dst=sums, data=peer[:, t * E + 1:(t + 1) * E],
+                                  op0=nl.multiply, operand0=a_peer[:, t:t + 1], op1=nl.add,
+                                  operand1=sums)
+    nisa.tensor_copy(dst=negm, src=negm_new)
+
+
 def merge_states(st, other):
     """st <- the softmax state of both key sets: m = max(m0, m1), l = l0 a0 + l1 a1,
     acc = acc0 a0 + acc1 a1 with a_i = exp(m_i - m); an empty one (l = 0, the finite -NEG_BIG
