@@ -47,13 +47,14 @@ def _forced(mode):
     policy = work.static_pass
 
     def static_pass(req, page_size, batch_rows, cores=1, nc_version=3, chunk_bytes=0,
-                    row_bytes=0):
+                    row_bytes=0, pack=1):
         if mode == "loops":
             return 0
         row, slot = work.STATIC_ROW_COST_CHUNKS, work.STATIC_SLOT_COST_CHUNKS
         work.STATIC_ROW_COST_CHUNKS, work.STATIC_SLOT_COST_CHUNKS = -1e9, 0.0
         try:
-            return policy(req, page_size, batch_rows, cores, nc_version, chunk_bytes, row_bytes)
+            return policy(req, page_size, batch_rows, cores, nc_version, chunk_bytes, row_bytes,
+                          pack)
         finally:
             work.STATIC_ROW_COST_CHUNKS, work.STATIC_SLOT_COST_CHUNKS = row, slot
     return static_pass
@@ -70,11 +71,13 @@ def policy_terms(sizes, lnc):
 
 
 def picked(steps, row, slot):
-    """Total time of the steps with the static pass taken where rows x (row + chunks x slot)
-    (plus the split's exchange) is below the loops' cost."""
+    """Total time of the steps with the static pass taken where its ``work.static_cost`` (rows
+    x (row + chunks x slot), packed requests sharing some of it, plus the split's exchange) is
+    below the loops' cost."""
     total = 0.0
     for _, _, static_us, loops_us, (looped, rows, chunks, split) in steps:
-        cost = work.static_cost(rows, chunks, split, row, slot)
+        pack = work.static_pack(rows, LAYER["kv_heads"], LAYER["group"])   # bf16
+        cost = work.static_cost(rows, chunks, split, row, slot, pack=pack)
         total += static_us if cost < looped else loops_us
     return total
 
