@@ -85,3 +85,21 @@ def test_requests_without_keys_beside_full_ones(rng):
     ref, ref_lse = batch_decode_ref(q, kv, indptr, pages, last, layout, return_lse=True)
     assert (out[[1, 3, 6]] == 0).all() and np.isneginf(lse[[1, 3, 6]]).all()
     assert_close(out, ref, lse, ref_lse)
+
+
+@pytest.mark.parametrize("q_dtype, kv_dtype, layout", [
+    ("float16", "float16", "NHD"), ("bfloat16", "bfloat16", "HND"),
+    ("bfloat16", "float8_e5m2", "NHD"), ("float32", "bfloat16", "NHD")])
+def test_packed_rows_in_each_dtype_and_layout(rng, q_dtype, kv_dtype, layout):
+    """The cache's dtypes and layouts (K^T gathered transposed, or made on TensorE from a
+    packed tile's several requests' chunks), one tolerance per dtype."""
+    import ml_dtypes
+    from .conftest import make_decode_case
+    qd, kd = (np.dtype(getattr(ml_dtypes, n, None) or n) for n in (q_dtype, kv_dtype))
+    lens = [100, 300, 50, 700, 17, 256, 129, 1]
+    args = make_decode_case(rng, lens, 16, H, G, D, q_dtype=qd, kv_dtype=kd, layout=layout)
+    assert _packed(lens, 1) == 4
+    with simulate.use_target("trn2"):
+        out = batch_decode(*args)
+        assert not simulate.last_trace().loops
+    assert_close(out, batch_decode_ref(*args), dtype=kv_dtype if kv_dtype != "float32" else q_dtype)
