@@ -58,11 +58,6 @@ DMA_PT_LAG = 4
 SCORES_AHEAD = 8
 # Items of a static pass whose queries and mask are made ahead of the one whose scores are next
 PREP_AHEAD = 2
-# Whether blocks of queries whose P^T comes by DMA transpose their queries by DMA too
-# (``group_queries(by_dma=...)``); TensorE, idle while a launch sets up, does it sooner (trn2:
-# prefill 1k 468.2 -> 457.9 us, chunked 256 over 1k 194.4 -> 191.9, the mixed step 380.2 ->
-# 377.7; verification unchanged)
-Q_BY_DMA = False
 # K and V bytes per partition of a packed static step's gathers (its requests' chunks; three
 # steps are in flight): Llama-3-8B bf16 two chunks a step at four requests (trn2: 12 x 500-620
 # keys 111.1 -> 106.1 us, 16 x 600-1500 229.4 -> 220.5; 8 x 1024 101.2 -> 104.1)
@@ -210,7 +205,7 @@ def item_queries(st, item, slot=0, tile_rows=None):
         if tile_rows is not None:
             rows = tile_rows[t]
         pads, poison = group_queries(st.q, item.b, h0, n, st.G, st.Qt, st.mm_dtype, q0, kept,
-                                     rows, st.dma_pT and Q_BY_DMA, st.pack)
+                                     rows, st.pack)
         queries.append(pads)
         if poison is not None:
             poison_state(item.states[t], poison)
