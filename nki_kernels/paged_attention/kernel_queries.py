@@ -84,9 +84,10 @@ def group_queries(q, t0, h0, n, G, Qb, mm_dtype, q0=0, kept=None, rows=None, blo
     off-diagonal zeros kept from before), else fresh tiles zeroed here. ``rows``: the tile's
     rows [R, D] already loaded (``query_block_rows``), else loaded here (transposed on TensorE,
     idle while a launch sets up: by DMA, blocks of queries ran 1-2% slower, prefill 1k 457.9 ->
-    468.2 us). ``blocks``: the tile's rows are that many packed requests' (``kernel.packed_requests``),
-    each n / blocks kv heads: a head's stationary is [Dp, R / blocks], its request's rows only
-    (``raw_scores`` writes each request's scores at its own partitions)."""
+    468.2 us). ``blocks``: the tile's rows are that many packed requests'
+    (``kernel.packed_requests``), each n / blocks kv heads: a head's stationary is
+    [Dp, R / blocks], its request's rows only (``raw_scores`` writes each request's scores at
+    its own partitions)."""
     _, HQ, D = q.shape
     GQ = G * Qb
     R = n * GQ
