@@ -85,7 +85,7 @@ from nki_kernels.kernel_dtypes import dtype_bytes
 from nki_kernels.launch_options import program_cores
 from nki_kernels.paged_kv_append.kernel import scatter_rows
 
-from .kernel_cursor import Geometry, packed_columns, partition_iota, query_of_row
+from .kernel_cursor import Geometry, partition_iota, query_of_row
 from .kernel_items import (PREP_AHEAD, SCORES_AHEAD, batched_chunks, finish, fold_items,
                            first_chunks, fold_shape, gathered, item_queries, item_row, loader,
                            merge_split, prepare, static_block, static_block_keep,
@@ -225,8 +225,12 @@ def make_step(q, k_rows, v_rows, meta, kv_indices, tok_tab, row_tab, sinks, mask
     sources = ((k_rows, 0), (k_rows, v_rows_offset * D) if v_rows is None else (v_rows, 0))
     out = nl.ndarray((B, HQ, D), q.dtype, buffer=nl.shared_hbm, name="out")
     lse = nl.ndarray((B, HQ, 1), nl.float32, buffer=nl.shared_hbm, name="lse")
-    tok_sb = nl.ndarray((T, 2), nl.int32, buffer=nl.sbuf, name="tok_tab")
-    nisa.dma_copy(dst=tok_sb, src=tok_tab)
+    # a static pass on the indirect path gathers from the host's rows: no cursor, no entry rows
+    host_rows = bool(static_pass) and indirect and page_size <= 128
+    tok_sb = None
+    if not host_rows:
+        tok_sb = nl.ndarray((T, 2), nl.int32, buffer=nl.sbuf, name="tok_tab")
+        nisa.dma_copy(dst=tok_sb, src=tok_tab)
     GQ = G * Qt                                            # score rows per kv head and tile
     pack = packed_requests(B, Qb, H, G, static_pass, indirect, page_size, k_rows.dtype, mask_bits,
                            mm_dtype)
@@ -287,7 +291,7 @@ def make_step(q, k_rows, v_rows, meta, kv_indices, tok_tab, row_tab, sinks, mask
         f"tokens and no custom mask (work.unit_tail_chunks)")
     if st.unit_tail:                   # the tails' token columns
         block_columns(st, st.unit_tail)
-    if st.blocked and st.indirect:     # by f"{group}" (NKI dict keys are strings), ascending
+    if st.blocked and st.indirect and not host_rows:   # by f"{group}" (NKI dict keys: strings)
         groups = []
         for size in CHUNK_BLOCKS:
             groups.append(gathered(st, size))
@@ -548,10 +552,7 @@ def items_iteration(st, count, masked, width, chained, fresh=False, last_kept=Fa
         # every item's table row first, one DMA for the iteration: the DMAs that depend on one
         # (queries, page ids) then never queue behind another's
         pack = st.pack                 # requests an item (a static pass's packed tiles)
-        if pack > 1:
-            table, rows = packed_columns(st.meta, i, width // pack, pack, st.R // pack)
-        else:
-            table, rows = item_row(st, i, count, width, tile=True)
+        table, rows = item_row(st, i, count, width // pack, tile=True)
         batch = []
         # a static pass's rows make their queries and masks in the pipeline (static_prep)
         lazy = masked and st.scratch is None and static_block(st, masked, count)

@@ -33,13 +33,18 @@ class Geometry(NamedTuple):
     kt_dma: bool = False    # K gathered transposed ([D, heads, T]: kernel_load.KTTile)
 
 
-def item_columns(meta, i, parts, count=1, tile=False):
+def item_columns(meta, i, parts, count=1, tile=False, pack=1):
     """[parts, META_COLS] int32 per item: the table rows of work items i..i+count-1 in every
     partition (i: a device scalar), one DMA for all (the rows are consecutive): an item's
     scalars, bounds and cursor are all read from its row. ``tile``: also return the one
-    [parts, count * META_COLS] tile they are views of (first)."""
+    [parts, count * META_COLS] tile they are views of (first). ``pack`` > 1: a static pass's
+    packed items (``kernel.packed_requests``), each ``pack`` consecutive table rows from row i,
+    request r's row on partitions r * parts / pack.. (its score rows)."""
     t = nl.ndarray((parts, count * META_COLS), nl.int32, buffer=nl.sbuf, name="item")
-    if isinstance(i, int):             # a static pass: rows known at compile time
+    if pack > 1:
+        src = meta.ap([[META_COLS, pack], [0, parts // pack], [pack * META_COLS, count],
+                       [1, META_COLS]], offset=i * META_COLS)
+    elif isinstance(i, int):           # a static pass: rows known at compile time
         src = meta.ap([[0, parts], [1, count * META_COLS]], offset=i * META_COLS)
     else:
         src = meta.ap([[0, parts], [1, count * META_COLS]], scalar_offset=i, indirect_dim=0)
@@ -50,20 +55,6 @@ def item_columns(meta, i, parts, count=1, tile=False):
     if tile:
         return t, rows
     return rows if count > 1 else rows[0]
-
-
-def packed_columns(meta, i, count, pack, rows):
-    """The table rows of a static pass's ``count`` packed items from table row ``i`` (an int),
-    each ``pack`` consecutive rows (``kernel.packed_requests``), request r's row on partitions
-    r * rows.. (``rows``: its score rows): one [pack * rows, count * META_COLS] int32 tile, one
-    DMA, and its view per item."""
-    t = nl.ndarray((pack * rows, count * META_COLS), nl.int32, buffer=nl.sbuf, name="items")
-    nisa.dma_copy(dst=t, src=meta.ap([[META_COLS, pack], [0, rows], [pack * META_COLS, count],
-                                      [1, META_COLS]], offset=i * META_COLS))
-    views = []
-    for k in range(count):
-        views.append(t[:, k * META_COLS:(k + 1) * META_COLS])
-    return t, views
 
 
 class Bounds(NamedTuple):

@@ -247,7 +247,10 @@ def banked(st):
 def item_row(st, i, count, items=1, tile=False):
     """Work item i's table row on the partitions its setup reads (one DMA); ``items`` > 1: the
     rows of items i..i+items-1, as a list, still one DMA (``tile``: with the tile they are
-    views of, ``item_columns``)."""
+    views of, ``item_columns``); a packed static pass's items on their score rows, each
+    request's row on its own (``st.pack`` table rows an item)."""
+    if st.pack > 1:
+        return item_columns(st.meta, i, st.R, items, tile, st.pack)
     return item_columns(st.meta, i, max(st.T, st.R) if count else 1, items, tile)
 
 

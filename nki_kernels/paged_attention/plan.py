@@ -24,8 +24,8 @@ from .work import (LATE_TAILS, NO_WINDOW, NullItems, capacity_chunks, chunk_toke
                    item_query_bytes, items_per_iteration, null_pages, query_blocks, split_work,
                    static_full_slots, static_pass, static_rows_of, static_slot_rows, static_work,
                    tail_items, token_table, unit_tail_chunks, score_tiling, static_core_rows,
-                   static_pack, static_row_bytes,
-                   unit_tail_slots, whole_group_units, whole_units, window_span)
+                   static_pack, static_row_bytes, unit_tail_slots, whole_group_units,
+                   whole_units, window_span)
 
 
 def cache_rows(paged_kv_cache, D):
