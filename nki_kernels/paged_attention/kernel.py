@@ -48,7 +48,8 @@ pad a kind's last iteration: every access of theirs is past its tensor and skips
 may run a static pass instead (``static_pass`` = (chunks, full), work.static_pass): no device
 loop, each row one masked item of ``chunks`` chunks, written once; its token slots' cache rows
 come from the host (``spans`` holds them then, work.static_slot_rows), its rows' queries and
-masks are made a few rows ahead in the pipeline, and a decode pass packs requests into one tile
+masks are made a few rows ahead in the pipeline, each gather's K goes one gather ahead of its V
+(kernel_items.k_first), and a decode pass packs requests into one tile
 of score rows (work.static_pack: four Llama-3-8B requests fill 128 partitions; each request's
 scores are written at its own partition offset, so nothing crosses requests). With
 ``kernel[2]`` (LNC=2) each program instance runs the items of its own units and of its part of
@@ -87,8 +88,8 @@ from nki_kernels.paged_kv_append.kernel import scatter_rows
 
 from .kernel_cursor import Geometry, partition_iota, query_of_row
 from .kernel_items import (PREP_AHEAD, SCORES_AHEAD, batched_chunks, finish, fold_items,
-                           first_chunks, fold_shape, gathered, item_queries, item_row, loader,
-                           merge_split, prepare, static_block, static_block_keep,
+                           first_chunks, fold_shape, gathered, item_queries, item_row, k_first,
+                           loader, merge_split, prepare, static_block, static_block_keep,
                            static_block_rows, static_rows, unit, unit_group_begin, unit_loops,
                            write)
 from .kernel_load import (PSUM_BANK_BYTES, ROW_LIMIT, group_entry_rows, kt_dma_layout,
@@ -269,7 +270,7 @@ def make_step(q, k_rows, v_rows, meta, kv_indices, tok_tab, row_tab, sinks, mask
               # a static pass's leading slots that skip no row (their V needs no zeroing)
               full_slots=static_pass[1] if static_pass else 0,
               p=nl.program_id(0), cores=program_cores(), entry_rows={}, scratch=None,
-              keep_all=keep_all, mask=mask, q_pads=None,
+              keep_all=keep_all, mask=mask, q_pads=None, later=None,
               exp_scale=float(scale) if keep_all is not None else 1.0,
               iota_t=partition_iota(T),
               # blocks of queries: the running max's copy on GpSimd (VectorE is their busiest
@@ -399,6 +400,9 @@ def run_static_pass(st, chunks):
     merged (``merge_split``: one exchange), program 0 writing the output."""
     rows = st.q.shape[0] // st.Qb
     block_columns(st, chunks)
+    if static_block(st, True, chunks) and st.v_dtype is None:
+        st.later = []                  # K gathered one chunk ahead of V (kernel_items.k_first;
+                                       # a V converted as it loads is gathered with its K)
     if st.cores == 2 and rows >= 2:
         half = static_core_rows(rows, st.cores)
         items_iteration(st, chunks, True, half, False)(st.p * half)
@@ -479,7 +483,7 @@ def issue_gathers(st, item, count, masked, n):
         item.loads = {}
     load = loader(st, item, count, masked)
     for g in range(n):
-        item.loads[f"{g}"] = load(g)
+        item.loads[f"{g}"] = k_first(st, load, g)
 
 
 def upfront_gathers(st, count, masked, width):

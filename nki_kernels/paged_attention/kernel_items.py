@@ -390,11 +390,12 @@ def static_step_chunks(count, most):
 
 
 def loader(st, item, count, masked):
-    """load(g): the (K, V) views and mask predicate of the item's gather g."""
+    """load(g, later=None): the (K, V) views and mask predicate of the item's gather g (a
+    static block's V gathers left to ``later`` when it is a list, ``k_first``)."""
     group, width, _ = fold_shape(st, count, masked)
     rows, pids, cursor, bounds = item.rows, item.pids, item.cursor, item.bounds
 
-    def load(g):
+    def load(g, later=None):
         chunks = []
         if group > 1:
             if st.indirect:
@@ -410,8 +411,8 @@ def loader(st, item, count, masked):
             if item.keep is not None:
                 zero_v = ((k + 1 == count or not late_tail(st, count, masked))
                           and not (in_static_pass(st) and k < st.full_slots))
-                chunks.append(_load_packed(st, rows, k, count, zero_v) if st.pack > 1
-                              else _load_rows(st, rows[:, k:k + 1], zero_v))
+                chunks.append(_load_packed(st, rows, k, count, zero_v, later) if st.pack > 1
+                              else _load_rows(st, rows[:, k:k + 1], zero_v, later))
             else:
                 chunks.append(_load_chunk(st.consts, st.kv_indices, cursor, bounds, masked,
                                           None if rows is None else rows[:, k:k + 1],
@@ -516,29 +517,66 @@ def in_static_pass(st):
     return st.scratch is None and not st.whole
 
 
-def _load_rows(st, row, zero_v=True):
+def _load_rows(st, row, zero_v=True, later=None):
     """One chunk of a static block (``row``: its [T, 1] rows, dropped tokens past the cache):
     ((K, V) views, None); skipped V rows read 0 unless not ``zero_v`` (a chunk whose every row
     is gathered: a late tail's whole chunks), zeroed as ``load_chunk_indirect`` does (ScalarE
     copies a zero tile as fp32 words: VectorE, the decode softmax's busier engine, did every
-    third chunk's before they were words; now ScalarE alone is faster)."""
+    third chunk's before they were words; now ScalarE alone is faster). ``later``: a list to
+    which the V gather is left (``k_first``), K gathered now."""
     geo, sources, _, _, v_dtype, _, _, _, zeros = st.consts
     tiles = _chunk_tiles(geo, sources[0][0].dtype)
-    load_chunk_indirect(tiles, sources, st.kv_indices, None, None, geo, row, zeros,
-                        dropped=zero_v)
+    if later is None:
+        load_chunk_indirect(tiles, sources, st.kv_indices, None, None, geo, row, zeros,
+                            dropped=zero_v)
+    else:
+        load_chunk_indirect(tiles, sources, st.kv_indices, None, None, geo, row, zeros,
+                            dropped=zero_v, parts=(0,))
+        later.append((tiles, row, zero_v))
     views = _chunk_views(geo, tiles)
     if v_dtype is not None:
         views[1] = converted_v(views[1:], v_dtype)[0]
     return (views[0], views[1]), None
 
 
-def _load_packed(st, rows, k, count, zero_v):
+# A static pass gathers K one gather ahead of V (K0, K1, V0, K2, V1, ..., V(n-1)): a step's
+# scores and softmax run while its V still arrives, and after the last byte lands only its
+# P @ V and the outputs remain (K landing last left the whole step behind it: cost model, trn2,
+# 1 x 512 keys 11.8 -> 11.0 us, 12 x 500-620 106.1 -> 99.0, 32 x 64-2048 510.4 -> 467.6).
+def k_first(st, load, g):
+    """Gather g through ``load`` (a ``loader``'s), K first when ``st.later`` is a list (a
+    static pass): its K now, then the V of the gather before it; its own V waits in
+    ``st.later`` for the next gather's K or ``flush_later``."""
+    if st.later is None:
+        return load(g)
+    later = []
+    chunks = load(g, later)
+    flush_later(st)
+    for j in range(len(later)):
+        st.later.append(later[j])
+    return chunks
+
+
+def flush_later(st):
+    """Issue the V gathers ``k_first`` left in ``st.later``."""
+    if st.later is None:
+        return
+    geo, sources, _, _, _, _, _, _, zeros = st.consts
+    for j in range(len(st.later)):
+        tiles, row, zero_v = st.later[j]
+        load_chunk_indirect(tiles, sources, st.kv_indices, None, None, geo, row, zeros,
+                            dropped=zero_v, parts=(1,))
+    while len(st.later):
+        st.later.pop()
+
+
+def _load_packed(st, rows, k, count, zero_v, later=None):
     """Chunk slot k of a packed item's requests (``kernel.packed_requests``; ``rows``: their
     [T, count] cache rows side by side): each request's own gathers, as one chunk of the
     tile's virtual heads (``PackedKT`` / ``PackedKV``)."""
     ks, vs = [], []
     for r in range(st.pack):
-        views = _load_rows(st, rows[:, r * count + k:r * count + k + 1], zero_v)[0]
+        views = _load_rows(st, rows[:, r * count + k:r * count + k + 1], zero_v, later)[0]
         ks.append(views[0])
         vs.append(views[1])
     k_view = PackedKT(tuple(ks), st.geo.H) if st.geo.kt_dma else PackedKV(tuple(ks), st.geo.H)
@@ -620,7 +658,7 @@ def fold_items(st, items, count, masked, finished=True, prep=None):
         """The chunks of item i's softmax step s, loading them on first use."""
         key = f"{s // per_load}"
         if key not in loads[i]:
-            loads[i][key] = loaders[i](s // per_load)
+            loads[i][key] = k_first(st, loaders[i], s // per_load)
         k = (s % per_load) * width
         return loads[i][key][k:k + width]
 
@@ -669,6 +707,8 @@ def fold_items(st, items, count, masked, finished=True, prep=None):
         s, t = u // len(tiles), u % len(tiles)
         if t == 0 and i * steps + s + 2 < len(order):
             step(order[i * steps + s + 2][0], order[i * steps + s + 2][1])
+        elif t == 0:                      # no gather left to go before the last V
+            flush_later(st)
         if u == 0:
             _ready(prep, i + 1 + PREP_AHEAD)
         if v + ahead < total:

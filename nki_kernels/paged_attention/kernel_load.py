@@ -25,19 +25,20 @@ ROW_LIMIT = 2 ** 24      # fp32 represents every integer below this exactly
 
 
 def load_chunk_indirect(tiles, sources, kv_indices, cursor, valid_t, geo, row=None, zeros=None,
-                        dropped=False):
+                        dropped=False, parts=(0, 1)):
     """tiles: K and V [T, H*D] in SBUF (K as K^T [D, H, T] when ``geo.kt_dma``); sources: (rows
     [R, D] @ HBM, element offset) per tile; row: the chunk's [T, 1] cache rows when
     ``block_rows`` made them, else made here; zeros: ``zero_rows``, copied by ScalarE over a
     tile whose skipped rows must read 0 (VectorE is the busier engine of masked chunks), or
     None (a VectorE memset); ``dropped``: ``row`` already skips the tokens outside the keys
-    (``valid_t`` None), the V tile is zeroed all the same."""
+    (``valid_t`` None), the V tile is zeroed all the same; ``parts``: the tiles gathered (0 K,
+    1 V: a static pass gathers a chunk's V after the next chunk's K)."""
     T, D = geo.T, geo.D
     if row is None:
         row = _chunk_rows(kv_indices, cursor, geo)
     if valid_t is not None:
         drop_invalid(row, row, valid_t)
-    for i in range(len(tiles)):
+    for i in parts:
         tile = tiles[i]
         rows, offset = sources[i]
         if len(tile.shape) == 3:        # K^T: skipped columns keep stale keys, masked anyway

@@ -491,11 +491,12 @@ def finalize(state, out, lse, sinks, b, h0, G, Qb, v_scale, q0=0):
                                   operand1=sk)
         nisa.tensor_scalar(dst=acc, data=acc, op0=nl.multiply, operand0=alpha)
         negm = negm_new
+    ln_l = _ln_sums(l)                 # ScalarE: l is final before acc (VectorE) is
     rl = _inverse_sums(l, v_scale)
     o = nl.ndarray((R, D), out.dtype, buffer=nl.sbuf, name="o")
     nisa.activation(dst=o, op=nl.copy, data=acc, scale=rl)
     _write_rows(out, o, b, h0, G, Qb, q0)
-    _write_rows(lse, _log2_sums(l, negm), b, h0, G, Qb, q0)
+    _write_rows(lse, _log2_sums(ln_l, negm), b, h0, G, Qb, q0)
 
 
 def _inverse_sums(l, v_scale=1.0):
@@ -508,11 +509,18 @@ def _inverse_sums(l, v_scale=1.0):
     return rl
 
 
-def _log2_sums(l, negm):
-    """[R, n] LSE in base 2, (m + ln l) * log2(e), of n states (``negm`` = -m)."""
+def _ln_sums(l):
+    """[R, n] ln l of n states' sums (ScalarE), for ``_log2_sums``: issued before the
+    outputs' scaling, so the LSE's write waits on no exponent after them."""
     ln_l = _f32(l.shape, "ln_l")
     nisa.activation(dst=ln_l, op=nl.log, data=l)
-    if l.shape[1] == 1:                # one state: -m is a per-partition operand
+    return ln_l
+
+
+def _log2_sums(ln_l, negm):
+    """[R, n] LSE in base 2, (m + ln l) * log2(e), of n states (``negm`` = -m) from their
+    ``_ln_sums``, in place."""
+    if ln_l.shape[1] == 1:             # one state: -m is a per-partition operand
         nisa.tensor_scalar(dst=ln_l, data=ln_l, op0=nl.subtract, operand0=negm,
                            op1=nl.multiply, operand1=LN_TO_LOG2)
         return ln_l
@@ -532,8 +540,9 @@ def finalize_bank(bank, tiles, out, lse, b, G, Qb, v_scale):
     E = bank.shape[1] // n
     D = E - 2
     l, negm = bank_column(bank, D, 1, 0, n), bank_column(bank, D, 0, 0, n)
+    ln_l = _ln_sums(l)
     rl = _inverse_sums(l, v_scale)
-    ln_l = _log2_sums(l, negm)
+    ln_l = _log2_sums(ln_l, negm)
     heads = head_major(tiles)
     if side_by_side(tiles):     # tiles of n kv heads each, one block of queries: one DMA each
         o = nl.ndarray((R, n * D), out.dtype, buffer=nl.sbuf, name="o")

@@ -119,9 +119,9 @@ def test_late_tails_match_the_reference(rng, monkeypatch, lnc, page_size, option
     zeroed = []
     load_rows = kernel_items._load_rows
 
-    def spy(st, row, zero_v=True):
+    def spy(st, row, zero_v=True, later=None):
         zeroed.append(zero_v)
-        return load_rows(st, row, zero_v)
+        return load_rows(st, row, zero_v, later)
     with simulate.use_target("trn2"):
         mp = pytest.MonkeyPatch()
         mp.setattr(kernel_items, "_load_rows", spy)

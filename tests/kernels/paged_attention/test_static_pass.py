@@ -369,3 +369,28 @@ def test_a_request_without_keys_gives_zero_and_minus_inf_at_any_scale(rng, sm_sc
     ref, ref_lse = batch_decode_ref(*args, sm_scale=sm_scale, return_lse=True)
     assert (out[[1, 3]] == 0).all() and np.isneginf(lse[[1, 3]]).all()
     assert_close(out, ref, lse, ref_lse)
+
+
+@pytest.mark.parametrize("lens, cores", [([700], 1), ([700, 300, 1000], 1), ([1000], 2)])
+def test_a_pass_gathers_each_chunks_k_before_the_v_of_the_chunk_before(rng, lens, cores):
+    """K leads V by one gather (kernel_items.k_first): K0, K1, V0, K2, V1, ..., V(n-1) in
+    program order (a packed gather: each of its p requests' K, then the p V of the gather
+    before), every V gathered once, and the output still the reference's."""
+    import ml_dtypes
+    args = make_decode_case(rng, lens, 16, 8, 4, 128, q_dtype=ml_dtypes.bfloat16,
+                            kv_dtype=ml_dtypes.bfloat16)
+    with simulate.use_target("trn2"):
+        out = batch_decode(*args, lnc=cores)
+        trace = simulate.last_trace()
+    assert not trace.loops
+    order = ""
+    for e in trace.events:
+        if e.engine == "dma" and any(o.indirect == "vector" for o in e.operands):
+            order += "K" if e.operands[0].tensor.startswith("kT") else "V"
+    n = order.count("K")
+    assert n >= 4 * cores and order.count("V") == n
+    half = order[:len(order) // cores]           # the cores trace one after the other
+    p = 4 if len(lens) > 1 else 1                 # requests a gather packs (work.static_pack)
+    gathers = n // cores // p
+    assert half == "K" * p + ("K" * p + "V" * p) * (gathers - 1) + "V" * p
+    assert_close(out, batch_decode_ref(*args), dtype="bfloat16")

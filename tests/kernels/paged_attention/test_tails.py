@@ -90,9 +90,9 @@ def test_wide_decode_items_gather_through_the_pipeline(rng, monkeypatch, lnc, wi
     deferred = []
     load_rows = kernel_items._load_rows
 
-    def spy(st, row, zero_v=True):
+    def spy(st, row, zero_v=True, later=None):
         deferred.append(st.scratch is not None)
-        return load_rows(st, row, zero_v)
+        return load_rows(st, row, zero_v, later)
     monkeypatch.setattr(kernel_items, "_load_rows", spy)
     monkeypatch.setattr(work, "_late_tail", lambda *bounds: False)    # single masked chunks
     lens = [int(n) for n in rng.integers(300, 1200, 10)]
