@@ -371,6 +371,8 @@ def run_whole_units(st, span):
         whole_unit(nisa.scalar_load(span[0:1, 0:1]))
         return
     per = whole_units_per_iteration(st)
+    if st.unit_tail and st.v_dtype is None:
+        st.later = []                  # tails gather K ahead of V (kernel_items.k_first)
 
     def make_group(n):             # n units an iteration: one barrier, tails pipelined
         def unit_group(i):

@@ -426,7 +426,7 @@ def plan_prefill(prob, q_lens, qo_indptr, paged_kv_cache, causal,
                           table_capacity(prob.geo, prob.table), 1 if qb == 1 else bucket(n_items),
                           whole_units(qb), null, tails, unit_tail,
                           whole_group_units(tiles, rows, prob.geo.head_dim, mm_bytes,
-                                            host_nc_version()))
+                                            host_nc_version()), tiles)
     # item k covers tokens q0 .. q0 + qb of its request, at padded rows k*qb ..
     tok = items.q0[:, None] + np.arange(qb)[None, :]
     real = tok < q_lens[items.request][:, None]

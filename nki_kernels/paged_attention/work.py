@@ -1181,7 +1181,7 @@ def _null_row(kind: int, null: NullItems, units: int) -> np.ndarray:
 def split_work(req: _Requests, page_size: int, batch_rows: int, cores: int = 1,
                per_iteration: int = 1, capacity: int = None, sharing: int = 1,
                whole: bool = False, null: NullItems = None, tails: bool = False,
-               unit_tail: int = 0, group_units: int = 1) -> DecodeWork:
+               unit_tail: int = 0, group_units: int = 1, unit_tiles: int = None) -> DecodeWork:
     """decode_work over any work items (requests or query blocks, ``query_blocks``); units are
     numbered by row, ``batch_rows`` of them (a bucket); ``sharing``: see ``table_rows``.
     ``whole``: one item per unit (``whole_units``), the spans [cores, WHOLE_UNIT_SPAN_COLS]:
@@ -1195,9 +1195,11 @@ def split_work(req: _Requests, page_size: int, batch_rows: int, cores: int = 1,
     descriptor a token, so equal loops cost more: 32 x 64-2048 on two cores 409 -> 417 us).
     ``unit_tail``: whole units' tail slots (``unit_tail_chunks``; their rows
     ``with_unit_tail``); ``group_units``: whole units a loop iteration takes
-    (``whole_group_units``), whose rounds the rows then carry (``with_rounds``)."""
+    (``whole_group_units``), whose rounds the rows then carry (``with_rounds``);
+    ``unit_tiles``: a whole unit's tiles of score rows (its chunks' cost against a loop
+    iteration's, ``_whole_halves``; None: iterations over units not weighed)."""
     args = (req, batch_rows, cores, per_iteration, capacity, whole, null)
-    planned = _split_plan(*args, tails)
+    planned = _split_plan(*args, tails, group_units, unit_tiles)
     if tails == LATE_TAILS and not whole:
         plain = _split_plan(*args, False)
         if _iterations(planned) >= _iterations(plain):
@@ -1239,7 +1241,7 @@ def _iterations(planned: _Planned) -> int:
 
 
 def _split_plan(req: _Requests, batch_rows: int, cores: int, per_iteration: int, capacity,
-                whole: bool, null, tails) -> _Planned:
+                whole: bool, null, tails, group_units: int = 1, unit_tiles: int = None) -> _Planned:
     """``split_work``'s share of the units between the cores, with ``tails`` as given."""
     U = per_iteration
     pad = null is not None and not whole
@@ -1270,20 +1272,13 @@ def _split_plan(req: _Requests, batch_rows: int, cores: int, per_iteration: int,
         split, cut = None, None
         loads = (float(_core_load(chunks.sum(), kinds.sum(axis=0), U)), 0.0)
     elif whole and B > 1:
-        # whole units on two cores: each core runs units of its own, cut at the unit edge
+        # whole units on two cores: each core runs units of its own, the two sets the ones
         # where the slower core has the least modelled work; no unit is split (a split one
         # costs both cores its queries and every tile's exchange and merge)
-        k = np.arange(1, B)
-        before_kinds = np.cumsum(kinds, axis=0)
-        before_chunks = np.cumsum(chunks)
-        side = [_core_load(before_chunks[k - 1], before_kinds[k - 1], U, pad),
-                _core_load(before_chunks[-1] - before_chunks[k - 1],
-                           before_kinds[-1] - before_kinds[k - 1], U, pad)]
-        best = np.lexsort((np.abs(side[0] - side[1]), np.maximum(side[0], side[1])))[0]
-        edge = int(k[best])
-        plan = [[(b, b, parts[b]) for b in range(edge)],
-                [(b, b, parts[b]) for b in range(edge, B)]]
-        split, cut, loads = None, None, (float(side[0][best]), float(side[1][best]))
+        ones, loads = _whole_halves(chunks, kinds, U, pad, group_units, unit_tiles)
+        plan = [[(b, b, parts[b]) for b in range(B) if not ones[b]],
+                [(b, b, parts[b]) for b in range(B) if ones[b]]]
+        split, cut = None, None
     else:
         # the cut of the units in their order, or grouped by the kinds of item they have (each
         # core then runs fewer kinds, so fewer loops: a spread batch), whichever leaves the
@@ -1297,6 +1292,51 @@ def _split_plan(req: _Requests, batch_rows: int, cores: int, per_iteration: int,
                                     chunks[grouped], batch_rows, U, pad, grouped, tails))
         req, plan, split, cut, loads = min(options, key=lambda o: (max(o[4]), o[4][0]))
     return _Planned(req, plan, split, cut, loads, U, pad, capacity)
+
+
+# Whole units a launch may have for ``_whole_halves`` to weigh every way of sharing them between
+# two cores (2 ** (units - 1) ways); more are cut in their order, at one unit edge.
+WHOLE_HALVES_SEARCH_UNITS = 14
+# A loop iteration over whole units (its barrier, fill and drain, ~12 us on trn2) in chunks of
+# one tile of score rows (~0.3 us each); a unit's chunk costs its tiles' (assumed)
+WHOLE_ITERATION_TILE_CHUNKS = 40.0
+
+
+def group_iterations(n, per):
+    """Loop iterations ``kernel.run_whole_units`` takes over ``n`` units (an array) of a core:
+    groups of ``per`` units, then at most one of each smaller power of two."""
+    n = np.asarray(n, np.int64)
+    count = np.zeros_like(n)
+    while per >= 1:
+        count += n // per
+        n = n % per
+        per //= 2
+    return count
+
+
+def _whole_halves(chunks, kinds, U, pad, group_units=1, unit_tiles=None):
+    """Which core (0 / 1 per unit) runs each of B >= 2 whole units, and the two cores' modelled
+    loads (``_core_load`` plus, given ``unit_tiles``, each loop iteration over the core's
+    units, WHOLE_ITERATION_TILE_CHUNKS / ``unit_tiles`` chunks, ``group_iterations`` of
+    ``group_units``): of the ways that give each core a unit, the one whose slower core has the
+    least (then the closer pair), any units on either core when there are at most
+    WHOLE_HALVES_SEARCH_UNITS, else a cut in their order (cost model, trn2, LNC=2: four prompt
+    chunks of 256 over 1315 / 1049 / 892 / 591 keys 418.8 -> 383.2 us with 1315 and 591 on
+    one core, not the first two)."""
+    B = len(chunks)
+    if B <= WHOLE_HALVES_SEARCH_UNITS:     # unit 0 on core 0; the others' bits say core 1
+        ways = np.arange(1, 1 << (B - 1))
+        ones = np.concatenate([np.zeros((ways.size, 1), np.int64),
+                               (ways[:, None] >> np.arange(B - 1)) & 1], axis=1)
+    else:                                  # a cut: units [k, B) on core 1
+        ones = (np.arange(B)[None, :] >= np.arange(1, B)[:, None]).astype(np.int64)
+    per = WHOLE_ITERATION_TILE_CHUNKS / unit_tiles if unit_tiles else 0.0
+    side = [_core_load((1 - ones) @ chunks, (1 - ones) @ kinds, U, pad)
+            + per * group_iterations(B - ones.sum(axis=1), group_units),
+            _core_load(ones @ chunks, ones @ kinds, U, pad)
+            + per * group_iterations(ones.sum(axis=1), group_units)]
+    best = np.lexsort((np.abs(side[0] - side[1]), np.maximum(side[0], side[1])))[0]
+    return ones[best], (float(side[0][best]), float(side[1][best]))
 
 
 def _split_table(planned: _Planned, page_size: int, batch_rows: int, cores: int, sharing: int,

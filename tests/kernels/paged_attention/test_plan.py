@@ -513,7 +513,7 @@ def _check_whole_units(req, work, rows_bucket, P, cores):
     """Whole units (prefill blocks): a core's units run as one item each over all their chunks
     [c0, c1), in unit order; with two cores and one unit, each core has one more item, its part
     of the split unit (the parts [c0, cut) and [cut, c1) on cores 0 and 1); with two units or
-    more, no unit is split (span column 3 is 0) and core 0's units all precede core 1's; every
+    more, no unit is split (span column 3 is 0) and each core has units of its own; every
     chunk runs exactly once and the rows no core runs are zero."""
     assert work.spans.shape == (cores, WHOLE_UNIT_SPAN_COLS)
     seen, used, parts = {}, [], []
@@ -533,8 +533,9 @@ def _check_whole_units(req, work, rows_bucket, P, cores):
                 i = int(work.spans[p, 2])
                 used.append(i)
                 parts.append(work.items[i])
-    if cores == 2 and req.L.size > 1:
-        assert int(work.spans[0, 1]) <= int(work.spans[1, 0])     # core 0's units come first
+    if cores == 2 and req.L.size > 1:      # each core has units of its own, in disjoint rows
+        assert all(int(work.spans[p, 1]) > int(work.spans[p, 0]) for p in range(2))
+        assert int(work.spans[0, 1]) <= int(work.spans[1, 0])
     if cores == 2 and req.L.size == 1:
         b = 0
         assert parts[0][OUT] == parts[1][OUT] == req.out[b]
@@ -597,3 +598,41 @@ def test_two_units_on_two_cores_run_one_each_and_none_is_split():
     sizes = [int(r[C1] - r[C0]) for r in parts]
     assert sum(sizes) == 8 and min(sizes) > 0
     _check_whole_units(one, work, 1, 16, 2)
+
+
+def test_loop_iterations_over_a_cores_whole_units():
+    """Groups of four, then at most one group of two and one unit alone."""
+    got = work_module.group_iterations(np.array([0, 1, 4, 5, 6, 7, 8, 11]), 4)
+    assert got.tolist() == [0, 1, 1, 2, 2, 3, 2, 4]
+    assert work_module.group_iterations(np.array([3]), 1).tolist() == [3]
+
+
+def test_two_cores_share_whole_units_by_their_work_not_their_order():
+    """Four prompt chunks of 11 / 9 / 7 / 5 chunks of keys: the cut in their order leaves the
+    slower core 20 of 32 chunks; any two-and-two sharing takes 16 each."""
+    chunks = np.array([11, 9, 7, 5])
+    ones, loads = work_module._whole_halves(chunks, np.zeros((4, 3), np.int64), 1, False)
+    assert (ones @ chunks, (1 - ones) @ chunks) == (16, 16) and ones[0] == 0
+    assert loads[0] == loads[1]
+
+
+def test_two_cores_weigh_their_loops_over_whole_units():
+    """Twelve units of 64 queries (16 tiles each): sharing 7 / 5 balances their chunks to one,
+    but 7 units take three loop iterations in groups of four (4 + 2 + 1); with the iterations
+    priced, no core takes more than two."""
+    chunks = np.array([10, 11, 8, 9, 7, 7, 4, 5, 5, 5, 2, 2])
+    kinds = np.zeros((12, 3), np.int64)
+    plain, _ = work_module._whole_halves(chunks, kinds, 1, False)
+    assert max(work_module.group_iterations(np.array([plain.sum(), 12 - plain.sum()]), 4)) == 3
+    priced, _ = work_module._whole_halves(chunks, kinds, 1, False, 4, 16)
+    units = np.array([priced.sum(), 12 - priced.sum()])
+    assert max(work_module.group_iterations(units, 4)) == 2
+    assert abs(int(priced @ chunks) - int((1 - priced) @ chunks)) <= 12
+
+
+def test_many_whole_units_are_cut_in_their_order():
+    """Past WHOLE_HALVES_SEARCH_UNITS the cores take the units in order, cut at one edge."""
+    B = work_module.WHOLE_HALVES_SEARCH_UNITS + 2
+    ones, _ = work_module._whole_halves(np.arange(B) + 1, np.zeros((B, 3), np.int64), 1, False)
+    k = int(np.argmax(ones))
+    assert ones[:k].sum() == 0 and ones[k:].all()
