@@ -339,3 +339,24 @@ def test_two_cores_run_a_bucket_of_two_blocks_one_each_without_a_loop(rng, minim
             assert loops and not [l for l in loops if l["depth"] > 0]
     finally:
         set_bucket_policy(old)
+
+
+@pytest.mark.parametrize("q_lens, kv_lens", [([100] * 4, [1300, 1000, 900, 600]),
+                                             ([96] * 5, [1200, 200, 900, 800, 300])], ids=str)
+def test_two_cores_share_blocks_out_of_their_order(rng, q_lens, kv_lens, monkeypatch):
+    """LNC=2 gives each core blocks of queries by their work, not their order (work._whole_halves:
+    a core's rows are not a run of consecutive blocks here), and every output is the
+    reference's."""
+    from nki_kernels.paged_attention import work
+    shared = []
+    halves = work._whole_halves
+
+    def spy(*a, **k):
+        ones, loads = halves(*a, **k)
+        shared.append(ones.copy())
+        return ones, loads
+    monkeypatch.setattr(work, "_whole_halves", spy)
+    args = make_prefill_case(rng, q_lens, kv_lens, 16, 2, 4, 64)
+    with simulate.use_target("trn2"):
+        check(args, causal=True, lnc=2)
+    assert shared and (np.diff(shared[-1]) < 0).any()      # a core-1 block before a core-0 one
