@@ -539,14 +539,16 @@ def _load_rows(st, row, zero_v=True, later=None):
     return (views[0], views[1]), None
 
 
-# A static pass gathers K one gather ahead of V (K0, K1, V0, K2, V1, ..., V(n-1)): a step's
-# scores and softmax run while its V still arrives, and after the last byte lands only its
-# P @ V and the outputs remain (K landing last left the whole step behind it: cost model, trn2,
-# 1 x 512 keys 11.8 -> 11.0 us, 12 x 500-620 106.1 -> 99.0, 32 x 64-2048 510.4 -> 467.6).
+# A static pass (and whole units' tails in a loop over units) gathers K one gather ahead of V
+# (K0, K1, V0, K2, V1, ..., V(n-1)): a step's scores and softmax run while its V still arrives,
+# and after the last byte lands only its P @ V and the outputs remain (K landing last left the
+# whole step behind it: cost model, trn2, 1 x 512 keys 11.8 -> 11.0 us, 12 x 500-620 106.1 ->
+# 99.0, 32 x 64-2048 510.4 -> 467.6; prefill tails 0.4% faster).
 def k_first(st, load, g):
     """Gather g through ``load`` (a ``loader``'s), K first when ``st.later`` is a list (a
-    static pass): its K now, then the V of the gather before it; its own V waits in
-    ``st.later`` for the next gather's K or ``flush_later``."""
+    static pass, whole units' tails; gathers of other kinds ignore it): its K now, then the V
+    of the gather before it; its own V waits in ``st.later`` for the next gather's K or
+    ``flush_later`` (``fold_items`` calls it once no gather is left to issue)."""
     if st.later is None:
         return load(g)
     later = []
