@@ -187,6 +187,23 @@ def test_prefill_query_block_follows_the_work():
     assert prefill_query_block(prob, np.array([16]), cache, -1, True) == 16
 
 
+def test_two_cores_halve_the_blocks_only_of_a_request_holding_most_of_the_work():
+    """LNC=2: a launch whose one request holds most of its work (queries x keys) splits that
+    request's queries into two blocks at least, so each core runs a whole unit; among several
+    comparable requests the blocks stay whole (halving them would read every request's keys
+    twice: ten chunks of 64 gathered 1.67x the minimum bytes)."""
+    from nki_kernels.paged_attention.plan import dominant_request, prefill_query_block
+    assert dominant_request([256, 16], [1200, 300]) and dominant_request([64], [64])
+    assert not dominant_request([64] * 10, [1500, 100, 800, 900, 300, 1200, 700, 600, 400, 1000])
+    assert not dominant_request([], [])
+    lens = [1300, 1000, 900, 600]
+    prob, cache = _problem([64] * 4, lens)
+    assert prefill_query_block(prob, np.array([64] * 4), cache, -1, True, cores=2) == 64
+    prob, cache = _problem([64, 8], [1300, 100])
+    assert prefill_query_block(prob, np.array([64, 8]), cache, -1, True, cores=2) == 32
+    assert prefill_query_block(prob, np.array([64, 8]), cache, -1, True, cores=1) == 64
+
+
 @pytest.mark.parametrize("target", ["trn1", "trn2"])
 def test_mixed_chunk_lengths_in_smaller_items(target):
     """A mixed step whose prompt launch the block policy cuts into smaller items (a short last
