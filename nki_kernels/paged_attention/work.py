@@ -1304,14 +1304,13 @@ WHOLE_ITERATION_TILE_CHUNKS = 40.0
 
 def group_iterations(n, per):
     """Loop iterations ``kernel.run_whole_units`` takes over ``n`` units (an array) of a core:
-    groups of ``per`` units, then at most one of each smaller power of two."""
+    its ``unit_groups``, then the unit left alone, if any."""
     n = np.asarray(n, np.int64)
-    count = np.zeros_like(n)
-    while per >= 1:
-        count += n // per
-        n = n % per
-        per //= 2
-    return count
+    table = []
+    for k in range(int(n.max(initial=0)) + 1):
+        groups = unit_groups(0, k, per)
+        table.append(len(groups) + k - sum(size for _, size in groups))
+    return np.asarray(table, np.int64)[n]
 
 
 def _whole_halves(chunks, kinds, U, pad, group_units=1, unit_tiles=None):
