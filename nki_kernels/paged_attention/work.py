@@ -1295,8 +1295,9 @@ def _split_plan(req: _Requests, batch_rows: int, cores: int, per_iteration: int,
 
 
 # Whole units a launch may have for ``_whole_halves`` to weigh every way of sharing them between
-# two cores (2 ** (units - 1) ways); more are cut in their order, at one unit edge.
-WHOLE_HALVES_SEARCH_UNITS = 14
+# two cores (2 ** (units - 1) ways: 0.2 ms of host time at 10, 5 ms at 14); more weigh the cuts
+# in their order and a greedy sharing by chunks.
+WHOLE_HALVES_SEARCH_UNITS = 10
 # A loop iteration over whole units (its barrier, fill and drain, ~12 us on trn2) in chunks of
 # one tile of score rows (~0.3 us each); a unit's chunk costs its tiles' (assumed)
 WHOLE_ITERATION_TILE_CHUNKS = 40.0
@@ -1319,16 +1320,17 @@ def _whole_halves(chunks, kinds, U, pad, group_units=1, unit_tiles=None):
     units, WHOLE_ITERATION_TILE_CHUNKS / ``unit_tiles`` chunks, ``group_iterations`` of
     ``group_units``): of the ways that give each core a unit, the one whose slower core has the
     least (then the closer pair), any units on either core when there are at most
-    WHOLE_HALVES_SEARCH_UNITS, else a cut in their order (cost model, trn2, LNC=2: four prompt
-    chunks of 256 over 1315 / 1049 / 892 / 591 keys 418.8 -> 383.2 us with 1315 and 591 on
-    one core, not the first two)."""
+    WHOLE_HALVES_SEARCH_UNITS, else the cuts in their order and ``_greedy_halves`` (cost
+    model, trn2, LNC=2: four prompt chunks of 256 over 1315 / 1049 / 892 / 591 keys 418.8 ->
+    383.2 us with 1315 and 591 on one core, not the first two)."""
     B = len(chunks)
     if B <= WHOLE_HALVES_SEARCH_UNITS:     # unit 0 on core 0; the others' bits say core 1
         ways = np.arange(1, 1 << (B - 1))
         ones = np.concatenate([np.zeros((ways.size, 1), np.int64),
                                (ways[:, None] >> np.arange(B - 1)) & 1], axis=1)
-    else:                                  # a cut: units [k, B) on core 1
-        ones = (np.arange(B)[None, :] >= np.arange(1, B)[:, None]).astype(np.int64)
+    else:                                  # the cuts (units [k, B) on core 1), the greedy one
+        ones = np.vstack([(np.arange(B)[None, :] >= np.arange(1, B)[:, None]).astype(np.int64),
+                          _greedy_halves(chunks)[None, :]])
     per = WHOLE_ITERATION_TILE_CHUNKS / unit_tiles if unit_tiles else 0.0
     side = [_core_load((1 - ones) @ chunks, (1 - ones) @ kinds, U, pad)
             + per * group_iterations(B - ones.sum(axis=1), group_units),
@@ -1336,6 +1338,18 @@ def _whole_halves(chunks, kinds, U, pad, group_units=1, unit_tiles=None):
             + per * group_iterations(ones.sum(axis=1), group_units)]
     best = np.lexsort((np.abs(side[0] - side[1]), np.maximum(side[0], side[1])))[0]
     return ones[best], (float(side[0][best]), float(side[1][best]))
+
+
+def _greedy_halves(chunks):
+    """[B] 0 / 1: the core of each unit, largest first, each to the core with fewer chunks so
+    far (the first two to different cores)."""
+    ones = np.zeros(len(chunks), np.int64)
+    load = [0, 0]
+    for b in np.argsort(-np.asarray(chunks), kind="stable"):
+        core = 0 if load[0] <= load[1] else 1
+        ones[b] = core
+        load[core] += int(chunks[b])
+    return ones
 
 
 def _split_table(planned: _Planned, page_size: int, batch_rows: int, cores: int, sharing: int,

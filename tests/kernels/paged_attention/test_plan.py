@@ -616,10 +616,11 @@ def test_two_cores_share_whole_units_by_their_work_not_their_order():
     assert loads[0] == loads[1]
 
 
-def test_two_cores_weigh_their_loops_over_whole_units():
-    """Twelve units of 64 queries (16 tiles each): sharing 7 / 5 balances their chunks to one,
-    but 7 units take three loop iterations in groups of four (4 + 2 + 1); with the iterations
-    priced, no core takes more than two."""
+def test_two_cores_weigh_their_loops_over_whole_units(monkeypatch):
+    """Twelve units of 64 queries (16 tiles each), every sharing weighed: 7 / 5 balances their
+    chunks to one, but 7 units take three loop iterations in groups of four (4 + 2 + 1); with
+    the iterations priced, no core takes more than two."""
+    monkeypatch.setattr(work_module, "WHOLE_HALVES_SEARCH_UNITS", 12)
     chunks = np.array([10, 11, 8, 9, 7, 7, 4, 5, 5, 5, 2, 2])
     kinds = np.zeros((12, 3), np.int64)
     plain, _ = work_module._whole_halves(chunks, kinds, 1, False)
@@ -630,9 +631,17 @@ def test_two_cores_weigh_their_loops_over_whole_units():
     assert abs(int(priced @ chunks) - int((1 - priced) @ chunks)) <= 12
 
 
-def test_many_whole_units_are_cut_in_their_order():
-    """Past WHOLE_HALVES_SEARCH_UNITS the cores take the units in order, cut at one edge."""
+def test_many_whole_units_take_the_better_of_a_cut_and_a_greedy_sharing():
+    """Past WHOLE_HALVES_SEARCH_UNITS the cores weigh the cuts in the units' order and a greedy
+    sharing by chunks (largest first, each to the lighter core): growing lengths balance by the
+    greedy one (no cut does), one long unit first by the cut after it."""
     B = work_module.WHOLE_HALVES_SEARCH_UNITS + 2
-    ones, _ = work_module._whole_halves(np.arange(B) + 1, np.zeros((B, 3), np.int64), 1, False)
-    k = int(np.argmax(ones))
-    assert ones[:k].sum() == 0 and ones[k:].all()
+    kinds = np.zeros((B, 3), np.int64)
+    chunks = np.arange(B) + 1
+    ones, _ = work_module._whole_halves(chunks, kinds, 1, False)
+    assert (ones == work_module._greedy_halves(chunks)).all()
+    assert abs(int(ones @ chunks) - int((1 - ones) @ chunks)) <= 1
+    chunks = np.array([100] + [1] * (B - 1))
+    ones, _ = work_module._whole_halves(chunks, kinds, 1, False)
+    assert ones[0] != ones[1] and (ones[1:] == ones[1]).all()
+    assert sorted(work_module._greedy_halves(np.array([5, 9, 7, 3])).tolist()) == [0, 0, 1, 1]
