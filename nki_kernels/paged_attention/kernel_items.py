@@ -526,12 +526,9 @@ def _load_rows(st, row, zero_v=True, later=None):
     which the V gather is left (``k_first``), K gathered now."""
     geo, sources, _, _, v_dtype, _, _, _, zeros = st.consts
     tiles = _chunk_tiles(geo, sources[0][0].dtype)
-    if later is None:
-        load_chunk_indirect(tiles, sources, st.kv_indices, None, None, geo, row, zeros,
-                            dropped=zero_v)
-    else:
-        load_chunk_indirect(tiles, sources, st.kv_indices, None, None, geo, row, zeros,
-                            dropped=zero_v, parts=(0,))
+    load_chunk_indirect(tiles, sources, st.kv_indices, None, None, geo, row, zeros,
+                        dropped=zero_v, parts=(0, 1) if later is None else (0,))
+    if later is not None:
         later.append((tiles, row, zero_v))
     views = _chunk_views(geo, tiles)
     if v_dtype is not None:
