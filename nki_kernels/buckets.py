@@ -83,6 +83,17 @@ def bucket(n: int) -> int:
     return _policy.bucket(n)
 
 
+def bucket_floor(b: int) -> int:
+    """The least size n >= 1 the current policy pads to bucket ``b`` (``bucket(n) == b``): what
+    a launch of that bucket is sure to hold, so a kernel may fold that many items without a
+    device loop and still compile once per bucket. ``b`` itself when no size pads to it."""
+    b = int(b)
+    low = 1
+    while low < b and _policy.bucket(low) != b:
+        low = min(b, _policy.bucket(low) + 1)
+    return low
+
+
 TAIL_ENV = "NKI_KERNELS_TAIL_SLOTS"
 TAIL_SLOTS = (1, 2, 4, 8)
 # The tail sizes a launch chooses between by default: four slots, or four or eight when each

@@ -32,6 +32,8 @@ Args (device):
         have a sliding window (False: every window start is 0, and no mask checks it);
         unit_tail: a whole unit's tail slots (0: none; causal launches: work.with_unit_tail
         made their rows)
+        lead_units: whole units the launch is sure to hold (work.lead_units): their groups
+        run without a device loop
 Returns out [B, HQ, D] (q dtype) and lse [B, HQ, 1] fp32, base 2, @ shared HBM.
 
 Control flow is on the device: one loop per kind of work item and width (U items per iteration,
@@ -118,17 +120,18 @@ def whole_units_per_iteration(st):
 @nki.jit
 def batch_decode_kernel(q, k_rows, v_rows, meta, spans, kv_indices, tok_tab, row_tab, sinks,
                         mask_bits, num_kv_heads, page_size, strides, token_pattern, scale, soft_cap,
-                        v_scale, mm_dtype, static_pass=(), windowed=True, unit_tail=0):
+                        v_scale, mm_dtype, static_pass=(), windowed=True, unit_tail=0,
+                        lead_units=0):
     return attention(q, k_rows, v_rows, meta, spans, kv_indices, tok_tab, row_tab, sinks,
                      mask_bits, num_kv_heads, page_size, strides, token_pattern, scale, soft_cap,
-                     v_scale, mm_dtype, static_pass, windowed, unit_tail)
+                     v_scale, mm_dtype, static_pass, windowed, unit_tail, lead_units)
 
 
 @nki.jit
 def append_attention_kernel(q, k_rows, v_rows, key, value, slots, counts, quant, write, meta, spans,
                             kv_indices, tok_tab, row_tab, sinks, mask_bits, num_kv_heads, page_size,
                             strides, token_pattern, scale, soft_cap, v_scale, mm_dtype,
-                            static_pass=(), windowed=True, unit_tail=0):
+                            static_pass=(), windowed=True, unit_tail=0, lead_units=0):
     """Fused write: the step's new K/V rows are scattered into the cache first, then attention
     reads them with the rest, in one launch. ``key``, ``value``, ``slots``, ``counts``, ``quant``
     and ``write`` = (token pattern, V offset, cache row elements, quantization limit) are
@@ -149,7 +152,7 @@ def append_attention_kernel(q, k_rows, v_rows, key, value, slots, counts, quant,
             nisa.core_barrier(data=t, cores=(0, 1))
     return attention(q, k_rows, v_rows, meta, spans, kv_indices, tok_tab, row_tab, sinks,
                      mask_bits, num_kv_heads, page_size, strides, token_pattern, scale, soft_cap,
-                     v_scale, mm_dtype, static_pass, windowed, unit_tail)
+                     v_scale, mm_dtype, static_pass, windowed, unit_tail, lead_units)
 
 
 class Step(nl.NKIObject):
@@ -164,11 +167,12 @@ class Step(nl.NKIObject):
 
 def attention(q, k_rows, v_rows, meta, spans, kv_indices, tok_tab, row_tab, sinks, mask_bits,
               num_kv_heads, page_size, strides, token_pattern, scale, soft_cap, v_scale, mm_dtype,
-              static_pass=(), windowed=True, unit_tail=0):
+              static_pass=(), windowed=True, unit_tail=0, lead_units=0):
     """The kernel's body (arguments as above): returns out, lse."""
     st = make_step(q, k_rows, v_rows, meta, kv_indices, tok_tab, row_tab, sinks, mask_bits,
                    num_kv_heads, page_size, strides, token_pattern, scale, soft_cap, v_scale,
                    mm_dtype, static_pass, windowed, unit_tail)
+    st.lead_units = lead_units if st.whole else 0
     if static_pass:
         st.slot_rows = spans           # no loops: the pass's token slots' cache rows instead
         run_static_pass(st, static_pass[0])
@@ -382,6 +386,13 @@ def run_whole_units(st, span):
                 write(st, item.states, item.b, item.bank)
         return unit_group
     first, end = nisa.scalar_load(span[0:1, 0:1]), nisa.scalar_load(span[0:1, 1:2])
+    lead = st.lead_units // per        # groups the bucket guarantees: no loop, so no barrier
+    for g in range(lead):              # and no fill between them (``work.lead_units``)
+        if per > 1:
+            make_group(per)(first + g * per)
+        else:
+            whole_unit(first + g)
+    first = first + lead * per
     while per > 1:                 # groups of per units, then of half as many (at most one)
         grouped = first + ((end - first) // per) * per
         nl.fori_loop(first, grouped, make_group(per), step=per)

@@ -21,7 +21,7 @@ from nki_kernels.paged_cache.layout import split_cache
 from .checks import check_batch_decode_inputs, soft_cap
 from .custom_mask import mask_table, with_mask_free_chunks
 from .work import (LATE_TAILS, NO_WINDOW, NullItems, capacity_chunks, chunk_tokens, decode_work,
-                   item_query_bytes, items_per_iteration, null_pages, query_blocks, split_work,
+                   item_query_bytes, lead_units, items_per_iteration, null_pages, query_blocks, split_work,
                    static_full_slots, static_pass, static_rows_of, static_slot_rows, static_work,
                    tail_items, token_table, unit_tail_chunks, score_tiling, static_core_rows,
                    static_pack, static_row_bytes, unit_tail_slots, whole_group_units,
@@ -180,7 +180,7 @@ def _static_plan(req, page_size, batch_rows, chunks, null, cores):
 def static_chunks(statics) -> int:
     """The static pass's chunks per row in a launch's static arguments (``kernel_arguments``),
     0 for device loops."""
-    static = statics[-3]
+    static = statics[STATIC_PASS]
     return static[0] if static else 0
 
 
@@ -204,14 +204,19 @@ def table_capacity(geo, table) -> int:
     return capacity_chunks(page_table_rows(geo, table), geo.page_size)
 
 
+# Where kernel_arguments' static arguments hold the static pass, whether windows are checked,
+# whole units' tail slots and the units a bucket guarantees
+STATIC_PASS, WINDOWED, UNIT_TAIL, LEAD_UNITS = 8, 9, 10, 11
+
+
 def kernel_arguments(prob, paged_kv_cache, work, row_tab, sinks,
                      logits_soft_cap, k_scale, v_scale, mask_bits=None, static=(),
-                     window_left=-1, unit_tail=0):
+                     window_left=-1, unit_tail=0, lead=0):
     """The kernel's array arguments after the cache rows (work tables, padded page list, token
     table, row table, sinks, custom-mask table) and its static arguments, for checked inputs
     ``prob`` (``static``: the static pass's chunks per item, ``work.static_pass``, or ();
     ``window_left``: whether the kernel checks window starts at all is static, a model constant;
-    ``unit_tail``: whole units' tail slots, ``_unit_tail``)."""
+    ``unit_tail``: whole units' tail slots, ``_unit_tail``; ``lead``: ``work.lead_units``)."""
     geo = prob.geo
     k_dtype = split_cache(paged_kv_cache)[0].dtype
     table = prob.table
@@ -231,7 +236,7 @@ def kernel_arguments(prob, paged_kv_cache, work, row_tab, sinks,
     statics = (geo.num_heads, geo.page_size, geo.d_row_strides, tuple(geo.token().pattern),
                prob.sm_scale * float(k_scale),
                float(logits_soft_cap), float(v_scale), mm_dtype, tuple(static),
-               window_span(window_left) != NO_WINDOW, int(unit_tail))
+               window_span(window_left) != NO_WINDOW, int(unit_tail), int(lead))
     return arrays, statics
 
 
@@ -423,7 +428,7 @@ def plan_prefill(prob, q_lens, qo_indptr, paged_kv_cache, causal,
                           _chunk_bytes(prob, paged_kv_cache), _row_bytes(prob, paged_kv_cache),
                           _pack(prob, paged_kv_cache, bucket(n_items), cores))
               if qb == 1 and masks is None else 0)
-    static = ()
+    static, lead = (), 0
     item_rows = np.arange(n_items)                 # the padded block of each item
     if chunks:
         work, static, item_rows = _static_plan(items, prob.geo.page_size, bucket(n_items),
@@ -431,13 +436,13 @@ def plan_prefill(prob, q_lens, qo_indptr, paged_kv_cache, causal,
     else:
         mm_bytes = _matmul_dtype(split_cache(paged_kv_cache)[0].dtype)[1]
         tiles, rows = score_tiling(prob.geo.num_heads, prob.group, qb)[2:]
+        group = whole_group_units(tiles, rows, prob.geo.head_dim, mm_bytes, host_nc_version())
+        lead = lead_units(bucket(n_items), cores, whole_units(qb), group)
         work = split_work(items, prob.geo.page_size, bucket(n_items), cores,
                           items_per_iteration(qb, item_query_bytes(
                               prob.geo.num_heads * prob.group, qb, prob.geo.head_dim, mm_bytes)),
                           table_capacity(prob.geo, prob.table), 1 if qb == 1 else bucket(n_items),
-                          whole_units(qb), null, tails, unit_tail,
-                          whole_group_units(tiles, rows, prob.geo.head_dim, mm_bytes,
-                                            host_nc_version()), tiles)
+                          whole_units(qb), null, tails, unit_tail, group, tiles, lead)
     # item k covers tokens q0 .. q0 + qb of its request, at padded rows k*qb ..
     tok = items.q0[:, None] + np.arange(qb)[None, :]
     real = tok < q_lens[items.request][:, None]
@@ -454,7 +459,7 @@ def plan_prefill(prob, q_lens, qo_indptr, paged_kv_cache, causal,
     arrays, statics = kernel_arguments(prob, paged_kv_cache, work, row_tab,
                                        sinks, soft_cap(logits_soft_cap), k_scale, v_scale,
                                        mask_bits, static, window_left,
-                                       unit_tail)
+                                       unit_tail, lead)
     return PrefillLaunch(arrays, statics, gather, scatter, prob.kv_lens)
 
 

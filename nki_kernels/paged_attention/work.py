@@ -23,6 +23,8 @@ from typing import NamedTuple
 
 import numpy as np
 
+from nki_kernels.buckets import bucket_floor
+
 # Columns of the work-item table: [items, META_COLS] int32. An item is a request, or a block of
 # a request's query tokens (query rows [OUT, OUT + q_block) of the padded q), or the part of
 # either that one core takes. Keys of query row qi of the block: [W_r, L_r) with
@@ -475,6 +477,18 @@ def whole_group_units(tiles: int, rows: int, head_dim: int, mm_bytes: int,
             2 * per * unit_bytes <= WHOLE_GROUP_BYTES:
         per *= 2
     return per
+
+
+def lead_units(batch_rows: int, cores: int, whole: bool, group_units: int) -> int:
+    """Whole units each core of a launch of ``batch_rows`` unit rows (a bucket) is sure to hold,
+    in groups of ``group_units`` (``whole_group_units``), as a static kernel argument: of the
+    bucket's least size (``buckets.bucket_floor``), a core's share, so the program stays one
+    per bucket; ``kernel.run_whole_units`` folds those groups without a device loop (no
+    barrier, no pipeline fill between them), and under LNC=2 ``_whole_halves`` gives each core
+    at least that many. 0 for other launches."""
+    if not whole:
+        return 0
+    return bucket_floor(batch_rows) // cores // group_units * group_units
 
 
 def unit_groups(first: int, end: int, per: int):
@@ -1181,7 +1195,8 @@ def _null_row(kind: int, null: NullItems, units: int) -> np.ndarray:
 def split_work(req: _Requests, page_size: int, batch_rows: int, cores: int = 1,
                per_iteration: int = 1, capacity: int = None, sharing: int = 1,
                whole: bool = False, null: NullItems = None, tails: bool = False,
-               unit_tail: int = 0, group_units: int = 1, unit_tiles: int = None) -> DecodeWork:
+               unit_tail: int = 0, group_units: int = 1, unit_tiles: int = None,
+               lead: int = 0) -> DecodeWork:
     """decode_work over any work items (requests or query blocks, ``query_blocks``); units are
     numbered by row, ``batch_rows`` of them (a bucket); ``sharing``: see ``table_rows``.
     ``whole``: one item per unit (``whole_units``), the spans [cores, WHOLE_UNIT_SPAN_COLS]:
@@ -1197,9 +1212,10 @@ def split_work(req: _Requests, page_size: int, batch_rows: int, cores: int = 1,
     ``with_unit_tail``); ``group_units``: whole units a loop iteration takes
     (``whole_group_units``), whose rounds the rows then carry (``with_rounds``);
     ``unit_tiles``: a whole unit's tiles of score rows (its chunks' cost against a loop
-    iteration's, ``_whole_halves``; None: iterations over units not weighed)."""
+    iteration's, ``_whole_halves``; None: iterations over units not weighed); ``lead``: whole
+    units each core takes at least (``lead_units``)."""
     args = (req, batch_rows, cores, per_iteration, capacity, whole, null)
-    planned = _split_plan(*args, tails, group_units, unit_tiles)
+    planned = _split_plan(*args, tails, group_units, unit_tiles, lead)
     if tails == LATE_TAILS and not whole:
         plain = _split_plan(*args, False)
         if _iterations(planned) >= _iterations(plain):
@@ -1241,7 +1257,8 @@ def _iterations(planned: _Planned) -> int:
 
 
 def _split_plan(req: _Requests, batch_rows: int, cores: int, per_iteration: int, capacity,
-                whole: bool, null, tails, group_units: int = 1, unit_tiles: int = None) -> _Planned:
+                whole: bool, null, tails, group_units: int = 1, unit_tiles: int = None,
+                lead: int = 0) -> _Planned:
     """``split_work``'s share of the units between the cores, with ``tails`` as given."""
     U = per_iteration
     pad = null is not None and not whole
@@ -1275,7 +1292,7 @@ def _split_plan(req: _Requests, batch_rows: int, cores: int, per_iteration: int,
         # whole units on two cores: each core runs units of its own, the two sets the ones
         # where the slower core has the least modelled work; no unit is split (a split one
         # costs both cores its queries and every tile's exchange and merge)
-        ones, loads = _whole_halves(chunks, kinds, U, pad, group_units, unit_tiles)
+        ones, loads = _whole_halves(chunks, kinds, U, pad, group_units, unit_tiles, lead)
         plan = [[(b, b, parts[b]) for b in range(B) if not ones[b]],
                 [(b, b, parts[b]) for b in range(B) if ones[b]]]
         split, cut = None, None
@@ -1314,7 +1331,7 @@ def group_iterations(n, per):
     return np.asarray(table, np.int64)[n]
 
 
-def _whole_halves(chunks, kinds, U, pad, group_units=1, unit_tiles=None):
+def _whole_halves(chunks, kinds, U, pad, group_units=1, unit_tiles=None, least=0):
     """Which core (0 / 1 per unit) runs each of B >= 2 whole units, and the two cores' modelled
     loads (``_core_load`` plus, given ``unit_tiles``, each loop iteration over the core's
     units, WHOLE_ITERATION_TILE_CHUNKS / ``unit_tiles`` chunks, ``group_iterations`` of
@@ -1322,7 +1339,8 @@ def _whole_halves(chunks, kinds, U, pad, group_units=1, unit_tiles=None):
     least (then the closer pair), any units on either core when there are at most
     WHOLE_HALVES_SEARCH_UNITS, else the cuts in their order and ``_greedy_halves`` (cost
     model, trn2, LNC=2: four prompt chunks of 256 over 1315 / 1049 / 892 / 591 keys 418.8 ->
-    383.2 us with 1315 and 591 on one core, not the first two)."""
+    383.2 us with 1315 and 591 on one core, not the first two). Each core takes at least
+    ``least`` units (``lead_units``; the cuts between them are always among the ways)."""
     B = len(chunks)
     if B <= WHOLE_HALVES_SEARCH_UNITS:     # unit 0 on core 0; the others' bits say core 1
         ways = np.arange(1, 1 << (B - 1))
@@ -1331,6 +1349,8 @@ def _whole_halves(chunks, kinds, U, pad, group_units=1, unit_tiles=None):
     else:                                  # the cuts (units [k, B) on core 1), the greedy one
         ones = np.vstack([(np.arange(B)[None, :] >= np.arange(1, B)[:, None]).astype(np.int64),
                           _greedy_halves(chunks)[None, :]])
+    count = ones.sum(axis=1)
+    ones = ones[(count >= least) & (B - count >= least)]
     per = WHOLE_ITERATION_TILE_CHUNKS / unit_tiles if unit_tiles else 0.0
     side = [_core_load((1 - ones) @ chunks, (1 - ones) @ kinds, U, pad)
             + per * group_iterations(B - ones.sum(axis=1), group_units),

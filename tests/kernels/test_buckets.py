@@ -38,3 +38,20 @@ def test_environment_and_setter(monkeypatch):
         buckets.set_bucket_policy(previous)
     with pytest.raises(TypeError):
         buckets.set_bucket_policy("16")
+
+
+@pytest.mark.parametrize("policy, floors", [
+    (BucketPolicy(), {1: 1, 2: 2, 4: 3, 8: 5, 16: 9, 32: 17}),
+    (BucketPolicy(8, 2), {8: 1, 16: 9, 32: 17}),
+    (BucketPolicy(4, 1.5), {4: 1, 6: 5, 9: 7, 13: 10}),
+    (BucketPolicy(exact=True), {1: 1, 5: 5, 16: 16}),
+])
+def test_bucket_floor_is_the_least_size_padded_to_the_bucket(policy, floors):
+    old = buckets.set_bucket_policy(policy)
+    try:
+        for b, least in floors.items():
+            assert buckets.bucket_floor(b) == least
+            assert policy.bucket(least) == b
+            assert least == 1 or policy.bucket(least - 1) < b
+    finally:
+        buckets.set_bucket_policy(old)

@@ -141,14 +141,14 @@ def test_the_window_check_is_static_only_when_a_window_can_cut(rng, window_left,
     """Without a window (or one longer than any cache) every window start is 0 and the kernel
     is built without its checks; any real window keeps them."""
     from nki_kernels.paged_attention.checks import check_batch_prefill_inputs
-    from nki_kernels.paged_attention.plan import prefill_parts, prepare_decode
+    from nki_kernels.paged_attention.plan import WINDOWED, prefill_parts, prepare_decode
     cache = FixedCache(rng)
     args = cache.step([40, 300])
     decode = prepare_decode(*args, None, 0.0, window_left, None, 1.0, 1.0)
-    assert decode.statics[-2] is windowed
+    assert decode.statics[WINDOWED] is windowed
     q, c, indptr, pages, last, layout = args
     qo = np.array([0, 4, 8], np.int32)
     prob, q_lens = check_batch_prefill_inputs(np.repeat(q, 4, axis=0), c, qo, indptr, pages, last,
                                               layout, True, None, 0.0, window_left, None, 1.0, 1.0)
     parts = prefill_parts(prob, q_lens, qo, c, True, 0.0, window_left, None, 1.0, 1.0, 1)
-    assert [part.launch.statics[-2] for part in parts] == [windowed]
+    assert [part.launch.statics[WINDOWED] for part in parts] == [windowed]

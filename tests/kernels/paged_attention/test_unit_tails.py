@@ -92,14 +92,15 @@ def test_the_most_slots_fit_their_bytes():
 
 
 def _tail_sizes(monkeypatch):
-    """The tail size (the kernel's last static argument) of each launch from here on."""
+    """The tail size (the kernel's static argument) of each launch from here on."""
     from nki_kernels.paged_attention import plan
     seen = []
     kernel_arguments = plan.kernel_arguments
 
     def spy(*args, **kwargs):
-        seen.append(args[-1])
-        return kernel_arguments(*args, **kwargs)
+        arrays, statics = kernel_arguments(*args, **kwargs)
+        seen.append(statics[plan.UNIT_TAIL])
+        return arrays, statics
     monkeypatch.setattr(plan, "kernel_arguments", spy)
     return seen
 
@@ -107,7 +108,7 @@ def _tail_sizes(monkeypatch):
 @pytest.mark.parametrize("kv_lens, slots", [([40, 64], 1), ([128, 129], 2), ([300, 40], 1),
                                             ([700, 40], 2), ([700, 680], 8)], ids=str)
 def test_the_kernel_folds_the_tail_the_host_chose(rng, monkeypatch, kv_lens, slots):
-    """The kernel's static tail size (its last argument) is the host's choice for the launch
+    """The kernel's static tail size is the host's choice for the launch
     (``unit_tail_slots``); the result matches the reference whatever it is."""
     monkeypatch.setenv("NKI_KERNELS_TAIL_SLOTS", "launch")
     seen = _tail_sizes(monkeypatch)
