@@ -98,7 +98,7 @@ def test_chunked_prefill_replay_mixes_prefill_and_decode(target):
     for key in keys:
         shapes = [a[1] for a in key[0] if a[0] == "tensor"]
         q_rows, slot_rows, items, spans = shapes[0][0], shapes[2][0], shapes[6][0], shapes[7]
-        static = key[0][-3] != ("tuple",)            # a small bucket's static pass: a row each
+        static = key[0][-4] != ("tuple",)            # a small bucket's static pass: a row each
         if static:             # no loops: its spans are its token slots' cache rows
             assert items == q_rows and spans[0] == 128 and spans[1] % items == 0
             continue
