@@ -27,3 +27,18 @@ def assert_close(out, ref, lse=None, ref_lse=None, dtype="float32"):
     np.testing.assert_allclose(out.astype(np.float64), ref.astype(np.float64), atol=tol, rtol=tol)
     if lse is not None:
         np.testing.assert_allclose(lse, ref_lse, atol=max(tol, 1e-5) * 10, rtol=tol)
+
+
+def statics_spy(monkeypatch, index):
+    """The static kernel argument at ``index`` (``plan.UNIT_TAIL``, ...) of each launch from
+    here on, in a list."""
+    from nki_kernels.paged_attention import plan
+    seen = []
+    kernel_arguments = plan.kernel_arguments
+
+    def spy(*args, **kwargs):
+        arrays, statics = kernel_arguments(*args, **kwargs)
+        seen.append(statics[index])
+        return arrays, statics
+    monkeypatch.setattr(plan, "kernel_arguments", spy)
+    return seen

@@ -10,6 +10,7 @@ from nki_kernels.buckets import BucketPolicy, set_bucket_policy
 from nki_kernels.paged_attention import batch_decode_kernel, plan, work
 from nki_kernels.profile import estimate
 
+from .conftest import statics_spy
 from .test_prefill import check, make_prefill_case
 
 
@@ -51,14 +52,7 @@ def _barriers(trace, target):
 def test_a_bucket_compiles_once_and_its_lead_groups_need_no_loop(rng, lnc, target, monkeypatch):
     """Nine and sixteen blocks of queries (one bucket) give the same program, both match the
     reference, and with the lead groups the launch pays fewer loop barriers than with none."""
-    barriers, leads = {}, []
-    kernel_arguments = plan.kernel_arguments
-
-    def spy(*args, **kwargs):
-        arrays, statics = kernel_arguments(*args, **kwargs)
-        leads.append(statics[plan.LEAD_UNITS])
-        return arrays, statics
-    monkeypatch.setattr(plan, "kernel_arguments", spy)
+    barriers, leads = {}, statics_spy(monkeypatch, plan.LEAD_UNITS)
     for lead in (True, False):
         if not lead:
             monkeypatch.setattr(plan, "lead_units", lambda *a: 0)

@@ -17,6 +17,7 @@ from nki_kernels.paged_attention.work import (C0, C1, FULL_HI, FULL_LO, LEN, MET
                                               _unit_loop_cost, unit_tail_chunks, unit_tail_cost,
                                               unit_tail_slots, with_unit_tail)
 
+from .conftest import statics_spy
 from .test_prefill import check, make_prefill_case
 
 S = UNIT_TAIL_CHUNKS
@@ -94,15 +95,7 @@ def test_the_most_slots_fit_their_bytes():
 def _tail_sizes(monkeypatch):
     """The tail size (the kernel's static argument) of each launch from here on."""
     from nki_kernels.paged_attention import plan
-    seen = []
-    kernel_arguments = plan.kernel_arguments
-
-    def spy(*args, **kwargs):
-        arrays, statics = kernel_arguments(*args, **kwargs)
-        seen.append(statics[plan.UNIT_TAIL])
-        return arrays, statics
-    monkeypatch.setattr(plan, "kernel_arguments", spy)
-    return seen
+    return statics_spy(monkeypatch, plan.UNIT_TAIL)
 
 
 @pytest.mark.parametrize("kv_lens, slots", [([40, 64], 1), ([128, 129], 2), ([300, 40], 1),
