@@ -48,6 +48,7 @@ def _barriers(trace, target):
     return max(estimate(trace, target).schedule.barriers.values(), default=0)
 
 
+@pytest.mark.sim_only
 @pytest.mark.parametrize("lnc, target", [(1, "trn1"), (1, "trn2"), (2, "trn2")])
 def test_a_bucket_compiles_once_and_its_lead_groups_need_no_loop(rng, lnc, target, monkeypatch):
     """Nine and sixteen blocks of queries (one bucket) give the same program, both match the
