@@ -172,7 +172,7 @@ def attention(q, k_rows, v_rows, meta, spans, kv_indices, tok_tab, row_tab, sink
     st = make_step(q, k_rows, v_rows, meta, kv_indices, tok_tab, row_tab, sinks, mask_bits,
                    num_kv_heads, page_size, strides, token_pattern, scale, soft_cap, v_scale,
                    mm_dtype, static_pass, windowed, unit_tail)
-    st.lead_units = lead_units if st.whole else 0
+    st.lead_units = lead_units         # read by run_whole_units alone
     if static_pass:
         st.slot_rows = spans           # no loops: the pass's token slots' cache rows instead
         run_static_pass(st, static_pass[0])
@@ -388,10 +388,7 @@ def run_whole_units(st, span):
     first, end = nisa.scalar_load(span[0:1, 0:1]), nisa.scalar_load(span[0:1, 1:2])
     lead = st.lead_units // per        # groups the bucket guarantees: no loop, so no barrier
     for g in range(lead):              # and no fill between them (``work.lead_units``)
-        if per > 1:
-            make_group(per)(first + g * per)
-        else:
-            whole_unit(first + g)
+        make_group(per)(first + g * per)
     first = first + lead * per
     while per > 1:                 # groups of per units, then of half as many (at most one)
         grouped = first + ((end - first) // per) * per

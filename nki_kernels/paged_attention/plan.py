@@ -21,10 +21,10 @@ from nki_kernels.paged_cache.layout import split_cache
 from .checks import check_batch_decode_inputs, soft_cap
 from .custom_mask import mask_table, with_mask_free_chunks
 from .work import (LATE_TAILS, NO_WINDOW, NullItems, capacity_chunks, chunk_tokens, decode_work,
-                   item_query_bytes, lead_units, items_per_iteration, null_pages, query_blocks, split_work,
-                   static_full_slots, static_pass, static_rows_of, static_slot_rows, static_work,
-                   tail_items, token_table, unit_tail_chunks, score_tiling, static_core_rows,
-                   static_pack, static_row_bytes, unit_tail_slots, whole_group_units,
+                   item_query_bytes, items_per_iteration, lead_units, null_pages, query_blocks,
+                   score_tiling, split_work, static_core_rows, static_full_slots, static_pack,
+                   static_pass, static_row_bytes, static_rows_of, static_slot_rows, static_work,
+                   tail_items, token_table, unit_tail_chunks, unit_tail_slots, whole_group_units,
                    whole_units, window_span)
 
 

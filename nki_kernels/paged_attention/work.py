@@ -1349,13 +1349,14 @@ def _whole_halves(chunks, kinds, U, pad, group_units=1, unit_tiles=None, least=0
     else:                                  # the cuts (units [k, B) on core 1), the greedy one
         ones = np.vstack([(np.arange(B)[None, :] >= np.arange(1, B)[:, None]).astype(np.int64),
                           _greedy_halves(chunks)[None, :]])
-    count = ones.sum(axis=1)
-    ones = ones[(count >= least) & (B - count >= least)]
+    count = ones.sum(axis=1)                       # core 1's units in each way
+    keep = (count >= least) & (B - count >= least)
+    ones, count = ones[keep], count[keep]
     per = WHOLE_ITERATION_TILE_CHUNKS / unit_tiles if unit_tiles else 0.0
     side = [_core_load((1 - ones) @ chunks, (1 - ones) @ kinds, U, pad)
-            + per * group_iterations(B - ones.sum(axis=1), group_units),
+            + per * group_iterations(B - count, group_units),
             _core_load(ones @ chunks, ones @ kinds, U, pad)
-            + per * group_iterations(ones.sum(axis=1), group_units)]
+            + per * group_iterations(count, group_units)]
     best = np.lexsort((np.abs(side[0] - side[1]), np.maximum(side[0], side[1])))[0]
     return ones[best], (float(side[0][best]), float(side[1][best]))
 
