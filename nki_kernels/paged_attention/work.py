@@ -47,6 +47,11 @@ assert ROUNDS1 == ROUNDS + 1          # the kernel reads both from one [1, 2] vi
 ROUND_CHUNKS = 4
 ROUNDS_MAX = 8
 ROUNDS1_MAX = ROUND_CHUNKS - 1
+# A loop iteration's whole units choose their tail starts together with their rounds
+# (``group_tails``: some leave tail slots empty to share rounds rather than each run a loop
+# iteration of its own; cost model, trn2, chunked replays of 64 LNC=1 505.5 -> 496.0 us a step,
+# LNC=2 295.2 -> 286.2); False: each unit's own best start, then the rounds they allow.
+GROUP_TAILS = True
 NO_WINDOW = 1 << 24          # W_SPAN without a sliding window: every W_r clamps to 0
 MAX_KV_LEN = NO_WINDOW - 1   # keys per request: positions stay exact in the kernel's fp32 ALU
 
@@ -536,27 +541,75 @@ def rounds_taken(unit_tail: int, group_units: int, page_size: int, batch_rows: i
                 and not (cores == 2 and batch_rows == 2))
 
 
-def with_rounds(rows, spans, per: int, page_size: int, batch_rows: int, cores: int):
+def with_rounds(rows, spans, per: int, page_size: int, batch_rows: int, cores: int,
+                untailed=None, slots: int = 0):
     """Whole units' rows with their loop iterations' rounds: each core's units sorted by the
     mask-free chunks that end at their tails (like units share iterations), then per group of
-    ``unit_groups`` ROUNDS / ROUNDS1 (``group_rounds_of``) and each unit's ROUND_SLOT. A bucket
-    of one unit, or of two on two cores, runs no loop over units: no rounds."""
+    ``unit_groups`` ROUNDS / ROUNDS1 (``group_rounds_of``) and each unit's ROUND_SLOT. With
+    ``untailed`` (the rows before ``with_unit_tail``, same order) each group's tail starts are
+    chosen with its rounds (``group_tails``). A bucket of one unit, or of two on two cores,
+    runs no loop over units: no rounds."""
     if batch_rows == 1 or (cores == 2 and batch_rows == 2):
         return rows
     per_chunk = chunk_tokens(page_size) // page_size
     for first, end in spans[:, :2]:
         first, end = int(first), int(end)
-        rows[first:end] = sorted(rows[first:end], key=lambda row: -_rounds_free(row))
+        order = sorted(range(first, end), key=lambda k: -_rounds_free(rows[k]))
+        rows[first:end] = [rows[k] for k in order]
+        if untailed is not None:
+            untailed[first:end] = [untailed[k] for k in order]
         for start, n in unit_groups(first, end, per):
-            fours, ones = group_rounds_of(rows[start:start + n])
+            if untailed is not None:
+                fours, ones, starts = group_tails(untailed[start:start + n], slots)
+                for k in range(n):
+                    rows[start + k] = with_unit_tail(untailed[start + k], slots, page_size,
+                                                     start=starts[k])
+            else:
+                fours, ones = group_rounds_of(rows[start:start + n])
             for row in rows[start:start + n]:
                 row[ROUNDS], row[ROUNDS1] = fours, ones
                 row[ROUND_SLOT] = row[SLOT0] + (row[C1] - ROUND_CHUNKS - row[C0]) * per_chunk
     return rows
 
 
+def group_tails(rows, slots: int):
+    """(ROUNDS, ROUNDS1, tail start of each unit) of a loop iteration's whole units ``rows``
+    (before ``with_unit_tail``) chosen together: for each number of chunks the rounds could
+    take from every unit, each unit's tail start ts in [max(C0, C1 - slots), C1] whose rounds'
+    chunks [ts - taken, ts) are mask-free and whose own loops then cost least (with
+    UNIT_TAIL_EMPTY_SLOT an empty slot); the taken count whose rounds plus the units' costs are
+    least, the fewer rounds on ties. Units of unlike prefixes may so leave some tail slots
+    empty to share the group's rounds instead of each running its own loop iteration."""
+    bounds = [tuple(int(r[k]) for k in (C0, FULL_LO, FULL_HI, C1)) for r in rows]
+    most = min(min(hi, c1) - lo for c0, lo, hi, c1 in bounds)    # rounds within every unit
+    best = None
+    for taken in range(max(0, min(most, ROUNDS_MAX * ROUND_CHUNKS + ROUNDS1_MAX)) + 1):
+        fours = min(ROUNDS_MAX, taken // ROUND_CHUNKS)
+        ones = taken - fours * ROUND_CHUNKS
+        if ones > ROUNDS1_MAX:
+            continue
+        cost, starts = float(fours + ones), []
+        for c0, lo, hi, c1 in bounds:
+            unit = None
+            for ts in range(max(c0, c1 - slots), c1 + 1):
+                if taken and not (lo <= ts - taken and ts <= hi):
+                    continue
+                this = (_unit_loop_cost(c0, min(lo, ts), max(lo, min(hi, ts)), ts - taken)
+                        + UNIT_TAIL_EMPTY_SLOT * (slots - c1 + ts), -ts)
+                if unit is None or this < unit:
+                    unit = this
+            if unit is None:
+                break
+            cost += unit[0]
+            starts.append(-unit[1])
+        else:
+            if best is None or cost < best[0] - 1e-9:
+                best = (cost, fours, ones, starts)
+    return best[1], best[2], best[3]
+
+
 def with_unit_tail(row: np.ndarray, slots: int, page_size: int,
-                   rounds: bool = False) -> np.ndarray:
+                   rounds: bool = False, start: int = None) -> np.ndarray:
     """A whole unit's row whose chunks from ts on are its tail, ts in [max(C0, C1 - slots), C1]
     the start that leaves its loops the fewest iterations (an empty slot UNIT_TAIL_EMPTY_SLOT
     of one; ties to the later start): C1 := ts (the unit's loops end there, the kernel folds
@@ -567,7 +620,7 @@ def with_unit_tail(row: np.ndarray, slots: int, page_size: int,
         return row
     row = row.copy()
     c0, lo, hi, c1 = (int(row[k]) for k in (C0, FULL_LO, FULL_HI, C1))
-    ts = unit_tail_cost(c0, lo, hi, c1, slots, rounds)[1]
+    ts = unit_tail_cost(c0, lo, hi, c1, slots, rounds)[1] if start is None else start
     lo = min(lo, ts)
     row[FULL_LO], row[FULL_HI], row[C1] = lo, max(lo, min(hi, ts)), ts
     row[LEN] = min(int(row[LEN]), c1 * chunk_tokens(page_size))
@@ -1380,9 +1433,11 @@ def _split_table(planned: _Planned, page_size: int, batch_rows: int, cores: int,
     if whole:
         rows, spans = _whole_rows(req, plan, split, cut, page_size)
         rounds = rounds_taken(unit_tail, group_units, page_size, batch_rows, cores)
+        untailed = list(rows)
         rows = [with_unit_tail(row, unit_tail, page_size, rounds) for row in rows]
         if rounds:
-            rows = with_rounds(rows, spans, group_units, page_size, batch_rows, cores)
+            rows = with_rounds(rows, spans, group_units, page_size, batch_rows, cores,
+                               untailed if GROUP_TAILS else None, unit_tail)
     else:
         rows, spans = _kind_rows(req, plan, split, page_size, batch_rows, cores, U,
                                  null if pad else None)

@@ -92,7 +92,9 @@ def _rounds_run():
     ([40, 40, 40, 40], [820, 830, 850, 900], -1, True),     # three: a round of two, one of one
     ([40, 40, 40, 40], [1200, 1250, 1300, 1200], -1, True),  # four, then two single chunks
     ([40, 33, 40, 40], [900, 1000, 1100, 1500], -1, True),
-    ([40, 40, 40], [1152, 40, 700], -1, False),
+    ([40, 40, 40, 40], [1152, 40, 700, 900], -1, False),   # a unit with no prefix: none
+    ([40, 40, 40], [1152, 40, 700], -1, True),        # (the third runs alone: a pair's rounds)
+    ([40, 40, 40, 40], [1000, 1100, 1250, 1400], -1, True),   # unlike prefixes, empty slots
     ([40, 40], [1000, 1000], 700, True),
     ([40, 40, 40, 40], [1200, 1250, 1300, 1200], 1000, True),
     ([64, 40, 33], [2100, 1300, 650], 300, False),
