@@ -585,9 +585,7 @@ def group_tails(rows, slots: int):
     best = None
     for taken in range(max(0, min(most, ROUNDS_MAX * ROUND_CHUNKS + ROUNDS1_MAX)) + 1):
         fours = min(ROUNDS_MAX, taken // ROUND_CHUNKS)
-        ones = taken - fours * ROUND_CHUNKS
-        if ones > ROUNDS1_MAX:
-            continue
+        ones = taken - fours * ROUND_CHUNKS          # at most ROUNDS1_MAX (the range's bound)
         cost, starts = float(fours + ones), []
         for c0, lo, hi, c1 in bounds:
             unit = None
@@ -615,7 +613,7 @@ def with_unit_tail(row: np.ndarray, slots: int, page_size: int,
     of one; ties to the later start): C1 := ts (the unit's loops end there, the kernel folds
     ``slots`` chunks from ts), the window-start range [C0, FULL_LO) and the mask-free range
     clipped to end by ts, and LEN to the unit's chunks (a split unit's first part: its tail's
-    slots past them read nothing)."""
+    slots past them read nothing). ``start``: ts as the caller chose it (``group_tails``)."""
     if not slots:
         return row
     row = row.copy()
