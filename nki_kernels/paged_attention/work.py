@@ -412,16 +412,24 @@ UNIT_TAIL_EMPTY_SLOT = 0.3       # an empty tail slot against a loop iteration (
 UNIT_TAIL_SLOT = 0.03            # any slot of a tail (its SBUF, its step's length; assumed)
 
 
-def unit_tail_cost(c0: int, lo: int, hi: int, c1: int, slots: int, rounds: bool = False):
+def unit_tail_cost(c0: int, lo: int, hi: int, c1: int, slots: int, rounds: bool = False,
+                   taken: int = 0):
     """(cost, ts) of a unit over chunks [c0, c1) (mask-free [lo, hi)) with a tail of ``slots``
     from ts: its loop iterations plus UNIT_TAIL_EMPTY_SLOT per empty slot, least over ts in
     [max(c0, c1 - slots), c1] (ties to the later start). ``rounds``: the mask-free chunks
-    before ts may be folded in rounds instead (``_rounded_loop_cost``)."""
+    before ts may be folded in rounds instead (``_rounded_loop_cost``). ``taken`` > 0: the
+    group's rounds fold the ``taken`` chunks before ts, which must be mask-free, and its loops
+    end there (``group_tails``); None when no ts allows that."""
     loops = _rounded_loop_cost if rounds else _unit_loop_cost
+    first, last = max(c0, c1 - slots), c1
+    if taken:
+        first, last = max(first, lo + taken), min(last, hi)
+        if first > last:
+            return None
 
     def cost(t):
-        return loops(c0, lo, hi, t) + UNIT_TAIL_EMPTY_SLOT * (slots - c1 + t), -t
-    ts = min(range(max(c0, c1 - slots), c1 + 1), key=cost)
+        return loops(c0, lo, hi, t - taken) + UNIT_TAIL_EMPTY_SLOT * (slots - c1 + t), -t
+    ts = min(range(first, last + 1), key=cost)
     return cost(ts)[0], ts
 
 
@@ -588,18 +596,11 @@ def group_tails(rows, slots: int):
         ones = taken - fours * ROUND_CHUNKS          # at most ROUNDS1_MAX (the range's bound)
         cost, starts = float(fours + ones), []
         for c0, lo, hi, c1 in bounds:
-            unit = None
-            for ts in range(max(c0, c1 - slots), c1 + 1):
-                if taken and not (lo <= ts - taken and ts <= hi):
-                    continue
-                this = (_unit_loop_cost(c0, min(lo, ts), max(lo, min(hi, ts)), ts - taken)
-                        + UNIT_TAIL_EMPTY_SLOT * (slots - c1 + ts), -ts)
-                if unit is None or this < unit:
-                    unit = this
+            unit = unit_tail_cost(c0, lo, hi, c1, slots, taken=taken)
             if unit is None:
                 break
             cost += unit[0]
-            starts.append(-unit[1])
+            starts.append(unit[1])
         else:
             if best is None or cost < best[0] - 1e-9:
                 best = (cost, fours, ones, starts)
