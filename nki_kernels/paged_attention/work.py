@@ -1267,7 +1267,11 @@ def split_work(req: _Requests, page_size: int, batch_rows: int, cores: int = 1,
     iteration's, ``_whole_halves``; None: iterations over units not weighed); ``lead``: whole
     units each core takes at least (``lead_units``)."""
     args = (req, batch_rows, cores, per_iteration, capacity, whole, null)
-    planned = _split_plan(*args, tails, group_units, unit_tiles, lead)
+    loops = None
+    if whole and cores == 2 and req.L.size > 1:
+        loops = whole_unit_loops(req, unit_tail, rounds_taken(unit_tail, group_units, page_size,
+                                                              batch_rows, cores))
+    planned = _split_plan(*args, tails, group_units, unit_tiles, lead, loops)
     if tails == LATE_TAILS and not whole:
         plain = _split_plan(*args, False)
         if _iterations(planned) >= _iterations(plain):
@@ -1310,8 +1314,9 @@ def _iterations(planned: _Planned) -> int:
 
 def _split_plan(req: _Requests, batch_rows: int, cores: int, per_iteration: int, capacity,
                 whole: bool, null, tails, group_units: int = 1, unit_tiles: int = None,
-                lead: int = 0) -> _Planned:
-    """``split_work``'s share of the units between the cores, with ``tails`` as given."""
+                lead: int = 0, unit_loops=None) -> _Planned:
+    """``split_work``'s share of the units between the cores, with ``tails`` as given;
+    ``unit_loops``: whole units' loop iterations (``whole_unit_loops``) for ``_whole_halves``."""
     U = per_iteration
     pad = null is not None and not whole
     loop_widths(U)                      # refuses a per_iteration that is not a power of two
@@ -1344,7 +1349,8 @@ def _split_plan(req: _Requests, batch_rows: int, cores: int, per_iteration: int,
         # whole units on two cores: each core runs units of its own, the two sets the ones
         # where the slower core has the least modelled work; no unit is split (a split one
         # costs both cores its queries and every tile's exchange and merge)
-        ones, loads = _whole_halves(chunks, kinds, U, pad, group_units, unit_tiles, lead)
+        ones, loads = _whole_halves(chunks, kinds, U, pad, group_units, unit_tiles, lead,
+                                    unit_loops)
         plan = [[(b, b, parts[b]) for b in range(B) if not ones[b]],
                 [(b, b, parts[b]) for b in range(B) if ones[b]]]
         split, cut = None, None
@@ -1365,11 +1371,16 @@ def _split_plan(req: _Requests, batch_rows: int, cores: int, per_iteration: int,
 
 # Whole units a launch may have for ``_whole_halves`` to weigh every way of sharing them between
 # two cores (2 ** (units - 1) ways: 0.2 ms of host time at 10, 5 ms at 14); more weigh the cuts
-# in their order and a greedy sharing by chunks.
+# in their order, a greedy sharing and the units in turns by their work.
 WHOLE_HALVES_SEARCH_UNITS = 10
-# A loop iteration over whole units (its barrier, fill and drain, ~12 us on trn2) in chunks of
-# one tile of score rows (~0.3 us each); a unit's chunk costs its tiles' (assumed)
-WHOLE_ITERATION_TILE_CHUNKS = 40.0
+# A loop iteration over whole units and one of a unit's own loops (their barrier, fill and
+# drain), in chunks of one tile of score rows; a unit's chunk costs its tiles'. Least squares
+# over one core's end in 80 LNC=2 launches (ten prefill launches of the chunked replays, 64 to
+# 256 tokens a chunk, each with eight random sharings of its units; an intercept per launch;
+# cost model, trn2): a tile-chunk 0.25 us, an iteration over units 18.8 us (75 tile-chunks), a
+# unit's loop iteration 28.6 us (115), rms 12 us.
+WHOLE_ITERATION_TILE_CHUNKS = 75.0
+UNIT_LOOP_TILE_CHUNKS = 115.0
 
 
 def group_iterations(n, per):
@@ -1383,46 +1394,73 @@ def group_iterations(n, per):
     return np.asarray(table, np.int64)[n]
 
 
-def _whole_halves(chunks, kinds, U, pad, group_units=1, unit_tiles=None, least=0):
+def _whole_halves(chunks, kinds, U, pad, group_units=1, unit_tiles=None, least=0,
+                  unit_loops=None):
     """Which core (0 / 1 per unit) runs each of B >= 2 whole units, and the two cores' modelled
-    loads (``_core_load`` plus, given ``unit_tiles``, each loop iteration over the core's
-    units, WHOLE_ITERATION_TILE_CHUNKS / ``unit_tiles`` chunks, ``group_iterations`` of
-    ``group_units``): of the ways that give each core a unit, the one whose slower core has the
-    least (then the closer pair), any units on either core when there are at most
-    WHOLE_HALVES_SEARCH_UNITS, else the cuts in their order and ``_greedy_halves`` (cost
-    model, trn2, LNC=2: four prompt chunks of 256 over 1315 / 1049 / 892 / 591 keys 418.8 ->
-    383.2 us with 1315 and 591 on one core, not the first two). Each core takes at least
-    ``least`` units (``lead_units``; the cuts between them are always among the ways)."""
+    loads: with ``unit_loops`` (each unit's own loop iterations, ``whole_unit_loops``) and
+    ``unit_tiles``, a core's chunks plus its units' loop iterations and its iterations over
+    units (``group_iterations`` of ``group_units``), each WHOLE_ITERATION_TILE_CHUNKS /
+    ``unit_tiles`` chunks; without, ``_core_load`` by kinds of item (plus, given ``unit_tiles``,
+    the iterations over units). Of the ways that give each core a unit, the one whose slower
+    core has the least (then the closer pair): any units on either core when there are at
+    most WHOLE_HALVES_SEARCH_UNITS, else the cuts in their order, ``_greedy_halves`` and the
+    units taken in turns by their work (cost model, trn2, LNC=2: four prompt chunks of 256 over
+    1315 / 1049 / 892 / 591 keys 418.8 -> 383.2 us with 1315 and 591 on one core, not the
+    first two; twelve chunks of 64 over 10, 10, 10, 10, 10, 9, 8, 8, 7, 6, 4, 3 chunks of keys
+    418.5 -> 349.2 us weighing each unit's loops, not the kinds of its items: the cores had
+    6 and 2 loop barriers, now 4 each). Each core takes at least ``least`` units
+    (``lead_units``; the cuts between them are always among the ways)."""
     B = len(chunks)
+    per = WHOLE_ITERATION_TILE_CHUNKS / unit_tiles if unit_tiles else 0.0
+    weight = np.asarray(chunks, np.float64)
+    if unit_loops is not None and unit_tiles:
+        weight = weight + UNIT_LOOP_TILE_CHUNKS / unit_tiles * np.asarray(unit_loops, np.float64)
     if B <= WHOLE_HALVES_SEARCH_UNITS:     # unit 0 on core 0; the others' bits say core 1
         ways = np.arange(1, 1 << (B - 1))
         ones = np.concatenate([np.zeros((ways.size, 1), np.int64),
                                (ways[:, None] >> np.arange(B - 1)) & 1], axis=1)
-    else:                                  # the cuts (units [k, B) on core 1), the greedy one
+    else:                                  # the cuts (units [k, B) on core 1), greedy, turns
+        turns = np.zeros(B, np.int64)
+        turns[np.argsort(-weight, kind="stable")[1::2]] = 1
         ones = np.vstack([(np.arange(B)[None, :] >= np.arange(1, B)[:, None]).astype(np.int64),
-                          _greedy_halves(chunks)[None, :]])
+                          _greedy_halves(weight)[None, :], turns[None, :]])
     count = ones.sum(axis=1)                       # core 1's units in each way
     keep = (count >= least) & (B - count >= least)
     ones, count = ones[keep], count[keep]
-    per = WHOLE_ITERATION_TILE_CHUNKS / unit_tiles if unit_tiles else 0.0
-    side = [_core_load((1 - ones) @ chunks, (1 - ones) @ kinds, U, pad)
-            + per * group_iterations(B - count, group_units),
-            _core_load(ones @ chunks, ones @ kinds, U, pad)
-            + per * group_iterations(count, group_units)]
+    if unit_loops is not None and unit_tiles:
+        side = [(1 - ones) @ weight, ones @ weight]
+    else:
+        side = [_core_load((1 - ones) @ chunks, (1 - ones) @ kinds, U, pad),
+                _core_load(ones @ chunks, ones @ kinds, U, pad)]
+    side = [side[0] + per * group_iterations(B - count, group_units),
+            side[1] + per * group_iterations(count, group_units)]
     best = np.lexsort((np.abs(side[0] - side[1]), np.maximum(side[0], side[1])))[0]
     return ones[best], (float(side[0][best]), float(side[1][best]))
 
 
-def _greedy_halves(chunks):
-    """[B] 0 / 1: the core of each unit, largest first, each to the core with fewer chunks so
-    far (the first two to different cores)."""
-    ones = np.zeros(len(chunks), np.int64)
-    load = [0, 0]
-    for b in np.argsort(-np.asarray(chunks), kind="stable"):
+def _greedy_halves(work):
+    """[B] 0 / 1: the core of each unit, the most ``work`` (chunks, or modelled chunks) first,
+    each to the core with less so far (the first two to different cores)."""
+    ones = np.zeros(len(work), np.int64)
+    load = [0.0, 0.0]
+    for b in np.argsort(-np.asarray(work), kind="stable"):
         core = 0 if load[0] <= load[1] else 1
         ones[b] = core
-        load[core] += int(chunks[b])
+        load[core] += float(work[b])
     return ones
+
+
+def whole_unit_loops(req: _Requests, unit_tail: int, rounds: bool) -> np.ndarray:
+    """[B] loop iterations of each whole unit of ``req`` (what ``_whole_halves`` weighs beside
+    its chunks): with tails (``unit_tail`` slots), those of its chunks before the tail start
+    ``with_unit_tail`` would choose (its group's rounds counted as ``_rounded_loop_cost`` does
+    when ``rounds``) plus UNIT_TAIL_EMPTY_SLOT an empty slot; without, ``_unit_loop_cost``."""
+    loops = np.zeros(req.L.size, np.float64)
+    for b in range(req.L.size):
+        bounds = (int(req.c0[b]), int(req.full_lo[b]), int(req.full_hi[b]), int(req.c1[b]))
+        loops[b] = (unit_tail_cost(*bounds, unit_tail, rounds)[0] if unit_tail
+                    else _unit_loop_cost(*bounds))
+    return loops
 
 
 def _split_table(planned: _Planned, page_size: int, batch_rows: int, cores: int, sharing: int,
