@@ -109,7 +109,8 @@ def whole_units_per_iteration(st):
     """Whole units the first loop iteration of ``run_whole_units`` takes
     (``work.whole_group_units``, which the host's rounds follow)."""
     return whole_group_units(len(st.tiles), st.R, st.D, dtype_bytes(st.mm_dtype),
-                             3 if nisa.get_nc_version() >= nisa.nc_version.gen3 else 2)
+                             3 if nisa.get_nc_version() >= nisa.nc_version.gen3 else 2,
+                             st.lead_units)
 
 
 # Mask-free chunks of a work item come in blocks of work.CHUNK_BLOCKS: a block of 32 chunks (4096
@@ -171,8 +172,7 @@ def attention(q, k_rows, v_rows, meta, spans, kv_indices, tok_tab, row_tab, sink
     """The kernel's body (arguments as above): returns out, lse."""
     st = make_step(q, k_rows, v_rows, meta, kv_indices, tok_tab, row_tab, sinks, mask_bits,
                    num_kv_heads, page_size, strides, token_pattern, scale, soft_cap, v_scale,
-                   mm_dtype, static_pass, windowed, unit_tail)
-    st.lead_units = lead_units         # read by run_whole_units alone
+                   mm_dtype, static_pass, windowed, unit_tail, lead_units)
     if static_pass:
         st.slot_rows = spans           # no loops: the pass's token slots' cache rows instead
         run_static_pass(st, static_pass[0])
@@ -214,7 +214,7 @@ def packed_requests(B, Qb, H, G, static_pass, indirect, page_size, k_dtype, mask
 
 def make_step(q, k_rows, v_rows, meta, kv_indices, tok_tab, row_tab, sinks, mask_bits,
               num_kv_heads, page_size, strides, token_pattern, scale, soft_cap, v_scale, mm_dtype,
-              static_pass=(), windowed=True, unit_tail=0):
+              static_pass=(), windowed=True, unit_tail=0, lead_units=0):
     """The launch's ``Step``: geometry and tiling, outputs, step-wide tiles and, for a flat list
     of items in device loops, the HBM scratch of softmax states with its identity slot."""
     B, HQ, D = q.shape
@@ -271,6 +271,7 @@ def make_step(q, k_rows, v_rows, meta, kv_indices, tok_tab, row_tab, sinks, mask
               v_scale=v_scale, mm_dtype=mm_dtype, whole=whole_units(Qb),
               # a whole unit's tail slots (the host made its rows: ``work.with_unit_tail``)
               unit_tail=unit_tail if whole_units(Qb) else 0,
+              lead_units=lead_units,       # read by run_whole_units and its group size
               # a static pass's leading slots that skip no row (their V needs no zeroing)
               full_slots=static_pass[1] if static_pass else 0,
               p=nl.program_id(0), cores=program_cores(), entry_rows={}, scratch=None,

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from nki_kernels.buckets import bucket, pad_rows, tail_slots_mode
+from nki_kernels.buckets import bucket, bucket_floor, pad_rows, tail_slots_mode
 from nki_kernels.launch_options import host_nc_version
 from nki_kernels.paged_cache.layout import split_cache
 
@@ -436,7 +436,8 @@ def plan_prefill(prob, q_lens, qo_indptr, paged_kv_cache, causal,
     else:
         mm_bytes = _matmul_dtype(split_cache(paged_kv_cache)[0].dtype)[1]
         tiles, rows = score_tiling(prob.geo.num_heads, prob.group, qb)[2:]
-        group = whole_group_units(tiles, rows, prob.geo.head_dim, mm_bytes, host_nc_version())
+        group = whole_group_units(tiles, rows, prob.geo.head_dim, mm_bytes, host_nc_version(),
+                                  bucket_floor(bucket(n_items)) // cores)
         lead = lead_units(bucket(n_items), cores, whole_units(qb), group)
         work = split_work(items, prob.geo.page_size, bucket(n_items), cores,
                           items_per_iteration(qb, item_query_bytes(

@@ -466,8 +466,13 @@ def _unit_loop_cost(c0: int, lo: int, hi: int, end: int) -> int:
 # over 128 keys 550 -> 480 us with two an iteration, 454 with four), on NeuronCore-v3+ and while
 # their states and queries take at most WHOLE_GROUP_BYTES of SBUF a partition (a Llama-3-8B
 # unit of 128 queries: 25 KiB, of 256: 49 KiB; two fp32 units of 8 kv heads overflowed trn1's
-# SBUF beside their gathers)
-WHOLE_UNITS_PER_ITERATION = 4
+# SBUF beside their gathers). Eight only when each core is sure to hold eight (a lead group:
+# with fewer, a group of eight would cost the lead groups that run without a loop): units of
+# 64 queries, LNC=1, six launches of 9-16 prompt chunks over 100-3000 keys 3584.3 -> 3487.9 us
+# in all (ten over 100-1500 keys 409.4 -> 431.0, the five others faster), the chunk-64 replay
+# 496.0 -> 487.6 us a step.
+WHOLE_UNITS_PER_ITERATION = 8
+WHOLE_UNITS_BEFORE_LEAD = 4
 WHOLE_GROUP_BYTES = 128 * 1024
 
 
@@ -480,14 +485,17 @@ def score_tiling(kv_heads: int, group: int, q_block: int):
 
 
 def whole_group_units(tiles: int, rows: int, head_dim: int, mm_bytes: int,
-                      nc_version: int) -> int:
+                      nc_version: int, core_units: int = 0) -> int:
     """Whole units the first loop iteration over them takes (``kernel.run_whole_units``): a
     power of two up to WHOLE_UNITS_PER_ITERATION whose states and queries (``tiles`` tiles of
-    ``rows`` score rows each) fit WHOLE_GROUP_BYTES, on NeuronCore-v3+; one on v2."""
+    ``rows`` score rows each) fit WHOLE_GROUP_BYTES, on NeuronCore-v3+; one on v2. More than
+    WHOLE_UNITS_BEFORE_LEAD only when each core is sure to hold that many (``core_units``: the
+    bucket's least size, a core's share; the kernel passes its ``lead_units``)."""
     unit_bytes = tiles * ((head_dim + 2) * 4 + rows * mm_bytes * (-(-head_dim // 128)))
     per = 1
     while nc_version >= 3 and per < WHOLE_UNITS_PER_ITERATION and \
-            2 * per * unit_bytes <= WHOLE_GROUP_BYTES:
+            2 * per * unit_bytes <= WHOLE_GROUP_BYTES and \
+            (2 * per <= WHOLE_UNITS_BEFORE_LEAD or 2 * per <= core_units):
         per *= 2
     return per
 

@@ -70,3 +70,42 @@ def test_a_bucket_compiles_once_and_its_lead_groups_need_no_loop(rng, lnc, targe
     assert leads == [9 // lnc // group * group] * 2 + [0] * 2
     assert barriers[True, 9] < barriers[False, 9]
     assert barriers[True, 16] < barriers[False, 16]
+
+
+def test_groups_of_eight_only_when_each_core_is_sure_of_eight():
+    """Units of 64 queries of a Llama-3-8B layer (16 tiles of 128 rows, bf16): eight a loop
+    iteration when the bucket's least size gives each core eight, else four; wider units stop
+    at what WHOLE_GROUP_BYTES holds; NeuronCore-v2 one."""
+    assert work.whole_group_units(16, 128, 128, 2, 3, 9) == 8
+    assert work.whole_group_units(16, 128, 128, 2, 3, 7) == 4
+    assert work.whole_group_units(16, 128, 128, 2, 3) == 4
+    assert work.whole_group_units(32, 128, 128, 2, 3, 16) == 4      # 25 KiB a unit
+    assert work.whole_group_units(16, 128, 128, 2, 2, 16) == 1
+
+
+@pytest.mark.sim_only
+@pytest.mark.parametrize("lnc", [1, 2])
+def test_a_group_of_eight_matches_the_reference_and_groups_of_four(rng, monkeypatch, lnc):
+    """Twelve chunks of 64 queries, eight over like prefixes (bucket 16, at least 9: on one
+    core a lead group of eight, whose rounds one loop runs; on two four a core): the outputs
+    match the reference and the launch with groups of four at most, which on one core runs
+    more loop iterations."""
+    kv_lens = [1250, 1240, 1230, 1220, 1210, 1200, 1190, 1180, 900, 700, 480, 330]
+    args = make_prefill_case(rng, [64] * 12, kv_lens, 16, 2, 4, 32)
+    groups, group_units = [], plan.whole_group_units
+    monkeypatch.setattr(plan, "whole_group_units",
+                        lambda *a: groups.append(group_units(*a)) or groups[-1])
+    with simulate.use_target("trn2"):
+        eight, _ = check(args, causal=True, lnc=lnc)
+        loops = _iterations(simulate.last_trace())
+        monkeypatch.setattr(work, "WHOLE_UNITS_PER_ITERATION", 4)
+        simulate.reset_compile_stats()     # a module constant changed: another program
+        four, _ = check(args, causal=True, lnc=lnc)
+        fewer = loops < _iterations(simulate.last_trace())
+    assert groups == ([8, 4] if lnc == 1 else [4, 4])
+    assert fewer == (lnc == 1)             # the kernel groups as the host planned
+    np.testing.assert_allclose(eight, four, rtol=1e-5, atol=1e-5)
+
+
+def _iterations(trace):
+    return sum(loop["iterations"] for loop in trace.loops)
