@@ -1383,10 +1383,14 @@ def _split_plan(req: _Requests, batch_rows: int, cores: int, per_iteration: int,
 WHOLE_HALVES_SEARCH_UNITS = 10
 # A loop iteration over whole units and one of a unit's own loops (their barrier, fill and
 # drain), in chunks of one tile of score rows; a unit's chunk costs its tiles'. Least squares
-# over one core's end in 80 LNC=2 launches (ten prefill launches of the chunked replays, 64 to
-# 256 tokens a chunk, each with eight random sharings of its units; an intercept per launch;
-# cost model, trn2): a tile-chunk 0.25 us, an iteration over units 18.8 us (75 tile-chunks), a
-# unit's loop iteration 28.6 us (115), rms 12 us.
+# over one core's end in LNC=2 prefill launches of the chunked replays (64 to 256 tokens a
+# chunk), each run with eight random sharings of its units, an intercept per launch (cost
+# model, trn2; benchmarks/whole_halves.py): ten launches gave a tile-chunk 0.25 us, an
+# iteration over units 18.8 us (75 tile-chunks), a unit's loop iteration 28.6 us (115), rms 12
+# us; the script's nine launches 0.23 us, 23.8 (103), 34.4 (149), rms 13 us. The replays
+# weigh the first pair better (chunk-64 LNC=2 277.5 against 281.2 us a step, chunk-128 312.7
+# against 314.2) and move little over a wide range (a loop at 1.5-6 chunks of 16 tiles:
+# 276.5-277.6 us).
 WHOLE_ITERATION_TILE_CHUNKS = 75.0
 UNIT_LOOP_TILE_CHUNKS = 115.0
 
