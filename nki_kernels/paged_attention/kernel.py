@@ -268,10 +268,9 @@ def make_step(q, k_rows, v_rows, meta, kv_indices, tok_tab, row_tab, sinks, mask
               indirect=indirect, v_dtype=v_dtype, page_size=page_size,
               blocked=page_size <= 128,    # mask-free blocks of whole pages: several tokens a partition
               k_bytes=dtype_bytes(k_rows.dtype), scale=scale, soft_cap=soft_cap,
-              v_scale=v_scale, mm_dtype=mm_dtype, whole=whole_units(Qb),
+              v_scale=v_scale, mm_dtype=mm_dtype, whole=whole_units(Qb), lead_units=lead_units,
               # a whole unit's tail slots (the host made its rows: ``work.with_unit_tail``)
               unit_tail=unit_tail if whole_units(Qb) else 0,
-              lead_units=lead_units,       # read by run_whole_units and its group size
               # a static pass's leading slots that skip no row (their V needs no zeroing)
               full_slots=static_pass[1] if static_pass else 0,
               p=nl.program_id(0), cores=program_cores(), entry_rows={}, scratch=None,
