@@ -25,15 +25,18 @@ from nki_kernels.paged_attention.work import whole_units
 from nki_kernels.profile.cost_model import estimate
 
 
-def record_launches(chunk, steps, lnc):
-    """The replay's batch_prefill calls (inputs, the cache cut to the pages they reference)."""
-    real, calls = attention.batch_prefill, []
+def record_launches(chunk, steps, lnc, keep=None):
+    """The replay's batch_prefill calls (inputs, the cache cut to the pages they reference);
+    ``keep``: only those of these steps (0-based)."""
+    real, calls, seen = attention.batch_prefill, [], [0]
 
     def recording(q, cache, qo, kv_indptr, kv_indices, last, **kw):
-        used = np.asarray(kv_indices[:int(kv_indptr[-1])])
-        calls.append((q.copy(), cache[used].copy(), qo.copy(),
-                      (np.asarray(kv_indptr).copy(), np.arange(used.size, dtype=np.int32),
-                       np.asarray(last).copy()), dict(kw)))
+        if keep is None or seen[0] in keep:
+            used = np.asarray(kv_indices[:int(kv_indptr[-1])])
+            calls.append((q.copy(), cache[used].copy(), qo.copy(),
+                          (np.asarray(kv_indptr).copy(), np.arange(used.size, dtype=np.int32),
+                           np.asarray(last).copy()), dict(kw)))
+        seen[0] += 1
         return real(q, cache, qo, kv_indptr, kv_indices, last, **kw)
     attention.batch_prefill = recording
     try:

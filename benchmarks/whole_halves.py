@@ -14,40 +14,22 @@ units (cost model, trn2). Prints the coefficients, each against a tile-chunk, an
 from __future__ import annotations
 
 import argparse
-import dataclasses
 
 import numpy as np
 
-from nki_kernels import serve, simulate
+from nki_kernels import simulate
 from nki_kernels import paged_attention as pa
 from nki_kernels.paged_attention import work
 from nki_kernels.profile.cost_model import estimate
+from query_blocks import record_launches  # noqa: E402  (benchmarks/ is the script's path)
 
 STEPS = {64: (10, 16, 18, 24), 128: (8, 14, 20), 256: (6, 12)}
 
 
-def captured_launches(chunk: int, steps) -> list:
-    """(args, kwargs) of the prefill launches of ``steps`` in the chunked replay."""
-    kept, launch, seen = [], pa.batch_prefill, [0]
-
-    def spy(*args, **kwargs):
-        if seen[0] in steps:
-            kept.append((args, dict(kwargs)))
-        seen[0] += 1
-        return launch(*args, **kwargs)
-    pa.batch_prefill = spy
-    try:
-        cfg = dataclasses.replace(serve.PRESETS["llama8b"], prefill_chunk=chunk, lnc=2,
-                                  steps=max(steps) + 1)
-        serve.replay(cfg, "trn2", check=False)
-    finally:
-        pa.batch_prefill = launch
-    return kept
-
-
-def core_ends(args, kwargs, ones_of):
-    """Run the launch with the sharing ``ones_of(B, least)`` gives; per core: (end us, units,
-    chunks, unit loops), and the unit tiles and group size."""
+def core_ends(launch, ones_of):
+    """Run a launch ``record_launches`` kept with the sharing ``ones_of(B, least)`` gives; per
+    core: (end us, units, chunks, unit loops), and the unit tiles and group size."""
+    q, cache, qo, table, kwargs = launch
     seen = {}
     halves = work._whole_halves
 
@@ -58,10 +40,8 @@ def core_ends(args, kwargs, ones_of):
         return ones, (0.0, 0.0)
     work._whole_halves = forced
     try:
-        args = list(args)
-        args[1] = args[1].copy()          # the fused write goes to a copy of the cache
-        with simulate.use_target("trn2"), simulate.tracing() as traces:
-            pa.batch_prefill(*args, **kwargs)
+        with simulate.use_target("trn2"), simulate.tracing() as traces:   # the fused write
+            pa.batch_prefill(q, cache.copy(), qo, *table, **kwargs)       # goes to a copy
     finally:
         work._whole_halves = halves
     prefill = [t for t in traces if t.loops][-1]     # the chunks' launch, not the decode one
@@ -90,9 +70,9 @@ def main():
                 return ones
     rows, ends, launch_of = [], [], []
     for chunk, steps in STEPS.items():
-        for k, (args, kwargs) in enumerate(captured_launches(chunk, steps)):
+        for k, launch in enumerate(record_launches(chunk, max(steps) + 1, 2, set(steps))):
             for _ in range(a.sharings):
-                cores, tiles, group = core_ends(args, kwargs, random_ones)
+                cores, tiles, group = core_ends(launch, random_ones)
                 for end, units, chunks, loops in cores:
                     rows.append([tiles * chunks, loops,
                                  float(work.group_iterations(np.array([units]), group)[0])])

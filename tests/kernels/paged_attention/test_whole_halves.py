@@ -44,8 +44,10 @@ def test_each_units_loop_iterations():
 
 
 def _slower(ones, weight, per, group_units=4):
+    """The slower core's load of sharing ``ones``: its units' weights plus ``per`` for each of
+    its iterations over units (``group_iterations`` of ``group_units``)."""
     count = int(ones.sum())
-    sides = [(1 - ones) @ weight + per * work.group_iterations(np.array([12 - count]),
+    sides = [(1 - ones) @ weight + per * work.group_iterations(np.array([ones.size - count]),
                                                                 group_units)[0],
              ones @ weight + per * work.group_iterations(np.array([count]), group_units)[0]]
     return max(sides)
@@ -98,11 +100,7 @@ def test_each_candidate_past_the_search_can_win(monkeypatch, chunks, expect):
     per = work.WHOLE_ITERATION_TILE_CHUNKS / 16
     for k in range(1, chunks.size):             # every cut's slower core is slower
         cut = (np.arange(chunks.size) >= k).astype(np.int64)
-        count = int(cut.sum())
-        sides = [(1 - cut) @ chunks + per * work.group_iterations(
-                     np.array([chunks.size - count]), 4)[0],
-                 cut @ chunks + per * work.group_iterations(np.array([count]), 4)[0]]
-        assert max(sides) > max(loads)
+        assert _slower(cut, chunks, per) > max(loads)
 
 
 @pytest.mark.sim_only
