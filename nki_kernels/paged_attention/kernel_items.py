@@ -143,7 +143,9 @@ def prepare(st, i, count, masked, cols=None, slot=0, chained=False, fresh=False,
     if early:
         _lean_rows(st, item, head, count, masked)
     bank = None
-    if st.group > 1:
+    if st.group > 1 and tail_first(st):
+        bank, states = blank_bank(st.R, st.D, len(st.tiles))
+    elif st.group > 1:
         bank, states = state_bank(st.R, st.D, len(st.tiles))
     elif banked(st):               # the tiles' states in one bank: one DMA each way
         if chained:
@@ -158,7 +160,7 @@ def prepare(st, i, count, masked, cols=None, slot=0, chained=False, fresh=False,
             rows = st.tiles[t][1] * st.GQ
             if chained:
                 states.append(load_state(st.scratch, load, t, st.R, rows))
-            elif count and st.first_init:
+            elif count and (st.first_init or tail_first(st)):
                 states.append(blank_state(rows, st.D))
             else:
                 states.append(state_tile(rows, st.D))
@@ -235,6 +237,13 @@ def lean_item(st, masked):
     and nothing after (the cursor's positions, entries and the bounds serve masks and later
     chunks only)."""
     return not st.whole and not masked and st.blocked and st.indirect
+
+
+def tail_first(st):
+    """Whether a whole unit's states start blank, set by its tail's softmax step (the unit's
+    first: ``unit_group_begin`` folds the tails before any loop), so they need no identity
+    memsets and the step no rescale (the values are those the identity would give)."""
+    return st.whole and st.unit_tail > 0
 
 
 def banked(st):
@@ -627,7 +636,7 @@ def fold(st, item, count, masked):
     fold_items(st, [item], count, masked)
 
 
-def fold_items(st, items, count, masked, finished=True, prep=None):
+def fold_items(st, items, count, masked, finished=True, prep=None, fresh=False):
     """The ``count`` chunks of each of ``items`` (one loop iteration's items of one kind),
     ``width`` per softmax step (one [rows, width*T] score tile), software-pipelined in program
     order across the items: gathers run two steps ahead and scores up to SCORES_AHEAD tiles
@@ -638,7 +647,8 @@ def fold_items(st, items, count, masked, finished=True, prep=None):
     Item k-1 is ``finish``ed after item k's first softmax step (its DMAs then sit behind
     gathers already issued) unless not ``finished`` (whole units' tails: their loops follow);
     ``item.loads``: gathers issued before; ``prep(k)``: makes the queries and masks of items up
-    to k not made yet (a static pass's, ``kernel.static_prep``), PREP_AHEAD items ahead."""
+    to k not made yet (a static pass's, ``kernel.static_prep``), PREP_AHEAD items ahead.
+    ``fresh``: the items' states are blank (``tail_first``): the first step sets them."""
     group, width, steps = fold_shape(st, count, masked)
     per_load = max(1, group // width)          # softmax steps per load
     tiles = st.tiles
@@ -712,16 +722,12 @@ def fold_items(st, items, count, masked, finished=True, prep=None):
             _ready(prep, i + 1 + PREP_AHEAD)
         if v + ahead < total:
             pending.append(score(v + ahead))
-        column = None
-        if K > 1:                         # the group's running max at its first tile
+        if K > 1 and t % K == 0:          # the group's running max at its first tile
             n = min(K, len(tiles) - t // K * K)
-            if t % K == 0:
-                stats = group_stats(bank_column(items[i].bank, st.D, 0, t, n),
-                                    maxima.pop(f"{i},{s},{t // K}"), st.scale,
-                                    st.state_copy_engine)
-            column = []
-            for part in stats:
-                column.append(part[:, t % K:t % K + 1])
+            stats = group_stats(bank_column(items[i].bank, st.D, 0, t, n),
+                                maxima.pop(f"{i},{s},{t // K}"), st.scale,
+                                st.state_copy_engine, fresh and s == 0)
+        first = s == 0 and (fresh or (st.first_init and not items[i].chained))
         owners.append(i)
         scores = pending.pop(0)
         if deferred:                      # (s_ps, keep, row max) made ahead, evicted now
@@ -729,9 +735,9 @@ def fold_items(st, items, count, masked, finished=True, prep=None):
                                   scores[2], st.mask is None)
         halves.append(softmax_begin(states[i][t], scores, tiles[t][1],
                                     _v_views(step(i, s)), tiles[t][0], st.D, st.mm_dtype,
-                                    st.state_copy_engine, column, st.dma_pT,
-                                    st.first_init and s == 0 and not items[i].chained,
-                                    acc_on_gpsimd(st, tiles[t])))
+                                    st.state_copy_engine,
+                                    _stats_column(stats, t % K) if K > 1 else None, st.dma_pT,
+                                    first, acc_on_gpsimd(st, tiles[t])))
         if K > 1 and t % K == n - 1:      # every tile of the group begun: its sums
             group_sums(bank_column(items[i].bank, st.D, 1, t - n + 1, n), stats)
         if len(halves) > lag:
@@ -747,6 +753,14 @@ def fold_items(st, items, count, masked, finished=True, prep=None):
                 finish(st, items[i - 1])         # (see items_iteration)
     for half in halves:
         softmax_end(half)
+
+
+def _stats_column(stats, k):
+    """Column k of a group's ``group_stats`` (alpha None on a fresh first step)."""
+    column = []
+    for part in stats:
+        column.append(None if part is None else part[:, k:k + 1])
+    return column
 
 
 def _unit_order(items, steps):
@@ -884,18 +898,28 @@ def unit_setup(st, i, slot=0):
     return item, tail
 
 
+# The tails whose first gather is issued right after their own unit's setup rather than after
+# the whole group's (as many as ``fold_items`` keeps ahead): the group's first gathers then
+# wait on one setup, not four (the setups' small instructions queue on GpSimd, which also
+# makes the gathers' descriptors)
+TAIL_GATHERS_AHEAD = 2
+
+
 def unit_group_begin(st, i, n):
     """Whole units i .. i+n-1 of one loop iteration set up, then their tails folded as one
-    software pipeline (``fold_items``: a unit's tail gathers while the one before it computes);
-    returns the items, their loops still to run (``unit_loops``)."""
+    software pipeline (``fold_items``: a unit's tail gathers while the one before it computes;
+    the first TAIL_GATHERS_AHEAD tails' first gathers issued with their setups); returns the
+    items, their loops still to run (``unit_loops``)."""
     items, tails = [], []
     for k in range(n):
         item, tail = unit_setup(st, i + k, k)
         items.append(item)
+        if tail is not None and k < TAIL_GATHERS_AHEAD:     # before the next unit's setup
+            tail.loads = {"0": k_first(st, loader(st, tail, st.unit_tail, True), 0)}
         if tail is not None:
             tails.append(tail)
     if tails:
-        fold_items(st, tails, st.unit_tail, True, finished=False)
+        fold_items(st, tails, st.unit_tail, True, finished=False, fresh=tail_first(st))
     taken = None
     if n > 1 and st.unit_tail and st.blocked and st.indirect:
         taken = group_rounds(st, items)

@@ -303,29 +303,44 @@ class SoftmaxHalf(nl.NKIObject):
     the state's first step."""
 
 
-def group_stats(negm, row_max, scale, copy_engine=None):
+def group_stats(negm, row_max, scale, copy_engine=None, first=False):
     """The running-max step of a group of K tiles of one softmax step at once: ``negm`` the
     tiles' state column [R, K] (``bank_column``), ``row_max`` [R, K] their scores' row maxima.
     Returns ([R, K] new -max, [R, K] alpha = e^(m_old - m_new), [R, K] row sums to fill) for
-    ``softmax_begin(group=...)`` column by column; the state's max is current on return."""
+    ``softmax_begin(group=...)`` column by column; the state's max is current on return.
+    ``first``: the states' first step (a ``blank_bank``): the max is set, capped at the
+    identity's as the running minimum with it would be, and alpha is None."""
     R, K = row_max.shape
     negm_new = _f32((R, K), "neg_m_g")
+    if first:
+        nisa.tensor_scalar(dst=negm_new, data=row_max, op0=nl.multiply, operand0=-scale,
+                           op1=nl.minimum, operand1=-NEG_BIG)
+        _copy_max(negm, negm_new, copy_engine)
+        return negm_new, None, _f32((R, K), "row_sum_g")
     nisa.scalar_tensor_tensor(dst=negm_new, data=row_max, op0=nl.multiply, operand0=-scale,
                               op1=nl.minimum, operand1=negm)
     alpha = _f32((R, K), "alpha_g")
     nisa.tensor_tensor(dst=alpha, data1=negm_new, data2=negm, op=nl.subtract)
     nisa.activation(dst=alpha, op=nl.exp, data=alpha)
+    _copy_max(negm, negm_new, copy_engine)
+    return negm_new, alpha, _f32((R, K), "row_sum_g")
+
+
+def _copy_max(negm, negm_new, copy_engine):
+    """The new -max into the state (on ``copy_engine``, VectorE by default)."""
     if copy_engine is None:
         nisa.tensor_copy(dst=negm, src=negm_new)
     else:
         nisa.tensor_copy(dst=negm, src=negm_new, engine=copy_engine)
-    return negm_new, alpha, _f32((R, K), "row_sum_g")
 
 
 def group_sums(l, stats):
     """l = l alpha + row sum for the group's tiles at once (``l``: [R, K] ``bank_column``, after
-    every tile's ``softmax_begin``)."""
+    every tile's ``softmax_begin``); l = row sum on the states' first step (no alpha)."""
     _, alpha, row_sum = stats
+    if alpha is None:
+        nisa.tensor_copy(dst=l, src=row_sum)
+        return
     nisa.tensor_tensor(dst=l, data1=l, data2=alpha, op=nl.multiply)
     nisa.tensor_tensor(dst=l, data1=l, data2=row_sum, op=nl.add)
 
@@ -354,7 +369,11 @@ def softmax_begin(state, scores, heads, v_tiles, h0, D, p_dtype, copy_engine=Non
     T = v_tiles[0].tile.shape[0]
     R, WT = s.shape
     p = nl.ndarray((R, WT), p_dtype, buffer=nl.sbuf, name="p")
-    if first:
+    if group is not None:                      # (alpha None on the first step)
+        negm_new, alpha, row_sum = group
+        nisa.activation(dst=p, op=nl.exp, data=s, bias=negm_new, scale=scale, reduce_op=nl.add,
+                        reduce_res=row_sum, reduce_cmd=nisa.reduce_cmd.reset_reduce)
+    elif first:
         if row_max is None:
             nisa.tensor_reduce(dst=negm, op=nl.maximum, data=s, axis=1, negate=True)
         else:
@@ -363,10 +382,6 @@ def softmax_begin(state, scores, heads, v_tiles, h0, D, p_dtype, copy_engine=Non
         nisa.activation(dst=p, op=nl.exp, data=s, bias=negm, scale=scale, reduce_op=nl.add,
                         reduce_res=l, reduce_cmd=nisa.reduce_cmd.reset_reduce)
         alpha, row_sum = None, None
-    elif group is not None:
-        negm_new, alpha, row_sum = group
-        nisa.activation(dst=p, op=nl.exp, data=s, bias=negm_new, scale=scale, reduce_op=nl.add,
-                        reduce_res=row_sum, reduce_cmd=nisa.reduce_cmd.reset_reduce)
     else:
         negm_new = _f32((R, 1), "neg_m")
         if row_max is None:
@@ -379,10 +394,7 @@ def softmax_begin(state, scores, heads, v_tiles, h0, D, p_dtype, copy_engine=Non
         nisa.activation(dst=p, op=nl.exp, data=s, bias=negm_new, scale=scale, reduce_op=nl.add,
                         reduce_res=row_sum, reduce_cmd=nisa.reduce_cmd.reset_reduce)
         nisa.activation(dst=alpha, op=nl.exp, data=negm, bias=negm_new, scale=-1.0)
-        if copy_engine is None:                # state lives in tiles made before the loop
-            nisa.tensor_copy(dst=negm, src=negm_new)
-        else:
-            nisa.tensor_copy(dst=negm, src=negm_new, engine=copy_engine)
+        _copy_max(negm, negm_new, copy_engine)   # state lives in tiles made before the loop
     pTs = []
     for c in range(len(v_tiles)):
         pT = nl.ndarray((T, R), p_dtype, buffer=nl.sbuf, name="pT")
@@ -409,7 +421,9 @@ def softmax_end(half):
     R = half.pTs[0].shape[1]
     pv = (_pv_one_head if half.heads == 1 else _pv_heads)(half.pTs, half.v_tiles, half.h0,
                                                           half.D, R // half.heads)
-    if half.first:                             # the state's first step: acc = P @ V
+    if half.first and half.acc_on_gpsimd:      # the state's first step: acc = P @ V
+        nisa.activation(dst=acc, op=nl.copy, data=pv)    # (ScalarE evicts, as it would)
+    elif half.first:
         nisa.tensor_copy(dst=acc, src=pv)
     elif half.acc_on_gpsimd:
         gpsimd_rescale(acc, half.alpha, pv)

@@ -61,3 +61,25 @@ def test_head_major_tilings():
     assert head_major([(0, 2, 0), (2, 2, 0)]) == 0                 # two heads a tile
     assert head_major([(0, 1, 0), (1, 1, 0), (0, 1, 32)]) == 0     # not head by head
     assert head_major([(0, 1, 0), (0, 1, 32), (1, 1, 0)]) == 0     # heads of unequal blocks
+
+
+def _state_memsets(trace):
+    return [e for e in trace if e.op == "memset" and e.operands[0].tensor in ("states", "state")]
+
+
+@pytest.mark.sim_only
+@pytest.mark.parametrize("options", [dict(causal=True), dict(causal=True, logits_soft_cap=5.0)],
+                         ids=str)
+def test_tails_set_whole_units_states_in_their_first_step(rng, options):
+    """With tails (causal, trn2) a whole unit's states start blank and its tail's softmax step,
+    the unit's first, sets them (grouped statistics, or per tile under a soft cap): no identity
+    memsets, the output as the reference's; without tails (trn1) the states start as the
+    identity."""
+    args = make_prefill_case(rng, [40, 70, 64], [300, 140, 1000], 16, 2, 4, 32)
+    for target, memsets in (("trn2", False), ("trn1", True)):
+        with simulate.use_target(target):
+            check(args, **options)
+            assert bool(_state_memsets(simulate.last_trace())) == memsets, target
+    with simulate.use_target("trn2"):
+        check(args, lnc=2, **options)
+        assert not _state_memsets(simulate.last_trace())
