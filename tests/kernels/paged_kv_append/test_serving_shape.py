@@ -93,6 +93,29 @@ def test_lnc2_cores_write_k_and_v_each(rng, layout, fused):
     assert set(written) == {(0,), (1,)} and written[(0,)] == written[(1,)] > 0
 
 
+@pytest.mark.parametrize("appended", [[300, 90, 7], [512], [129, 1, 128, 130]], ids=str)
+def test_lnc2_cores_take_a_fused_caches_tiles_in_turns(rng, appended):
+    """Four tiles or more of a fused cache on LNC=2: each core writes its own tiles (p, p + 2,
+    ...), K and V paired in one DMA a tile, as the reference append; fewer tiles (above) keep K
+    on one core and V on the other."""
+    from nki_kernels.paged_kv_append import append_paged_kv_cache_ref
+    args = make_append_case(rng, [a + 40 for a in appended], appended, 16, 2, 8)
+    expected = append_paged_kv_cache_ref(*args)
+    with simulate.use_target("trn2"):
+        append_paged_kv_cache(*args, lnc=2)
+        trace = simulate.last_trace()
+    np.testing.assert_array_equal(args[4], expected)
+    writes = {}                        # the cache writes: [n, 2 (K, V), row] when paired
+    for e in trace.events:
+        if e.op == "dma_copy" and e.hbm_write_bytes and len(e.operands[0].shape) == 3:
+            writes.setdefault(e.program_id, []).append(e.operands[0].shape)
+    tiles = -(-sum(appended) // 128)
+    bucket = 1 << (tiles - 1).bit_length()
+    assert {p: len(w) for p, w in writes.items()} == {(0,): bucket // 2, (1,): bucket // 2}
+    for shapes in writes.values():
+        assert all(shape[1] == 2 for shape in shapes)          # K and V rows paired
+
+
 def test_lnc2_is_refused_on_trn1_and_lnc3_everywhere(rng):
     args = make_append_case(rng, [9], [2], 16, 2, 8)
     before = args[4].copy()
