@@ -139,8 +139,8 @@ def append_attention_kernel(q, k_rows, v_rows, key, value, slots, counts, quant,
     paged_kv_append.kernel's arguments over the same cache, viewed there as rows of a page
     entry's elements (wider rows are quantized on write when ``quant`` is given); ``write``'s
     last item: the packed K+V write's parts (0: one write per K and V). Under LNC=2
-    one core writes K and the other V, and both meet at a core barrier on each written tensor
-    before reading."""
+    one core writes K and the other V (a fused cache of four tiles or more: the tiles in turns,
+    K and V paired), and both meet at a core barrier on each written tensor before reading."""
     write_pattern, v_offset, row_elems, limit, parts = write
     D = q.shape[2]
     k_entries = k_rows.reshape((k_rows.shape[0] * D // row_elems, row_elems))
