@@ -39,9 +39,9 @@ Paths (units of work: 128-token tiles on trn2, tokens on trn1):
 HBM traffic is the appended K/V bytes read plus written (and 4 bytes of slot per token; the
 paired write reads each tile holding tokens whole, its padding rows too).
 LNC=2 (``kernel[2]``, trn2): program 0 writes K and program 1 writes V, an exact half each; a
-fused cache not quantized, whose blocks hold an even number of tiles, is shared by tiles in
-turns instead (program p the tiles p, p + 2, ...), each tile's K and V paired in one write
-(the writes to one tensor serialize; ``TURN_TILES``).
+fused cache not quantized, whose blocks hold an even number of tiles (``TURN_TILES`` or more),
+is shared by tiles in turns instead (program p the tiles p, p + 2, ...), each tile's K and V
+paired in one write as on one core (the writes to one tensor serialize).
 Returns the tensors written, ``k_rows`` or ``(k_rows, v_rows)``: outputs aliasing the inputs, so
 torch-xla keeps a call whose only effect is the write (the simulator hands back the caller's own
 arrays; ``nki_kernels.torch.device`` copies back only if a runtime returns other buffers).
