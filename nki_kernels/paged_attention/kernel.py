@@ -76,9 +76,10 @@ transposed back once per step. Whole units keep their tiles' states side by side
 ``state_bank``): the one-element statistics (running max, rescale, row sums) of up to 8 tiles of
 a step take one instruction each, all tiles are finalized at once, and on NeuronCore-v3+ P^T
 comes by DMA transpose (no TensorE transpose, no ScalarE eviction), the softmax step's end
-lagging its begin by DMA_PT_LAG units. Each item is software-pipelined in program order (gathers
-two steps ahead, scores up to 8 tiles ahead, the cache rows of a whole block of chunks made up
-front), so every engine has the next step's work queued while the current one finishes.
+lagging its begin by a few units (kernel_items.end_lag). Each item is software-pipelined in
+program order (gathers two steps ahead, scores up to 8 tiles ahead, the cache rows of a whole
+block of chunks made up front), so every engine has the next step's work queued while the
+current one finishes.
 """
 
 from __future__ import annotations
@@ -100,9 +101,9 @@ from .kernel_mask import custom_mask
 from .kernel_queries import query_pads, query_rows
 from .kernel_softmax import load_state, state_tile
 from .work import (CHUNK_BLOCKS, ITEM_CLASSES, META_COLS, NEXT, TAIL_CHUNKS, chains_in,
-                   item_query_bytes, items_per_iteration, loop_widths, score_tiling, span_column,
-                   span_start, split_slot, starts_fresh, state_slots, static_core_rows,
-                   static_pack, whole_group_units, whole_units)
+                   item_query_bytes, items_per_iteration, lead_groups, loop_widths, score_tiling,
+                   span_column, span_start, split_slot, starts_fresh, state_slots,
+                   static_core_rows, static_pack, whole_group_units, whole_units)
 
 
 def whole_units_per_iteration(st):
@@ -386,10 +387,9 @@ def run_whole_units(st, span):
                 write(st, item.states, item.b, item.bank)
         return unit_group
     first, end = nisa.scalar_load(span[0:1, 0:1]), nisa.scalar_load(span[0:1, 1:2])
-    lead = st.lead_units // per        # groups the bucket guarantees: no loop, so no barrier
-    for g in range(lead):              # and no fill between them (``work.lead_units``)
-        make_group(per)(first + g * per)
-    first = first + lead * per
+    for n in lead_groups(st.lead_units, per):    # groups the bucket guarantees: no loop, so
+        make_group(n)(first)                     # no barrier and no fill between them
+        first = first + n
     while per > 1:                 # groups of per units, then of half as many (at most one)
         grouped = first + ((end - first) // per) * per
         nl.fori_loop(first, grouped, make_group(per), step=per)

@@ -49,8 +49,15 @@ LAG_TILE_BYTES = 16 * 1024
 
 # Units a softmax step's end lags its begin when P^T comes by DMA transpose (the transpose's
 # ~1 us latency then hides behind the next units' exponentials; cost model, trn2, prefill 1k:
-# lag 1 1188 us, 2 1143, 4 1095, 8 1075 with P^T held 4x as long).
+# lag 1 1188 us, 2 1143, 4 1095, 8 1075 with P^T held 4x as long), DMA_PT_LAG_FEW when a step
+# has at most DMA_PT_FEW_TILES tiles (units of up to 128 queries of a Llama-3-8B layer), whose
+# next group's statistics otherwise queue behind the ends of tiles still waiting on their P^T:
+# the chunked LNC=2 replays' launches 262.1 -> 254.1 us a step (chunks of 64), 297.6 -> 294.4
+# (128); shared prefix 197.0 -> 193.0, verification 8 x 8 drafts 308.0 -> 307.1. Steps of 64
+# tiles lose with 8 (chunked 256 over 1k 188.9 -> 198.3 us; a lag counted in chunks 191.6).
 DMA_PT_LAG = 4
+DMA_PT_LAG_FEW = 8
+DMA_PT_FEW_TILES = 32
 
 
 # Tiles of query rows whose scores are made ahead of the softmax (a step ahead when a step has
@@ -797,13 +804,16 @@ def deferred_eviction(st):
 
 
 def end_lag(st, group):
-    """Units a softmax step's end lags its begin in ``fold_items``: one (DMA_PT_LAG with P^T by
-    DMA), so VectorE never waits on this unit's exp, unless a gather's V tile (``group`` tokens a
-    partition) is large: it is not held past its own step (decode too since its masked items
-    load together, first_chunks: eight spread and uniform decode steps 1.5% faster)."""
+    """Units a softmax step's end lags its begin in ``fold_items``: one (with P^T by DMA,
+    DMA_PT_LAG, or DMA_PT_LAG_FEW for steps of few tiles), so VectorE never waits on this unit's
+    exp, unless a gather's V tile (``group`` tokens a partition) is large: it is not held past
+    its own step (decode too since its masked items load together, first_chunks: eight spread
+    and uniform decode steps 1.5% faster)."""
     if group * st.geo.H * st.D * st.k_bytes > LAG_TILE_BYTES:
         return 0
-    return DMA_PT_LAG if st.dma_pT else 1
+    if not st.dma_pT:
+        return 1
+    return DMA_PT_LAG_FEW if len(st.tiles) <= DMA_PT_FEW_TILES else DMA_PT_LAG
 
 
 def acc_on_gpsimd(st, tile):

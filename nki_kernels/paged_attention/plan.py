@@ -438,7 +438,7 @@ def plan_prefill(prob, q_lens, qo_indptr, paged_kv_cache, causal,
         tiles, rows = score_tiling(prob.geo.num_heads, prob.group, qb)[2:]
         group = whole_group_units(tiles, rows, prob.geo.head_dim, mm_bytes, host_nc_version(),
                                   bucket_floor(bucket(n_items)) // cores)
-        lead = lead_units(bucket(n_items), cores, whole_units(qb), group)
+        lead = lead_units(bucket(n_items), cores, whole_units(qb))
         work = split_work(items, prob.geo.page_size, bucket(n_items), cores,
                           items_per_iteration(qb, item_query_bytes(
                               prob.geo.num_heads * prob.group, qb, prob.geo.head_dim, mm_bytes)),

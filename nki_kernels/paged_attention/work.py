@@ -500,22 +500,41 @@ def whole_group_units(tiles: int, rows: int, head_dim: int, mm_bytes: int,
     return per
 
 
-def lead_units(batch_rows: int, cores: int, whole: bool, group_units: int) -> int:
+def lead_units(batch_rows: int, cores: int, whole: bool) -> int:
     """Whole units each core of a launch of ``batch_rows`` unit rows (a bucket) is sure to hold,
-    in groups of ``group_units`` (``whole_group_units``), as a static kernel argument: of the
-    bucket's least size (``buckets.bucket_floor``), a core's share, so the program stays one
-    per bucket; ``kernel.run_whole_units`` folds those groups without a device loop (no
-    barrier, no pipeline fill between them), and under LNC=2 ``_whole_halves`` gives each core
-    at least that many. 0 for other launches."""
+    as a static kernel argument: of the bucket's least size (``buckets.bucket_floor``), a
+    core's share, so the program stays one per bucket; ``kernel.run_whole_units`` folds their
+    ``lead_groups`` without a device loop (no barrier, no pipeline fill between them), and
+    under LNC=2 ``_whole_halves`` gives each core at least that many. 0 for other launches."""
     if not whole:
         return 0
-    return bucket_floor(batch_rows) // cores // group_units * group_units
+    return bucket_floor(batch_rows) // cores
 
 
-def unit_groups(first: int, end: int, per: int):
-    """[first, end) split as ``kernel.run_whole_units`` runs them: [(start, units)] groups of
-    ``per``, then at most one of each smaller power of two; one unit alone runs no rounds."""
+def lead_groups(lead: int, per: int) -> list:
+    """Sizes of the groups of the first ``lead`` units (``lead_units``) that run without a loop,
+    in order: as many groups of ``per`` as they fill, else (fewer than ``per``) one group of
+    the largest power of two they hold, if at least two (a bucket of 5-8 units on two cores:
+    a group of two a core, its loop barrier saved). A group never splits what the loops after
+    it would take whole: with ``per`` or more units, a smaller lead group would leave them a
+    part group."""
+    if lead >= per:
+        return [per] * (lead // per)
+    size = 1
+    while 2 * size <= lead:
+        size *= 2
+    return [size] if size > 1 else []
+
+
+def unit_groups(first: int, end: int, per: int, lead: int = 0):
+    """[first, end) split as ``kernel.run_whole_units`` runs them: [(start, units)] the
+    ``lead_groups`` of ``lead`` units, then groups of ``per``, then at most one of each smaller
+    power of two; one unit alone runs no rounds."""
     groups = []
+    for n in lead_groups(lead, per):
+        if first + n <= end:
+            groups.append((first, n))
+            first += n
     while per > 1:
         n = (end - first) // per * per
         groups.extend((a, per) for a in range(first, first + n, per))
@@ -558,10 +577,10 @@ def rounds_taken(unit_tail: int, group_units: int, page_size: int, batch_rows: i
 
 
 def with_rounds(rows, spans, per: int, page_size: int, batch_rows: int, cores: int,
-                untailed=None, slots: int = 0):
+                untailed=None, slots: int = 0, lead: int = 0):
     """Whole units' rows with their loop iterations' rounds: each core's units sorted by the
     mask-free chunks that end at their tails (like units share iterations), then per group of
-    ``unit_groups`` ROUNDS / ROUNDS1 (``group_rounds_of``) and each unit's ROUND_SLOT. With
+    ``unit_groups`` (``lead`` units' lead groups first) ROUNDS / ROUNDS1 (``group_rounds_of``) and each unit's ROUND_SLOT. With
     ``untailed`` (the rows before ``with_unit_tail``, same order) each group's tail starts are
     chosen with its rounds (``group_tails``). A bucket of one unit, or of two on two cores,
     runs no loop over units: no rounds."""
@@ -574,7 +593,7 @@ def with_rounds(rows, spans, per: int, page_size: int, batch_rows: int, cores: i
         rows[first:end] = [rows[k] for k in order]
         if untailed is not None:
             untailed[first:end] = [untailed[k] for k in order]
-        for start, n in unit_groups(first, end, per):
+        for start, n in unit_groups(first, end, per, lead):
             if untailed is not None:
                 fours, ones, starts = group_tails(untailed[start:start + n], slots)
                 for k in range(n):
@@ -1285,7 +1304,7 @@ def split_work(req: _Requests, page_size: int, batch_rows: int, cores: int = 1,
         if _iterations(planned) >= _iterations(plain):
             planned = plain
     return _split_table(planned, page_size, batch_rows, cores, sharing, whole, null, unit_tail,
-                        group_units)
+                        group_units, lead)
 
 
 class _Planned(NamedTuple):
@@ -1476,8 +1495,9 @@ def whole_unit_loops(req: _Requests, unit_tail: int, rounds: bool) -> np.ndarray
 
 
 def _split_table(planned: _Planned, page_size: int, batch_rows: int, cores: int, sharing: int,
-                 whole: bool, null, unit_tail: int, group_units: int = 1) -> DecodeWork:
-    """The device tables of ``planned`` (``split_work``)."""
+                 whole: bool, null, unit_tail: int, group_units: int = 1,
+                 lead: int = 0) -> DecodeWork:
+    """The device tables of ``planned`` (``split_work``; ``lead``: ``lead_units``)."""
     req, plan, split, cut, loads, U, pad, capacity = planned
     if whole:
         rows, spans = _whole_rows(req, plan, split, cut, page_size)
@@ -1486,7 +1506,7 @@ def _split_table(planned: _Planned, page_size: int, batch_rows: int, cores: int,
         rows = [with_unit_tail(row, unit_tail, page_size, rounds) for row in rows]
         if rounds:
             rows = with_rounds(rows, spans, group_units, page_size, batch_rows, cores,
-                               untailed if GROUP_TAILS else None, unit_tail)
+                               untailed if GROUP_TAILS else None, unit_tail, lead)
     else:
         rows, spans = _kind_rows(req, plan, split, page_size, batch_rows, cores, U,
                                  null if pad else None)

@@ -14,18 +14,34 @@ from .conftest import statics_spy
 from .test_prefill import check, make_prefill_case
 
 
-def test_lead_units_is_a_cores_share_of_the_buckets_least_size_in_whole_groups():
-    assert work.lead_units(16, 1, True, 4) == 8          # 9..16 units: two groups of 4
-    assert work.lead_units(16, 2, True, 4) == 4          # each core at least 4 of 9
-    assert work.lead_units(8, 1, True, 4) == 4
-    assert work.lead_units(8, 2, True, 4) == 0           # 5 units: 2 a core, no whole group
-    assert work.lead_units(32, 1, True, 1) == 17         # NeuronCore-v2: groups of one
-    assert work.lead_units(16, 1, False, 4) == 0         # not whole units
+def test_lead_units_is_a_cores_share_of_the_buckets_least_size():
+    assert work.lead_units(16, 1, True) == 9             # 9..16 units
+    assert work.lead_units(16, 2, True) == 4             # each core at least 4 of 9
+    assert work.lead_units(8, 1, True) == 5
+    assert work.lead_units(8, 2, True) == 2              # 5 units: 2 a core
+    assert work.lead_units(16, 1, False) == 0            # not whole units
     old = set_bucket_policy(BucketPolicy(exact=True))
     try:
-        assert work.lead_units(10, 1, True, 4) == 8
+        assert work.lead_units(10, 1, True) == 10
     finally:
         set_bucket_policy(old)
+
+
+@pytest.mark.parametrize("lead, per, groups", [
+    (9, 4, [4, 4]), (8, 8, [8]), (5, 4, [4]), (4, 4, [4]),   # whole groups: the loops take
+    (3, 4, [2]), (2, 4, [2]), (7, 8, [4]), (1, 4, []),       # the rest whole; else one part
+    (17, 1, [1] * 17), (0, 4, [])])                          # group (NeuronCore-v2: ones)
+def test_lead_groups_are_whole_groups_or_one_part_group(lead, per, groups):
+    assert work.lead_groups(lead, per) == groups
+
+
+@pytest.mark.parametrize("units, lead, groups", [
+    (5, 2, [(0, 2), (2, 2)]), (3, 2, [(0, 2)]), (6, 2, [(0, 2), (2, 4)]),
+    (9, 4, [(0, 4), (4, 4)]), (2, 2, [(0, 2)])])
+def test_unit_groups_begin_with_the_lead_groups(units, lead, groups):
+    """The host's rounds follow the kernel's groups: the lead groups, then the loops' groups
+    of four, two (a unit left alone takes none)."""
+    assert work.unit_groups(0, units, 4, lead) == groups
 
 
 def test_two_cores_each_take_at_least_the_lead_units():
@@ -66,8 +82,7 @@ def test_a_bucket_compiles_once_and_its_lead_groups_need_no_loop(rng, lnc, targe
                 check(args, lnc=lnc, causal=True)
                 barriers[lead, n] = _barriers(simulate.last_trace(), target)
         assert simulate.compile_stats(batch_decode_kernel)["compilations"] == 1
-    group = 1 if target == "trn1" else 4                # whole units a loop iteration takes
-    assert leads == [9 // lnc // group * group] * 2 + [0] * 2
+    assert leads == [9 // lnc] * 2 + [0] * 2
     assert barriers[True, 9] < barriers[False, 9]
     assert barriers[True, 16] < barriers[False, 16]
 
@@ -109,3 +124,24 @@ def test_a_group_of_eight_matches_the_reference_and_groups_of_four(rng, monkeypa
 
 def _iterations(trace):
     return sum(loop["iterations"] for loop in trace.loops)
+
+
+@pytest.mark.sim_only
+@pytest.mark.parametrize("n", [5, 6])
+def test_two_cores_sure_of_two_units_each_run_a_group_of_two_without_a_loop(rng, n,
+                                                                            monkeypatch):
+    """A bucket of 5-8 blocks of queries on two cores (each core sure of two; loop iterations
+    take four): a lead group of two a core, which saves the two cores loop barriers, and every
+    output the reference's."""
+    barriers, leads = {}, statics_spy(monkeypatch, plan.LEAD_UNITS)
+    q_lens = [40 + 7 * (b % 3) for b in range(n)]
+    args = make_prefill_case(rng, q_lens, _same_pages(q_lens, 90), 16, 2, 4, 32)
+    for lead in (True, False):
+        if not lead:
+            monkeypatch.setattr(plan, "lead_units", lambda *a: 0)
+        with simulate.use_target("trn2"):
+            check(args, lnc=2, causal=True)
+            barriers[lead] = sum(estimate(simulate.last_trace(), "trn2")
+                                 .schedule.barriers.values())
+    assert leads == [2, 0]
+    assert barriers[True] < barriers[False]
