@@ -580,10 +580,10 @@ def with_rounds(rows, spans, per: int, page_size: int, batch_rows: int, cores: i
                 untailed=None, slots: int = 0, lead: int = 0):
     """Whole units' rows with their loop iterations' rounds: each core's units sorted by the
     mask-free chunks that end at their tails (like units share iterations), then per group of
-    ``unit_groups`` (``lead`` units' lead groups first) ROUNDS / ROUNDS1 (``group_rounds_of``) and each unit's ROUND_SLOT. With
-    ``untailed`` (the rows before ``with_unit_tail``, same order) each group's tail starts are
-    chosen with its rounds (``group_tails``). A bucket of one unit, or of two on two cores,
-    runs no loop over units: no rounds."""
+    ``unit_groups`` (``lead`` units' lead groups first) ROUNDS / ROUNDS1 (``group_rounds_of``)
+    and each unit's ROUND_SLOT. With ``untailed`` (the rows before ``with_unit_tail``, same
+    order) each group's tail starts are chosen with its rounds (``group_tails``). A bucket of
+    one unit, or of two on two cores, runs no loop over units: no rounds."""
     if batch_rows == 1 or (cores == 2 and batch_rows == 2):
         return rows
     per_chunk = chunk_tokens(page_size) // page_size
