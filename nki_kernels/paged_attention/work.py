@@ -529,12 +529,15 @@ def lead_groups(lead: int, per: int) -> list:
 def unit_groups(first: int, end: int, per: int, lead: int = 0):
     """[first, end) split as ``kernel.run_whole_units`` runs them: [(start, units)] the
     ``lead_groups`` of ``lead`` units, then groups of ``per``, then at most one of each smaller
-    power of two; one unit alone runs no rounds."""
+    power of two; one unit alone runs no rounds. The kernel runs the lead groups whatever the
+    core holds, so a core with fewer than ``lead`` units is a planning error."""
+    if end - first < lead:
+        raise AssertionError(f"a core holds {end - first} whole units, fewer than the {lead} "
+                             f"its lead groups run (work.lead_units)")
     groups = []
     for n in lead_groups(lead, per):
-        if first + n <= end:
-            groups.append((first, n))
-            first += n
+        groups.append((first, n))
+        first += n
     while per > 1:
         n = (end - first) // per * per
         groups.extend((a, per) for a in range(first, first + n, per))

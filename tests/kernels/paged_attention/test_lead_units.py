@@ -44,6 +44,13 @@ def test_unit_groups_begin_with_the_lead_groups(units, lead, groups):
     assert work.unit_groups(0, units, 4, lead) == groups
 
 
+def test_unit_groups_refuse_a_core_short_of_its_lead_units():
+    """The kernel runs the lead groups whatever the core holds: tables for fewer units would
+    have it fold rows past the core's own, so the host stops there instead."""
+    with pytest.raises(AssertionError, match="fewer than the 4"):
+        work.unit_groups(3, 6, 4, 4)
+
+
 def test_two_cores_each_take_at_least_the_lead_units():
     chunks = np.array([40, 1, 1, 1, 1, 1, 1, 1, 1])
     kinds = np.zeros((9, len(work.ITEM_CLASSES)), np.int64)
