@@ -408,7 +408,11 @@ def unit_tail_slots(limit: int, units, choices=(1, 2, 4, 8)) -> int:
     return best
 
 
-UNIT_TAIL_EMPTY_SLOT = 0.3       # an empty tail slot against a loop iteration (assumed)
+# An empty tail slot against a loop iteration (assumed). Measured over the chunked replays'
+# multi-unit launches: 0.006-0.009 an iteration per score tile of the unit (0.1 for units of 64
+# Llama-3-8B queries, 0.5 for 256); it decides only between the sizes a launch may take, and
+# the fitted weights gained 1-3% a step where two sizes were allowed (docs/performance.md)
+UNIT_TAIL_EMPTY_SLOT = 0.3
 UNIT_TAIL_SLOT = 0.03            # any slot of a tail (its SBUF, its step's length; assumed)
 
 
@@ -419,16 +423,29 @@ def unit_tail_cost(c0: int, lo: int, hi: int, c1: int, slots: int, rounds: bool 
     [max(c0, c1 - slots), c1] (ties to the later start). ``rounds``: the mask-free chunks
     before ts may be folded in rounds instead (``_rounded_loop_cost``). ``taken`` > 0: the
     group's rounds fold the ``taken`` chunks before ts, which must be mask-free, and its loops
-    end there (``group_tails``); None when no ts allows that."""
+    end there (``group_tails``); None when no ts allows that. Memoized on the bounds relative
+    to c0 (the planning asks the same few shapes for every unit and group: a chunked-prefill
+    launch's host time was mostly these searches)."""
+    c0, lo, hi, c1, slots, taken = (int(x) for x in (c0, lo, hi, c1, slots, taken))
+    found = _unit_tail_search(lo - c0, hi - c0, c1 - c0, slots, bool(rounds), taken,
+                              UNIT_TAIL_EMPTY_SLOT, ROUND_CHUNKS, ROUNDS_MAX, ROUNDS1_MAX,
+                              CHUNK_BLOCKS)
+    return None if found is None else (found[0], found[1] + c0)
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _unit_tail_search(lo, hi, c1, slots, rounds, taken, *constants):
+    """``unit_tail_cost`` of a unit whose chunks start at 0 (``constants``: the module's, so a
+    changed one is a new entry)."""
     loops = _rounded_loop_cost if rounds else _unit_loop_cost
-    first, last = max(c0, c1 - slots), c1
+    first, last = max(0, c1 - slots), c1
     if taken:
         first, last = max(first, lo + taken), min(last, hi)
         if first > last:
             return None
 
     def cost(t):
-        return loops(c0, lo, hi, t - taken) + UNIT_TAIL_EMPTY_SLOT * (slots - c1 + t), -t
+        return loops(0, lo, hi, t - taken) + UNIT_TAIL_EMPTY_SLOT * (slots - c1 + t), -t
     ts = min(range(first, last + 1), key=cost)
     return cost(ts)[0], ts
 
