@@ -12,9 +12,21 @@ from nki_kernels.paged_cache.quantize import FP8_DTYPES
 from nki_kernels.paged_kv_append.checks import append_destinations
 from nki_kernels.paged_kv_append.plan import bucket_tokens, plan_append
 
+from . import plan_cache
+
 
 def append_plan(append_key, append_value, paged_kv_cache, kv_layout, qo_indptr, kv_indptr,
                 kv_indices, kv_last_page_len, kv_lens, total_q, k_scale=1.0, v_scale=1.0, lnc=1):
+    """``_append_plan``, made once for the layers of a step (``plan_cache``: the rows and the
+    cache keyed by their shapes, dtypes and strides only)."""
+    return plan_cache.reused(_append_plan, (append_key, append_value, paged_kv_cache, kv_layout,
+                                            qo_indptr, kv_indptr, kv_indices, kv_last_page_len,
+                                            kv_lens, total_q, k_scale, v_scale, lnc), (0, 1, 2))
+
+
+def _append_plan(append_key, append_value, paged_kv_cache, kv_layout, qo_indptr, kv_indptr,
+                 kv_indices, kv_last_page_len, kv_lens, total_q, k_scale=1.0, v_scale=1.0,
+                 lnc=1):
     """Check the new rows; return the scatter's device tables (slots [Tb, 1], or the packed
     K+V write's destinations, ``paged_kv_append.plan.packing``; counts [1, 2]; quant [2, H*D]
     float32 or None) and its static ``write`` = (token pattern, V offset, cache row elements,

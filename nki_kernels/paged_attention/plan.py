@@ -18,6 +18,7 @@ from nki_kernels.buckets import bucket, bucket_floor, pad_rows, tail_slots_mode
 from nki_kernels.launch_options import host_nc_version
 from nki_kernels.paged_cache.layout import split_cache
 
+from . import plan_cache
 from .checks import check_batch_decode_inputs, soft_cap
 from .custom_mask import mask_table, with_mask_free_chunks
 from .work import (LATE_TAILS, NO_WINDOW, NullItems, capacity_chunks, chunk_tokens, decode_work,
@@ -140,8 +141,20 @@ def prepare_decode(q, paged_kv_cache, kv_indptr, kv_indices, kv_last_page_len, k
 
     ``q``/``paged_kv_cache`` may be shape-and-dtype stand-ins (only their metadata is read); the
     index arrays must be host NumPy arrays. Only shapes and model constants become static
-    arguments; lengths and pages are device data.
+    arguments; lengths and pages are device data. A call identical to a recent one but for q's
+    and the cache's contents (the next layer of the step) is handed its launch: the same
+    checks passed then (``plan_cache``).
     """
+    return plan_cache.reused(_prepare_decode, (q, paged_kv_cache, kv_indptr, kv_indices,
+                                               kv_last_page_len, kv_layout, sm_scale,
+                                               logits_soft_cap, window_left, sinks, k_scale,
+                                               v_scale, cores), (0, 1))
+
+
+def _prepare_decode(q, paged_kv_cache, kv_indptr, kv_indices, kv_last_page_len, kv_layout,
+                    sm_scale, logits_soft_cap, window_left, sinks, k_scale, v_scale,
+                    cores=1) -> DecodeLaunch:
+    """``prepare_decode`` planned afresh (and checked)."""
     logits_soft_cap = soft_cap(logits_soft_cap)
     prob = check_batch_decode_inputs(q, paged_kv_cache, kv_indptr, kv_indices, kv_last_page_len,
                                      kv_layout, sm_scale, logits_soft_cap, window_left, sinks,
@@ -478,7 +491,18 @@ def prefill_parts(prob, q_lens, qo_indptr, paged_kv_cache, causal,
                   logits_soft_cap, window_left, sinks, k_scale, v_scale, cores,
                   masks=None) -> list:
     """The launches of a prefill step (``PrefillPart``), planned (everything checked) before the
-    first runs; the NumPy entry and the torch device path both run these.
+    first runs; the NumPy entry and the torch device path both run these. A call identical to
+    a recent one in all but the cache's contents (the next layer of the same step) is handed
+    that call's plan (``plan_cache``)."""
+    return plan_cache.reused(_prefill_parts, (prob, q_lens, qo_indptr, paged_kv_cache, causal,
+                                              logits_soft_cap, window_left, sinks, k_scale,
+                                              v_scale, cores, masks), (3,))
+
+
+def _prefill_parts(prob, q_lens, qo_indptr, paged_kv_cache, causal,
+                   logits_soft_cap, window_left, sinks, k_scale, v_scale, cores,
+                   masks=None) -> list:
+    """``prefill_parts`` planned afresh.
 
     One launch, unless the batch mixes requests of one query with longer ones: then the longer
     requests run first, with the whole fused write, and the single queries after them as decode
