@@ -23,7 +23,6 @@ import operator
 import os
 import sys
 import threading
-import types
 from collections import OrderedDict
 
 import numpy as np
@@ -108,7 +107,7 @@ _constants = [-1, ()]        # (how many modules were loaded, (module, constant 
 
 
 def _planning_constants() -> tuple:
-    """(module namespace, a reader of its UPPER_CASE constants and functions) of the loaded
+    """(module namespace, a reader of its UPPER_CASE constants and callables) of the loaded
     modules under PLANNING_PACKAGES (found again when more modules load; the values are read
     at every key: a function replaced at run time, as a test's spy, is a new plan too)."""
     if _constants[0] != len(sys.modules):
@@ -119,7 +118,8 @@ def _planning_constants() -> tuple:
             namespace = vars(sys.modules[name])
             keys = [key for key, value in namespace.items()
                     if (key.isupper() and type(value) in _CONSTANT_TYPES)
-                    or type(value) is types.FunctionType]
+                    or (callable(value) and not isinstance(value, type)
+                        and not key.startswith("__"))]
             if keys:
                 found.append((namespace, operator.itemgetter(*keys, keys[0])))
         _constants[:] = [len(sys.modules), tuple(found)]
