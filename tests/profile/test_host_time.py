@@ -1,17 +1,11 @@
 """The host-time benchmark times the entries up to the launch and no further: nothing runs on
 the (simulated) device, the cache is not written, the entries' runners come back."""
 
-import importlib.util
-import pathlib
-
-SCRIPT = pathlib.Path(__file__).resolve().parents[2] / "benchmarks" / "host_time.py"
+from .benchmark_scripts import load
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location("host_time", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load("host_time")
 
 
 def test_host_time_stops_at_the_launch(monkeypatch):

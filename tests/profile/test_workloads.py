@@ -1,19 +1,13 @@
 """The workload suite's step model: a small decode and a small mixed step, floors below the
 modelled times, the mixed step's two launches counted."""
 
-import importlib.util
-import pathlib
-
 import pytest
 
-SCRIPT = pathlib.Path(__file__).resolve().parents[2] / "benchmarks" / "workloads.py"
+from .benchmark_scripts import load
 
 
 def _suite():
-    spec = importlib.util.spec_from_file_location("workloads", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load("workloads")
 
 
 def test_small_steps_are_modelled_above_their_floor():
