@@ -20,7 +20,7 @@ from .custom_mask import request_masks
 from .fused_write import append_arguments
 from .head_scales import fold_head_scales, scale_heads
 from .kernel import append_attention_kernel, batch_decode_kernel
-from .plan import cache_rows, prefill_parts, prepare_decode
+from .plan import cache_rows, prefill_parts, prepare_decode, torch_index
 
 
 def batch_decode(q, paged_kv_cache, kv_indptr, kv_indices, kv_last_page_len, kv_layout="NHD",
@@ -154,7 +154,7 @@ def run_prefill(parts, q, kernel_rows, writes, lnc=1, on_device=lambda a: a):
         import torch
         out = q.new_empty(q.shape)
         lse = torch.empty(q.shape[:2], dtype=torch.float32, device=q.device)
-        index = lambda rows: torch.from_numpy(rows).to(q.device)  # noqa: E731
+        index = lambda rows: torch_index(rows, q.device)  # noqa: E731
     for part in parts:
         rows = part.rows if index is None else index(part.rows)
         out[rows], lse[rows] = _run(part.launch, q[rows], kernel_rows,

@@ -94,6 +94,13 @@ def _pack(prob, paged_kv_cache, rows, cores) -> int:
     return static_pack(static_core_rows(rows, cores), prob.geo.num_heads, prob.group, mm_bytes)
 
 
+def torch_index(a: np.ndarray, device):
+    """A plan's host array as a torch tensor on ``device`` (a kept plan's arrays are read-only,
+    ``plan_cache``: those are copied, which torch wants of an array it may not write)."""
+    import torch
+    return torch.from_numpy(a if a.flags.writeable else a.copy()).to(device)
+
+
 @dataclass(frozen=True)
 class DecodeLaunch:
     """What the host prepared: the kernel's array arguments after the cache rows, its static
@@ -117,7 +124,7 @@ class DecodeLaunch:
             return out
         import torch
         out = q.new_zeros(shape)
-        out[torch.from_numpy(self.rows).to(q.device)] = q
+        out[torch_index(self.rows, q.device)] = q
         return out
 
     def unpad(self, out):
@@ -127,7 +134,7 @@ class DecodeLaunch:
         if isinstance(out, np.ndarray):
             return out[self.rows]
         import torch
-        return out[torch.from_numpy(self.rows).to(out.device)]
+        return out[torch_index(self.rows, out.device)]
 
     @property
     def static_chunks(self) -> int:
@@ -401,7 +408,7 @@ class PrefillLaunch:
             out[keep] = q[self.gather[keep]]
             return out
         import torch
-        on = lambda a: torch.from_numpy(a).to(q.device)    # noqa: E731
+        on = lambda a: torch_index(a, q.device)    # noqa: E731
         out = q.new_zeros(shape)
         out[on(keep)] = q[on(self.gather[keep])]
         return out
@@ -411,7 +418,7 @@ class PrefillLaunch:
         if isinstance(rows, np.ndarray):
             return rows[self.scatter]
         import torch
-        return rows[torch.from_numpy(self.scatter).to(rows.device)]
+        return rows[torch_index(self.scatter, rows.device)]
 
 
 def plan_prefill(prob, q_lens, qo_indptr, paged_kv_cache, causal,

@@ -52,7 +52,8 @@ def _cache_rows(kv_cache, row_elems):
 
 
 def _dev(a, like):
-    return None if a is None else torch.from_numpy(np.ascontiguousarray(a)).to(like.device)
+    from nki_kernels.paged_attention.plan import torch_index
+    return None if a is None else torch_index(np.ascontiguousarray(a), like.device)
 
 
 def append_device(append_key, append_value, batch_indices, positions, kv_cache, kv_indices,
