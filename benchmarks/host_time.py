@@ -22,7 +22,7 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from workloads import LAYER  # noqa: E402
+from workloads import LAYER, write_table  # noqa: E402
 
 # (name, kernel, sizes, with the fused write): decode steps, verification, chunked prefill as
 # the replays run it (a dozen requests' chunks of 64 over prefixes of 100-1500 keys, with the
@@ -97,11 +97,7 @@ def main(argv=None) -> int:
             lines.append(f"| {name} | {lnc} | {first * 1e3:.2f} | {median * 1e3:.2f} / "
                          f"{least * 1e3:.2f} |")
             print(lines[-1], flush=True)
-    table = "\n".join(lines)
-    if args.out:
-        os.makedirs(args.out, exist_ok=True)
-        with open(os.path.join(args.out, "host_time.md"), "w") as f:
-            f.write(table + "\n")
+    write_table(args.out, "host_time.md", "\n".join(lines))
     return 0
 
 

@@ -115,11 +115,16 @@ def main(argv=None) -> int:
                   flush=True)
     table = markdown(rows)
     print(table)
-    if args.out:
-        os.makedirs(args.out, exist_ok=True)
-        with open(os.path.join(args.out, "workloads.md"), "w") as f:
-            f.write(table + "\n")
+    write_table(args.out, "workloads.md", table)
     return 0
+
+
+def write_table(out: str, name: str, table: str):
+    """Write a results table to ``out``/``name`` (nothing when ``out`` is empty)."""
+    if out:
+        os.makedirs(out, exist_ok=True)
+        with open(os.path.join(out, name), "w") as f:
+            f.write(table + "\n")
 
 
 if __name__ == "__main__":
