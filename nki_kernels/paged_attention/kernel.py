@@ -102,7 +102,7 @@ from .kernel_queries import query_pads, query_rows
 from .kernel_softmax import load_state, state_tile
 from .work import (CHUNK_BLOCKS, ITEM_CLASSES, META_COLS, NEXT, TAIL_CHUNKS, chains_in,
                    item_query_bytes, items_per_iteration, lead_groups, loop_widths, score_tiling,
-                   span_column, span_start, split_slot, starts_fresh, state_slots,
+                   section_pack, span_column, span_start, split_slot, starts_fresh, state_slots,
                    static_core_rows, static_pack, whole_group_units, whole_units)
 
 
@@ -176,7 +176,7 @@ def attention(q, k_rows, v_rows, meta, spans, kv_indices, tok_tab, row_tab, sink
                    mm_dtype, static_pass, windowed, unit_tail, lead_units)
     if static_pass:
         st.slot_rows = spans           # no loops: the pass's token slots' cache rows instead
-        run_static_pass(st, static_pass[0])
+        run_static_pass(st, static_pass)
         return st.out, st.lse
     span = nl.ndarray((1, spans.shape[1]), nl.int32, buffer=nl.sbuf, name="span")
     nisa.dma_copy(dst=span, src=spans[st.p:st.p + 1, :])
@@ -210,7 +210,13 @@ def packed_requests(B, Qb, H, G, static_pass, indirect, page_size, k_dtype, mask
     if (not static_pass or Qb != 1 or not indirect or page_size > 128 or convert_v
             or mask_bits is not None):
         return 1
-    return static_pack(static_core_rows(B, program_cores()), H, G, dtype_bytes(mm_dtype))
+    pack = static_pack(static_core_rows(B, program_cores()), H, G, dtype_bytes(mm_dtype))
+    if len(static_pass) > 2:           # sections: a pack that divides each one's rows
+        sizes = []
+        for section in static_pass[2]:
+            sizes.append(section[0])
+        pack = section_pack(pack, sizes)
+    return pack
 
 
 def make_step(q, k_rows, v_rows, meta, kv_indices, tok_tab, row_tab, sinks, mask_bits,
@@ -263,7 +269,8 @@ def make_step(q, k_rows, v_rows, meta, kv_indices, tok_tab, row_tab, sinks, mask
     mask = custom_mask(mask_bits, B, R)
     st = Step(q=q, meta=meta, kv_indices=kv_indices, sinks=sinks, out=out, lse=lse, geo=geo,
               sources=sources, G=G, D=D, T=T, Qb=Qb, Qt=Qt, GQ=GQ, R=R, tiles=tiles, row_q=row_q,
-              tok_sb=tok_sb, windowed=windowed, block_t=None, slot_rows=None, pack=pack,
+              tok_sb=tok_sb, windowed=windowed, block_t=None, slot_rows=None, slot_col=None,
+              q_pool=0, pack=pack,
               consts=(geo, sources, iota_rt, indirect, v_dtype, mask, Qt, G,
                       zero_rows(T, H * D, k_rows.dtype) if geo.kt_dma else None),
               indirect=indirect, v_dtype=v_dtype, page_size=page_size,
@@ -400,20 +407,26 @@ def run_whole_units(st, span):
         nl.fori_loop(0, nisa.scalar_load(span[0:1, 3:4]), split_unit)
 
 
-def run_static_pass(st, chunks):
-    """A small bucket without device loops (``work.static_pass``): every row of the launch is
-    one item of ``chunks`` masked chunks (a request's chunks from its first, the ones past its
-    keys read nothing), all of them one static iteration; each item writes its output once, so
-    no state goes through HBM. No loop barrier, no pipeline fill per kind of item. Under LNC=2
-    each core takes half the rows; a bucket of one row is split (``work.static_split``): core p
-    folds table row p, the request's chunk slots from c0 + p * chunks, and the two states are
-    merged (``merge_split``: one exchange), program 0 writing the output."""
+def run_static_pass(st, static):
+    """A small bucket without device loops (``work.static_pass``; ``static`` = (chunks, full
+    slots), in sections also ((rows a core, chunks, full slots) of each)): every row of the
+    launch is one item of ``chunks`` masked chunks (a request's chunks from its first, the ones
+    past its keys read nothing), all of them one static iteration; each item writes its output
+    once, so no state goes through HBM. No loop barrier, no pipeline fill per kind of item.
+    Under LNC=2 each core takes half the rows; a bucket of one row is split
+    (``work.static_split``): core p folds table row p, the request's chunk slots from c0 + p *
+    chunks, and the two states are merged (``merge_split``: one exchange), program 0 writing
+    the output. In sections (``work.static_sections``) a core's rows of each section take its
+    chunk slots, one section's pipeline after the other's."""
+    chunks = static[0]
     rows = st.q.shape[0] // st.Qb
     block_columns(st, chunks)
     if static_block(st, True, chunks) and st.v_dtype is None:
         st.later = []                  # K gathered one chunk ahead of V (kernel_items.k_first;
                                        # a V converted as it loads is gathered with its K)
-    if st.cores == 2 and rows >= 2:
+    if len(static) > 2:
+        run_static_sections(st, rows, static[2])
+    elif st.cores == 2 and rows >= 2:
         half = static_core_rows(rows, st.cores)
         items_iteration(st, chunks, True, half, False)(st.p * half)
     elif st.cores == 2:
@@ -421,6 +434,24 @@ def run_static_pass(st, chunks):
         merge_split(st, item.states, item.b, item.bank)
     else:
         items_iteration(st, chunks, True, rows, False)(0)
+
+
+def run_static_sections(st, rows, sections):
+    """``run_static_pass``'s sections on each core, in order: its rows of each (``sections``:
+    (rows a core, chunks, full slots) each), their cache rows' columns back to back (a core's
+    rows' slots, ``work.static_slot_rows``)."""
+    half = static_core_rows(rows, st.cores)
+    per_core = 0
+    for k in range(len(sections)):
+        per_core += sections[k][0] * sections[k][1]
+    first, col = st.p * half, st.p * per_core
+    block_t = st.block_t
+    for k in range(len(sections)):
+        size, count, full = sections[k]
+        st.slot_col, st.full_slots = col, full
+        st.block_t = block_t[:, 0:count * st.T]
+        items_iteration(st, count, True, size, False)(first)
+        first, col = first + size, col + size * count
 
 
 def flat_items(q, Qb, mm_dtype):
@@ -529,15 +560,18 @@ def static_prep(st, batch, count):
             h0, n, q0 = st.tiles[t]
             rows.append(query_rows(st.q, batch[k].b, h0, n, st.G, st.Qt, q0))
         loaded.append(rows)
-    pool = 0                  # the rows take turns over a few zero-padded stationaries
+    # the rows take turns over a few zero-padded stationaries (as many as the most rows in
+    # flight: a later section's rows reuse an earlier one's and add what they lack)
     if st.q_pads is None:
-        pool = min(PREP_AHEAD + 2, len(batch))
         st.q_pads = {}
-        for slot in range(pool):
+    if st.q_pool or not st.q_pads:
+        while st.q_pool < min(PREP_AHEAD + 2, len(batch)):
             for t in range(len(st.tiles)):
                 n = st.tiles[t][1]      # a request's rows each (packed: st.pack requests)
-                st.q_pads[f"{slot},{t}"] = query_pads(n, n // st.pack * st.GQ, st.D,
-                                                      st.mm_dtype, nisa.engine.vector)
+                st.q_pads[f"{st.q_pool},{t}"] = query_pads(n, n // st.pack * st.GQ, st.D,
+                                                           st.mm_dtype, nisa.engine.vector)
+            st.q_pool = st.q_pool + 1
+    pool = st.q_pool
 
     def prep(k):
         while len(made) <= min(k, len(batch) - 1):

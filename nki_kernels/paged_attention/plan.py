@@ -21,12 +21,13 @@ from nki_kernels.paged_cache.layout import split_cache
 from . import plan_cache
 from .checks import check_batch_decode_inputs, soft_cap
 from .custom_mask import mask_table, with_mask_free_chunks
-from .work import (LATE_TAILS, NO_WINDOW, NullItems, capacity_chunks, chunk_tokens, decode_work,
-                   item_query_bytes, items_per_iteration, lead_units, null_pages, query_blocks,
-                   score_tiling, split_work, static_core_rows, static_full_slots, static_pack,
-                   static_pass, static_row_bytes, static_rows_of, static_slot_rows, static_work,
-                   tail_items, token_table, unit_tail_chunks, unit_tail_slots, whole_group_units,
-                   whole_units, window_span)
+from .work import (C0, C1, LATE_TAILS, NO_WINDOW, NullItems, capacity_chunks, chunk_tokens,
+                   decode_work, item_query_bytes, items_per_iteration, lead_units, null_pages,
+                   query_blocks, score_tiling, split_work, static_core_rows, static_full_slots,
+                   static_pack, static_pass, static_row_bytes, static_row_chunks, static_rows_of,
+                   static_sections, static_slot_rows, static_work, tail_items, token_table,
+                   unit_tail_chunks, unit_tail_slots, whole_group_units, whole_units,
+                   window_span)
 
 
 def cache_rows(paged_kv_cache, D):
@@ -175,7 +176,8 @@ def _prepare_decode(q, paged_kv_cache, kv_indptr, kv_indices, kv_last_page_len, 
                          _pack(prob, paged_kv_cache, rows, cores))
     static, order = (), None
     if chunks:
-        work, static, order = _static_plan(req, prob.geo.page_size, rows, chunks, null, cores)
+        work, static, order = _static_plan(req, prob.geo.page_size, rows, chunks, null, cores,
+                                           _pack(prob, paged_kv_cache, rows, cores))
         if (order == np.arange(order.size)).all():
             order = None
     else:
@@ -189,12 +191,21 @@ def _prepare_decode(q, paged_kv_cache, kv_indptr, kv_indices, kv_last_page_len, 
     return DecodeLaunch(arrays, statics, prob.batch, rows, order)
 
 
-def _static_plan(req, page_size, batch_rows, chunks, null, cores):
+def _static_plan(req, page_size, batch_rows, chunks, null, cores, pack=1):
     """A static pass's work table, static arguments (chunks, full slots:
-    ``work.static_full_slots``) and each item's table row (``work.static_rows_of``)."""
-    rows = static_rows_of(req, batch_rows, cores)
-    return (static_work(req, page_size, batch_rows, chunks, null, cores, rows),
-            (chunks, static_full_slots(req, page_size, batch_rows, chunks, cores)), rows)
+    ``work.static_full_slots``; in sections, ``work.static_sections``, also ((rows a core,
+    chunks, full slots) of each section)) and each item's table row (``work.static_rows_of``)."""
+    sections = static_sections(req, batch_rows, cores, chunks, pack)
+    rows = static_rows_of(req, batch_rows, cores, sections)
+    work = static_work(req, page_size, batch_rows, chunks, null, cores, rows, sections)
+    if not sections:
+        return (work, (chunks, static_full_slots(req, page_size, batch_rows, chunks, cores)),
+                rows)
+    counts = static_row_chunks(batch_rows, cores, chunks, sections)[rows]
+    parts = tuple((size, count, static_full_slots(req, page_size, batch_rows, count, cores,
+                                                  np.flatnonzero(counts == count)))
+                  for size, count in sections)
+    return work, (chunks, parts[0][2], parts), rows
 
 
 def static_chunks(statics) -> int:
@@ -249,7 +260,8 @@ def kernel_arguments(prob, paged_kv_cache, work, row_tab, sinks,
     spans = work.spans
     if static:                 # no loops: the pass's token slots' cache rows instead
         rpp, es, _ = geo.d_row_strides
-        spans = static_slot_rows(work.items, padded, geo.page_size, rpp, es, static[0],
+        counts = work.items[:, C1] - work.items[:, C0]      # each row's chunk slots
+        spans = static_slot_rows(work.items, padded, geo.page_size, rpp, es, counts,
                                  window_span(window_left) != NO_WINDOW)
     arrays = (work.items, spans, padded, token_table(geo.page_size), row_tab, sinks32,
               mask_bits)
@@ -452,7 +464,8 @@ def plan_prefill(prob, q_lens, qo_indptr, paged_kv_cache, causal,
     item_rows = np.arange(n_items)                 # the padded block of each item
     if chunks:
         work, static, item_rows = _static_plan(items, prob.geo.page_size, bucket(n_items),
-                                               chunks, null, cores)
+                                               chunks, null, cores,
+                                               _pack(prob, paged_kv_cache, bucket(n_items), cores))
     else:
         mm_bytes = _matmul_dtype(split_cache(paged_kv_cache)[0].dtype)[1]
         tiles, rows = score_tiling(prob.geo.num_heads, prob.group, qb)[2:]

@@ -18,8 +18,9 @@ pattern.
 from __future__ import annotations
 
 import functools
+import itertools
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import NamedTuple, Tuple
 
 import numpy as np
 
@@ -968,7 +969,10 @@ def static_pass(req: _Requests, page_size: int, batch_rows: int, cores: int = 1,
     if (chunks > STATIC_MAX_CHUNKS or chunks * batch_rows > STATIC_MAX_SLOTS
             or rows * (row_bytes + 4 * chunks) > STATIC_MAX_ROW_BYTES):
         return 0
-    return chunks if static_cost(rows, chunks, split, pack=pack) < looped else 0
+    cost = static_cost(rows, chunks, split, pack=pack)
+    if not split:                      # in sections (``static_sections``) when they cost less
+        cost = _static_sections(req, batch_rows, cores, chunks, pack)[0]
+    return chunks if cost < looped else 0
 
 
 def static_terms(req: _Requests, batch_rows: int, cores: int = 1):
@@ -1003,6 +1007,81 @@ def static_cost(rows: int, chunks: int, split: bool, row_cost: float = None,
     return static + (STATIC_SPLIT_COST_CHUNKS if split else 0.0)
 
 
+# A static pass in sections: per core, its rows of the longest requests take the pass's chunk
+# count and its other rows fewer, section by section (a spread batch, or a bucket with empty
+# rows, pads fewer slots). At most STATIC_MAX_SECTIONS; a section's cost beyond its rows and
+# slots, in chunk-equivalents (the chunked-prefill replays' decode launches, trn2: 0 and -1.5
+# gave the same, 2 left a fifth of the gain)
+STATIC_MAX_SECTIONS = 3
+STATIC_SECTION_COST_CHUNKS = 0.0
+
+
+def static_sections(req: _Requests, batch_rows: int, cores: int, chunks: int,
+                    pack: int = 1) -> tuple:
+    """The sections of a static pass of ``chunks`` chunks a row, as ((rows a core, chunks a
+    row), ...) from the longest requests' (``chunks``) down, or () for one section: the split
+    of each core's rows whose ``static_cost`` (packing ``section_pack`` requests a tile, plus
+    STATIC_SECTION_COST_CHUNKS a further section) is least; () too for a bucket of one split
+    between the cores. ``pack``: the requests a tile of one section (``static_pack``)."""
+    if static_split(batch_rows, cores):
+        return ()
+    return _static_sections(req, batch_rows, cores, chunks, pack)[1]
+
+
+def _static_sections(req: _Requests, batch_rows: int, cores: int, chunks: int, pack: int):
+    """(cost, sections) of ``static_sections`` (not split), the cost in chunk-equivalents."""
+    half = static_core_rows(batch_rows, cores)
+    longest = np.sort((req.c1 - req.c0).astype(np.int64))[::-1]
+
+    def count_from(row):               # chunks of a section whose first row a core is ``row``
+        return static_chunk_count(int(longest[cores * row:].max(initial=0)) or 1)
+
+    best, pick = static_cost(half, chunks, False, pack=pack), ()
+    for cuts in _section_cuts(half, STATIC_MAX_SECTIONS):
+        bounds = (0,) + cuts + (half,)
+        counts = [chunks] + [count_from(c) for c in cuts]
+        if any(b >= a for a, b in zip(counts, counts[1:])):
+            continue
+        sizes = [b - a for a, b in zip(bounds, bounds[1:])]
+        packed = section_pack(pack, sizes)
+        cost = (sum(static_cost(n, c, False, pack=packed) for n, c in zip(sizes, counts))
+                - (len(sizes) - 1) * (STATIC_FIXED_COST_CHUNKS - STATIC_SECTION_COST_CHUNKS))
+        if cost < best:
+            best, pick = cost, tuple(zip(sizes, counts))
+    return best, pick
+
+
+def _section_cuts(rows: int, most: int):
+    """Every increasing tuple of 1 to ``most`` - 1 cut points in (0, rows)."""
+    out = []
+    for k in range(1, most):
+        out.extend(itertools.combinations(range(1, rows), k))
+    return out
+
+
+def section_pack(pack: int, sizes) -> int:
+    """Requests a tile of a static pass in sections packs: ``pack`` (one section's,
+    ``static_pack``) or the largest power of two below it that divides every section's rows."""
+    for n in sizes:
+        while n % pack:
+            pack //= 2
+    return pack
+
+
+def static_row_chunks(batch_rows: int, cores: int, chunks: int, sections=()) -> np.ndarray:
+    """[batch_rows] chunk slots of each row of a static pass: ``chunks``, or in sections
+    (``static_sections``) core p's row p * half + k its section's."""
+    counts = np.full(batch_rows, chunks, np.int64)
+    if sections:
+        half = static_core_rows(batch_rows, cores)
+        k = np.arange(batch_rows) % half
+        first = 0
+        for rows, count in sections:
+            counts[(k >= first) & (k < first + rows)] = count
+            first += rows
+    return counts
+
+
 def static_chunk_count(chunks: int) -> int:
     """The STATIC_CHUNK_COUNTS entry a static row of ``chunks`` chunks is padded to (the
     smallest that holds them), or a number past STATIC_MAX_CHUNKS when none does."""
@@ -1020,17 +1099,18 @@ def static_split(batch_rows: int, cores: int) -> bool:
 
 
 def static_full_slots(req: _Requests, page_size: int, batch_rows: int, chunks: int,
-                      cores: int = 1) -> int:
+                      cores: int = 1, members=None) -> int:
     """Leading chunk slots of a static pass (``static_work``'s rows of ``chunks`` slots) whose
     every token is a key of its row, in every row that has keys: their gathers skip no row, so
     their V tiles need no zeroing (``kernel_items.loader``). Rows past the batch read nothing
     and write rows the launch drops: they do not count. A row with no keys gives 0 (its
     output must be 0 from zeroed V rows). A static argument: rounded down to a
-    STATIC_CHUNK_COUNTS entry (or 0), so a bucket compiles for few values."""
+    STATIC_CHUNK_COUNTS entry (or 0), so a bucket compiles for few values. ``members``: the
+    requests of one section of the pass (``static_sections``), else all."""
     T = chunk_tokens(page_size)
     split = static_split(batch_rows, cores)
     full = chunks
-    for b in range(req.L.size):
+    for b in (range(req.L.size) if members is None else members):
         for p in range(2 if split else 1):
             a = int(req.c0[b]) + p * chunks
             n = 0
@@ -1073,42 +1153,49 @@ def static_pack(core_rows: int, kv_heads: int, group: int, mm_bytes: int = 2) ->
     return pack
 
 
-def static_rows_of(req: _Requests, batch_rows: int, cores: int = 1) -> np.ndarray:
+def static_rows_of(req: _Requests, batch_rows: int, cores: int = 1,
+                   sections=()) -> np.ndarray:
     """[B] the static pass's table row of each request (``static_work``): request b at row b on
     one core (and for a split bucket of one); under LNC=2, where core p takes rows
     [p * half, (p + 1) * half), the requests are dealt to the two halves so their chunks
     balance (longest first, each to the half with fewer chunks and a free row), in request order
     within a half: a spread batch in request order put its long requests on one core (4 x
-    100-800 keys: 1,366 keys on one core, 433 on the other)."""
+    100-800 keys: 1,366 keys on one core, 433 on the other). In sections
+    (``static_sections``): each section's rows on the cores take the next longest requests,
+    dealt the same way."""
     B = req.L.size
-    if cores != 2 or batch_rows < 2 or B == 0:
+    if (cores != 2 or batch_rows < 2) and not sections or B == 0:
         return np.arange(B, dtype=np.int64)
     half = static_core_rows(batch_rows, cores)
-    load, members = [0, 0], [[], []]
     chunks = (req.c1 - req.c0).astype(np.int64)
-    for b in sorted(range(B), key=lambda b: (-int(chunks[b]), b)):
-        if len(members[0]) >= half:
-            p = 1
-        elif len(members[1]) >= half:
-            p = 0
-        else:
-            p = int(load[1] < load[0])
-        members[p].append(b)
-        load[p] += int(chunks[b])
+    ranked = sorted(range(B), key=lambda b: (-int(chunks[b]), b))
     rows = np.zeros(B, np.int64)
-    for p in range(2):
-        for k, b in enumerate(sorted(members[p])):
-            rows[b] = p * half + k
+    parts, first = [], 0
+    for size, _ in sections or ((half, 0),):
+        parts.append((first, ranked[cores * first:cores * (first + size)], size))
+        first += size
+    for first, section, size in parts:
+        load, members = [0] * cores, [[] for _ in range(cores)]
+        for b in section:
+            open_cores = [p for p in range(cores) if len(members[p]) < size]
+            p = min(open_cores, key=lambda p: (load[p], p))
+            members[p].append(b)
+            load[p] += int(chunks[b])
+        for p in range(cores):
+            for k, b in enumerate(sorted(members[p])):
+                rows[b] = p * half + first + k
     return rows
 
 
 def static_work(req: _Requests, page_size: int, batch_rows: int, chunks: int,
-                null: NullItems, cores: int = 1, rows: np.ndarray = None) -> DecodeWork:
+                null: NullItems, cores: int = 1, rows: np.ndarray = None,
+                sections=()) -> DecodeWork:
     """The table of a static pass: item b at row ``rows[b]`` (``static_rows_of``, computed when
     not given) over ``chunks`` chunks from its first (a row of the bucket holding no item reads
     no keys: LEN 0 on the sentinel pages, ``null``); split between two cores
-    (``static_split``), row p the core's half: chunks from c0 + p * chunks. The spans are
-    unused (zeros)."""
+    (``static_split``), row p the core's half: chunks from c0 + p * chunks. In sections
+    (``static_sections``) a row takes its section's chunks (``static_row_chunks``). The spans
+    are unused (zeros)."""
     B = req.L.size
     if static_split(batch_rows, cores):
         table = np.zeros((2, META_COLS), np.int64)
@@ -1126,19 +1213,22 @@ def static_work(req: _Requests, page_size: int, batch_rows: int, chunks: int,
                           (float(chunks), float(chunks)))
     table = np.zeros((batch_rows, META_COLS), np.int64)
     if rows is None:
-        rows = static_rows_of(req, batch_rows, cores)
+        rows = static_rows_of(req, batch_rows, cores, sections)
+    counts = static_row_chunks(batch_rows, cores, chunks, sections)
     if B:
         if (req.out != np.arange(B)).any():     # the host maps request b to row rows[b]
             raise AssertionError("a static pass's rows are its one-query units in output order")
-        table[rows] = req.items(np.arange(B), req.c0, req.c0 + chunks, page_size)
+        if (req.c1 - req.c0 > counts[rows]).any():
+            raise AssertionError("a static pass's row holds fewer chunk slots than its request")
+        table[rows] = req.items(np.arange(B), req.c0, req.c0 + counts[rows], page_size)
         table[rows, OUT] = rows                  # the kernel writes row r's output at row r
     empty = np.setdiff1d(np.arange(batch_rows), rows)       # rows holding no item
     table[empty, PTR] = table[empty, SLOT0] = null.slot
-    table[empty, C1], table[empty, OUT], table[empty, W_SPAN] = chunks, empty, NO_WINDOW
+    table[empty, C1], table[empty, OUT], table[empty, W_SPAN] = counts[empty], empty, NO_WINDOW
     U = items_per_iteration(1)
     spans = np.zeros((1, span_cols(U)), np.int64)
     return DecodeWork(table.astype(np.int32), spans.astype(np.int32),
-                      (float(batch_rows * chunks),))
+                      (float(counts.sum()),))
 
 
 # A static pass's skipped token: a cache row past any cache the indirect path reads (fewer than
@@ -1147,10 +1237,12 @@ SKIPPED_ROW = 1 << 24
 
 
 def static_slot_rows(items: np.ndarray, pages: np.ndarray, page_size: int, rows_per_page: int,
-                     entry_stride: int, chunks: int, windowed: bool) -> np.ndarray:
-    """[T, rows * chunks] int32: the cache row (of the [R, D] row view) of every token slot of a
-    static pass (``static_work``'s table ``items``, ``pages`` the padded page list): partition t,
-    column r * chunks + k holds token t of table row r's chunk k, SKIPPED_ROW where that token is
+                     entry_stride: int, chunks, windowed: bool) -> np.ndarray:
+    """[T, total slots] int32: the cache row (of the [R, D] row view) of every token slot of a
+    static pass (``static_work``'s table ``items``, ``pages`` the padded page list; ``chunks``
+    the slots of every row, or [rows] each row's, ``static_row_chunks``): the rows' slots back
+    to back, partition t of row r's column k holding token t of its chunk k (column
+    r * chunks + k when all rows take ``chunks``), SKIPPED_ROW where that token is
     outside the row's keys [WIN, LEN) (WIN only when ``windowed``). Made on the host so a static
     pass's gathers wait on one DMA, not on a page-id load and address arithmetic per row. Only
     the indirect path reads it (caches of fewer than 2**24 rows); larger rows are clipped to
@@ -1158,6 +1250,8 @@ def static_slot_rows(items: np.ndarray, pages: np.ndarray, page_size: int, rows_
     T = chunk_tokens(page_size)
     items = np.asarray(items, np.int64)
     pages = np.asarray(pages, np.int64).reshape(-1)
+    counts = np.broadcast_to(np.asarray(chunks, np.int64), (items.shape[0],))
+    chunks = int(counts.max(initial=0))
     rel = items[:, ENTRY0, None, None] + (np.arange(chunks)[:, None] * T + np.arange(T))[None]
     pos = items[:, POS0, None, None] - items[:, ENTRY0, None, None] + rel      # [rows, chunks, T]
     slot = np.clip(items[:, SLOT0, None, None] + rel // page_size, 0, pages.size - 1)
@@ -1166,7 +1260,8 @@ def static_slot_rows(items: np.ndarray, pages: np.ndarray, page_size: int, rows_
     if windowed:
         ok &= pos >= items[:, WIN, None, None]
     row = np.where(ok & (row >= 0), np.minimum(row, SKIPPED_ROW), SKIPPED_ROW)
-    return np.ascontiguousarray(row.transpose(2, 0, 1).reshape(T, -1)).astype(np.int32)
+    kept = np.arange(chunks)[None, :] < counts[:, None]            # [rows, chunks]
+    return np.ascontiguousarray(row.transpose(2, 0, 1)[:, kept]).astype(np.int32)
 
 
 def _unit_items(req: _Requests, tails=False):

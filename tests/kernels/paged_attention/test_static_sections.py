@@ -1,0 +1,122 @@
+"""A static pass in sections (work.static_sections): each core's rows of the longest requests
+take the pass's chunk count, its other rows fewer, one section's pipeline after the other's.
+Checked on the host (the split, the rows, the cache-row columns) and in the kernel against the
+reference and against the same step in one section."""
+
+import numpy as np
+import pytest
+
+from nki_kernels import simulate
+from nki_kernels.paged_attention import batch_decode, batch_decode_ref, batch_prefill
+from nki_kernels.paged_attention import batch_prefill_ref, plan, work
+from nki_kernels.paged_attention.work import (NullItems, query_blocks, section_pack,
+                                              static_row_chunks, static_rows_of,
+                                              static_sections, static_slot_rows, static_work)
+
+from .conftest import make_decode_case, statics_spy
+
+
+def _req(lens, P=16):
+    lens = np.asarray(lens)
+    indptr = np.concatenate([[0], np.cumsum(-(-lens // P))])
+    return query_blocks(indptr, lens, np.ones_like(lens), 1, -1, True, P)
+
+
+def test_a_spread_batch_splits_and_a_uniform_one_does_not():
+    # nine requests of 2-12 chunks in a bucket of 16 rows, four packed a tile: each core's
+    # four longest take 12 chunks, its other four rows (one request, three empty) 2
+    spread = _req([1353, 659, 227, 1296, 1529, 417, 1041, 738, 505])
+    assert static_sections(spread, 16, 2, 12, 4) == ((4, 12), (4, 2))
+    # one long request among short ones, four rows a core: tiles of two
+    assert static_sections(_req([655, 223, 1400, 413, 734, 501]), 8, 2, 12, 4) == (
+        (2, 12), (2, 4))
+    assert static_sections(_req([600] * 8), 8, 1, 6, 4) == ()
+    assert static_sections(_req([1000]), 1, 2, 4, 1) == ()     # a split bucket of one
+    # a single core: its rows of the longest first
+    assert static_sections(_req([1500, 100, 120, 90]), 4, 1, 12, 1) == ((1, 12), (3, 1))
+
+
+def test_a_section_pack_divides_every_section():
+    assert section_pack(4, (4, 4)) == 4
+    assert section_pack(4, (2, 6)) == 2
+    assert section_pack(4, (1, 3)) == 1
+    assert section_pack(4, (4, 2, 2)) == 2
+
+
+def test_the_longest_requests_take_the_first_rows_of_each_core():
+    chunks = [11, 6, 2, 11, 12, 4, 9, 6, 4]
+    req = _req([c * 128 for c in chunks])
+    sections = ((4, 12), (4, 2))
+    rows = static_rows_of(req, 16, 2, sections)
+    counts = static_row_chunks(16, 2, 12, sections)
+    assert list(counts) == [12] * 4 + [2] * 4 + [12] * 4 + [2] * 4
+    assert len(set(rows)) == len(rows)
+    first = [b for b in range(9) if counts[rows[b]] == 12]
+    assert sorted(first) == sorted(np.argsort(-np.array(chunks), kind="stable")[:8])
+    assert (np.array(chunks) <= counts[rows]).all()
+    # dealt so the cores' first sections hold alike chunk totals
+    load = [sum(chunks[b] for b in first if rows[b] // 8 == p) for p in (0, 1)]
+    assert abs(load[0] - load[1]) <= 1
+    table = static_work(req, 16, 16, 12, NullItems(slot=500, out=16), 2, rows, sections).items
+    assert list(table[:, work.C1] - table[:, work.C0]) == list(counts)
+    with pytest.raises(AssertionError, match="fewer chunk slots"):
+        static_work(req, 16, 16, 12, NullItems(slot=500, out=16), 2, np.arange(9), sections)
+
+
+def test_cache_rows_of_sections_are_each_rows_slots_back_to_back(rng):
+    req = _req([300, 1000, 40, 700])
+    table = static_work(req, 16, 4, 8, NullItems(slot=90, out=4), 1,
+                        sections=((2, 8), (2, 4))).items
+    pages = rng.permutation(120).astype(np.int32)[:, None]
+    counts = table[:, work.C1] - table[:, work.C0]
+    got = static_slot_rows(table, pages, 16, 2, 1, counts, True)
+    alone = [static_slot_rows(table[r:r + 1], pages, 16, 2, 1, int(counts[r]), True)
+             for r in range(4)]
+    np.testing.assert_array_equal(got, np.concatenate(alone, axis=1))
+    assert got.shape == (128, int(counts.sum()))
+
+
+@pytest.mark.parametrize("lens, lnc, G", [
+    ([1353, 659, 227, 1296, 1529, 417, 1041, 738, 505], 2, 4),
+    ([1353, 659, 227, 1296, 1529, 417, 1041, 738, 505], 1, 4),
+    ([655, 223, 1400, 413, 734, 501], 2, 4),
+    ([1100, 100, 129, 0, 97], 1, 2)], ids=str)
+def test_sections_match_the_reference_and_the_one_section_pass(rng, monkeypatch, lens, lnc, G):
+    """Llama-3-8B's 8 kv heads (four requests a tile, or two when a section's rows ask), a
+    request of no keys, lengths inside a page and past a chunk boundary, fp32 throughout. The
+    last case runs looped in one section (one long request among short ones)."""
+    args = make_decode_case(rng, lens, 16, 8, G, 128)
+    seen = statics_spy(monkeypatch, plan.STATIC_PASS)
+    with simulate.use_target("trn2"):
+        out, lse = batch_decode(*args, return_lse=True, lnc=lnc)
+        trace = simulate.last_trace()
+        monkeypatch.setattr(work, "STATIC_MAX_SECTIONS", 1)
+        one, one_lse = batch_decode(*args, return_lse=True, lnc=lnc)
+        single = simulate.last_trace()
+    assert len(seen[0]) == 3 and len(seen[1]) in (0, 2)     # sections, then one (or loops)
+    assert not trace.loops
+    ref, ref_lse = batch_decode_ref(*args, return_lse=True)
+    np.testing.assert_allclose(out, ref, rtol=2e-5, atol=2e-5)
+    np.testing.assert_allclose(lse, ref_lse, rtol=2e-5, atol=2e-5)
+    np.testing.assert_allclose(out, one, rtol=1e-6, atol=1e-6)
+    if not single.loops:                                    # fewer slots, fewer instructions
+        assert len(trace) < len(single)
+
+
+def test_a_mixed_steps_decode_part_runs_in_sections(rng, monkeypatch):
+    """batch_prefill's decode launch (its one-query requests) takes sections too."""
+    from .test_serving_shape import FixedCache
+    cache = FixedCache(rng, pages=400)
+    lens = [700, 1400, 130, 300, 650, 90]
+    q_lens = [64, 1, 1, 1, 1, 1]
+    q, kv, indptr, indices, last = cache.step(lens)[:5]
+    Q = sum(q_lens)
+    H, G, D = kv.shape[-2], q.shape[1] // kv.shape[-2], q.shape[2]
+    qs = rng.standard_normal((Q, H * G, D)).astype(q.dtype)
+    qo = np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int32)
+    seen = statics_spy(monkeypatch, plan.STATIC_PASS)
+    with simulate.use_target("trn2"):
+        out = batch_prefill(qs, kv, qo, indptr, indices, last, causal=True)
+    assert any(len(s) == 3 for s in seen)
+    ref = batch_prefill_ref(qs, kv, qo, indptr, indices, last, causal=True)
+    np.testing.assert_allclose(out, ref, rtol=2e-5, atol=2e-5)
