@@ -1037,7 +1037,7 @@ def _static_sections(req: _Requests, batch_rows: int, cores: int, chunks: int, p
         return static_chunk_count(int(longest[cores * row:].max(initial=0)) or 1)
 
     best, pick = static_cost(half, chunks, False, pack=pack), ()
-    for cuts in _section_cuts(half, STATIC_MAX_SECTIONS):
+    for cuts in _section_cuts(longest, half, cores, chunks, pack):
         bounds = (0,) + cuts + (half,)
         counts = [chunks] + [count_from(c) for c in cuts]
         if any(b >= a for a, b in zip(counts, counts[1:])):
@@ -1051,11 +1051,23 @@ def _static_sections(req: _Requests, batch_rows: int, cores: int, chunks: int, p
     return best, pick
 
 
-def _section_cuts(rows: int, most: int):
-    """Every increasing tuple of 1 to ``most`` - 1 cut points in (0, rows)."""
+def _section_cuts(longest, rows: int, cores: int, chunks: int, pack: int):
+    """The increasing tuples of 1 to STATIC_MAX_SECTIONS - 1 cut points in (0, ``rows``) worth
+    weighing: where a section of a smaller chunk count can start (the first row a core past
+    every request longer than it: ``longest`` is the requests' chunks, longest first), or that
+    row rounded up to a multiple of 2, 4, .. ``pack`` (a section of whole packed tiles)."""
+    starts = set()
+    for count in STATIC_CHUNK_COUNTS:
+        if count < chunks:
+            first = -(-int((longest > count).sum()) // cores)
+            size = 1
+            while size <= pack:
+                starts.add(-(-first // size) * size)
+                size *= 2
+    starts = sorted(r for r in starts if 0 < r < rows)
     out = []
-    for k in range(1, most):
-        out.extend(itertools.combinations(range(1, rows), k))
+    for k in range(1, STATIC_MAX_SECTIONS):
+        out.extend(itertools.combinations(starts, k))
     return out
 
 
