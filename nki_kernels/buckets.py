@@ -123,6 +123,21 @@ def tail_slots_mode(units: int = 2):
     return tuple(sorted(set(int(size) for size in sizes)))
 
 
+SECTIONS_ENV = "NKI_KERNELS_STATIC_SECTIONS"
+
+
+def static_sections_limit(default: int) -> int:
+    """Most sections a decode static pass may run in (``paged_attention.work.static_sections``:
+    each a compile-time row count and chunk count, so more sections, more distinct programs):
+    ``default``, or ``NKI_KERNELS_STATIC_SECTIONS`` (1: one section, the fewest compiles)."""
+    text = os.environ.get(SECTIONS_ENV, "").strip()
+    if not text:
+        return default
+    if not text.isdigit() or int(text) < 1:
+        raise ValueError(f"{SECTIONS_ENV}={text!r} must be a whole number of sections, 1 or more")
+    return int(text)
+
+
 def pad_rows(a, rows: int):
     """``a`` with zero rows appended along dim 0 up to ``rows`` (a NumPy array or a torch
     tensor; returned as is when already that long)."""

@@ -24,7 +24,7 @@ from typing import NamedTuple, Tuple
 
 import numpy as np
 
-from nki_kernels.buckets import bucket_floor
+from nki_kernels.buckets import bucket_floor, static_sections_limit
 
 # Columns of the work-item table: [items, META_COLS] int32. An item is a request, or a block of
 # a request's query tokens (query rows [OUT, OUT + q_block) of the padded q), or the part of
@@ -1011,7 +1011,9 @@ def static_cost(rows: int, chunks: int, split: bool, row_cost: float = None,
 # count and its other rows fewer, section by section (a spread batch, or a bucket with empty
 # rows, pads fewer slots). At most STATIC_MAX_SECTIONS; a section's cost beyond its rows and
 # slots, in chunk-equivalents (the chunked-prefill replays' decode launches, trn2: 0 and -1.5
-# gave the same, 2 left a fifth of the gain)
+# gave the same, 2 left a fifth of the gain). Sections are static arguments: the chunk-64
+# replays compile the decode kernel 16-17 times instead of 9 (``NKI_KERNELS_STATIC_SECTIONS=1``,
+# ``buckets.static_sections_limit``, keeps one section)
 STATIC_MAX_SECTIONS = 3
 STATIC_SECTION_COST_CHUNKS = 0.0
 
@@ -1066,7 +1068,7 @@ def _section_cuts(longest, rows: int, cores: int, chunks: int, pack: int):
                 size *= 2
     starts = sorted(r for r in starts if 0 < r < rows)
     out = []
-    for k in range(1, STATIC_MAX_SECTIONS):
+    for k in range(1, static_sections_limit(STATIC_MAX_SECTIONS)):
         out.extend(itertools.combinations(starts, k))
     return out
 

@@ -147,3 +147,15 @@ def test_the_cut_points_weighed_find_the_best_of_all_splits(monkeypatch):
         best = work._static_sections(req, rows, cores, chunks, pack)[0]
         monkeypatch.setattr(work, "_section_cuts", fast)
         assert found == pytest.approx(best)
+
+
+def test_one_section_when_the_environment_asks(monkeypatch):
+    """``NKI_KERNELS_STATIC_SECTIONS=1``: the fewest compiles; a bad value names the rule."""
+    spread = _req([1353, 659, 227, 1296, 1529, 417, 1041, 738, 505])
+    monkeypatch.setenv("NKI_KERNELS_STATIC_SECTIONS", "1")
+    assert static_sections(spread, 16, 2, 12, 4) == ()
+    monkeypatch.setenv("NKI_KERNELS_STATIC_SECTIONS", "2")
+    assert static_sections(spread, 16, 2, 12, 4) == ((4, 12), (4, 2))
+    monkeypatch.setenv("NKI_KERNELS_STATIC_SECTIONS", "0")
+    with pytest.raises(ValueError, match="NKI_KERNELS_STATIC_SECTIONS='0' must be a whole"):
+        static_sections(spread, 16, 2, 12, 4)
