@@ -74,16 +74,17 @@ class StepRecord:
     floor_seconds: float = 0.0         # profile/floor.py on the cores used: bytes, FLOPs, passes
     band_seconds: tuple = (0.0, 0.0)   # modelled with the uncertain constants fastest / slowest
     static_chunks: int = 0             # the decode's static pass (chunks per row), 0: looped
+    static_pass: tuple = ()            # its static argument (chunks, full slots, sections)
 
 
-def _static_chunks(q, cache, table, lnc, target):
-    """Chunks per row of the decode launch's static pass (0: device loops), as its plan has it:
-    with the batch bucket, the decode kernel's compile key."""
+def _static_pass(q, cache, table, lnc, target):
+    """The decode launch's static pass as its plan has it: (chunks per row, 0 for device loops;
+    the static argument, with the batch bucket the decode kernel's compile key)."""
     from nki_kernels import simulate
-    from nki_kernels.paged_attention.plan import prepare_decode
+    from nki_kernels.paged_attention.plan import STATIC_PASS, prepare_decode
     with simulate.use_target(target):
         launch = prepare_decode(q, cache, *table, "NHD", None, 0.0, -1, None, 1.0, 1.0, lnc)
-    return launch.static_chunks
+    return launch.static_chunks, launch.statics[STATIC_PASS]
 
 
 @dataclass
@@ -174,7 +175,7 @@ def replay(cfg: ServeConfig = ServeConfig(), target: str = "trn2", check=True,
             sum(c.seconds for c in costs), sum(t.hbm_bytes for t in traces),
             _kv_bytes(kv_tokens, cfg) + 2 * _kv_bytes(appended, cfg) + 2 * q.nbytes))
         rec = out.steps[-1]
-        rec.static_chunks = _static_chunks(q, cache.data, table, cfg.lnc, target)
+        rec.static_chunks, rec.static_pass = _static_pass(q, cache.data, table, cfg.lnc, target)
         rec.floor_seconds = attention_floor(costs[-1].hw, rec.min_hbm_bytes,
                                             kv_tokens * cfg.kv_heads * cfg.group, cfg.head_dim,
                                             costs[-1].cores).seconds

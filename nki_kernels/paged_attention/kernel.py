@@ -270,8 +270,7 @@ def make_step(q, k_rows, v_rows, meta, kv_indices, tok_tab, row_tab, sinks, mask
     st = Step(q=q, meta=meta, kv_indices=kv_indices, sinks=sinks, out=out, lse=lse, geo=geo,
               sources=sources, G=G, D=D, T=T, Qb=Qb, Qt=Qt, GQ=GQ, R=R, tiles=tiles, row_q=row_q,
               tok_sb=tok_sb, windowed=windowed, block_t=None, slot_rows=None, slot_col=None,
-              q_pool=0, pack=pack,
-              consts=(geo, sources, iota_rt, indirect, v_dtype, mask, Qt, G,
+              q_pool=0, pack=pack, consts=(geo, sources, iota_rt, indirect, v_dtype, mask, Qt, G,
                       zero_rows(T, H * D, k_rows.dtype) if geo.kt_dma else None),
               indirect=indirect, v_dtype=v_dtype, page_size=page_size,
               blocked=page_size <= 128,    # mask-free blocks of whole pages: several tokens a partition
