@@ -117,7 +117,5 @@ def test_chunked_prefill_replay_mixes_prefill_and_decode(target):
             assert any(q_rows % qb == 0 and q_rows // qb == bucket(q_rows // qb) for qb in blocks)
         assert items >= 8 * (q_rows // max(blocks) if not flat else q_rows)
         assert slot_rows == bucket(slot_rows) or slot_rows % 128 == 0
-    # (a static pass's sections, work.static_sections, add two variants late in this trace: 3,
-    # against 1 in one section; 5 decode compiles in all against 3)
-    assert sum(s.compiles for s in trace.steps[len(trace.steps) // 2:]) <= 3
+    assert sum(s.compiles for s in trace.steps[len(trace.steps) // 2:]) <= 2
     assert "chunked prefill, 48 prompt tokens" in summary_markdown(trace)
