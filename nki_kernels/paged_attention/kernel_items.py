@@ -462,7 +462,7 @@ def static_rows(st, first, batch, count):
     empty for ``static_block_keep``."""
     per = st.pack * count              # an item's columns: its requests' (packed) side by side
     n = len(batch) * per
-    col = first * count if st.slot_col is None else st.slot_col    # two sections: set there
+    col = first * count if st.slot_col is None else st.slot_col    # sections: set there
     rows = nl.ndarray((st.T, n), nl.int32, buffer=nl.sbuf, name="static_rows")
     nisa.dma_copy(dst=rows, src=st.slot_rows[:, col:col + n])
     if st.geo.kt_dma:               # a gather-transpose's indices are uint32 (all >= 0 here)

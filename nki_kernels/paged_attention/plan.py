@@ -171,13 +171,14 @@ def _prepare_decode(q, paged_kv_cache, kv_indptr, kv_indices, kv_last_page_len, 
     null = null_items(prob.geo, prob.table, rows)
     req = query_blocks(prob.table.indptr, prob.kv_lens, np.ones_like(prob.kv_lens), 1,
                        window_left, True, prob.geo.page_size)
+    pack = _pack(prob, paged_kv_cache, rows, cores)
     chunks = static_pass(req, prob.geo.page_size, rows, cores, host_nc_version(),
                          _chunk_bytes(prob, paged_kv_cache), _row_bytes(prob, paged_kv_cache),
-                         _pack(prob, paged_kv_cache, rows, cores))
+                         pack)
     static, order = (), None
     if chunks:
         work, static, order = _static_plan(req, prob.geo.page_size, rows, chunks, null, cores,
-                                           _pack(prob, paged_kv_cache, rows, cores))
+                                           pack)
         if (order == np.arange(order.size)).all():
             order = None
     else:
@@ -456,16 +457,16 @@ def plan_prefill(prob, q_lens, qo_indptr, paged_kv_cache, causal,
     unit_tail = _unit_tail(prob, paged_kv_cache, masks, qb, causal and masks is None, items,
                            cores)
     # one query per item and no custom mask: a decode step, static when batch_decode's would be
+    pack = _pack(prob, paged_kv_cache, bucket(n_items), cores)
     chunks = (static_pass(items, prob.geo.page_size, bucket(n_items), cores, host_nc_version(),
                           _chunk_bytes(prob, paged_kv_cache), _row_bytes(prob, paged_kv_cache),
-                          _pack(prob, paged_kv_cache, bucket(n_items), cores))
+                          pack)
               if qb == 1 and masks is None else 0)
     static, lead = (), 0
     item_rows = np.arange(n_items)                 # the padded block of each item
     if chunks:
         work, static, item_rows = _static_plan(items, prob.geo.page_size, bucket(n_items),
-                                               chunks, null, cores,
-                                               _pack(prob, paged_kv_cache, bucket(n_items), cores))
+                                               chunks, null, cores, pack)
     else:
         mm_bytes = _matmul_dtype(split_cache(paged_kv_cache)[0].dtype)[1]
         tiles, rows = score_tiling(prob.geo.num_heads, prob.group, qb)[2:]
