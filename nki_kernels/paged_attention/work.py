@@ -20,7 +20,7 @@ from __future__ import annotations
 import functools
 import itertools
 from dataclasses import dataclass
-from typing import NamedTuple, Tuple
+from typing import NamedTuple
 
 import numpy as np
 
@@ -969,9 +969,9 @@ def static_pass(req: _Requests, page_size: int, batch_rows: int, cores: int = 1,
     if (chunks > STATIC_MAX_CHUNKS or chunks * batch_rows > STATIC_MAX_SLOTS
             or rows * (row_bytes + 4 * chunks) > STATIC_MAX_ROW_BYTES):
         return 0
-    cost = static_cost(rows, chunks, split, pack=pack)
-    if not split:                      # in sections (``static_sections``) when they cost less
-        cost = _static_sections(req, batch_rows, cores, chunks, pack)[0]
+    # a pass not split runs in sections (``static_sections``) when they cost less
+    cost = (static_cost(rows, chunks, split, pack=pack) if split else
+            _static_sections(req, batch_rows, cores, chunks, pack)[0])
     return chunks if cost < looped else 0
 
 
