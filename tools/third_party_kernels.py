@@ -116,9 +116,11 @@ def _attention_tkg_harness():
 
 
 def _attention_tkg_inputs(bs, q_head, s_active, s_prior, d_head, block_len=0, tp_k_prior=True,
-                          dtype=BF16):
+                          dtype=BF16, lens=None, lnc=1):
     """Inputs of one decode step over a flat (block_len 0) or block KV cache, cache lengths
-    differing per request, and the kernel's config; the mask from the library's own builder."""
+    differing per request (``lens``: [bs] prior lengths, each at most s_prior - s_active; else
+    spread by a formula), and the kernel's config; the mask from the library's own builder, for
+    a grid of ``lnc`` programs (the kernel shards batch or s_prior between two)."""
     import torch
     utils = importlib.import_module(LIB + "core.attention.attention_tkg_utils")
     masks = importlib.import_module(LIB + "core.attention.gen_mask_tkg_torch")
@@ -128,7 +130,11 @@ def _attention_tkg_inputs(bs, q_head, s_active, s_prior, d_head, block_len=0, tp
                               tp_k_prior=tp_k_prior or block, qk_in_sb=True,
                               strided_mm1=not block)
     rng = np.random.default_rng(1)
-    lens = np.array([(s_prior * 3 // 4 + 37 * b) % (s_prior - s_active) for b in range(bs)])
+    if lens is None:
+        lens = np.array([(s_prior * 3 // 4 + 37 * b) % (s_prior - s_active) for b in range(bs)])
+    lens = np.asarray(lens)
+    if lens.shape != (bs,) or lens.min() < 0 or lens.max() > s_prior - s_active:
+        raise ValueError(f"lens: {bs} prior lengths in [0, {s_prior - s_active}] expected")
     q_shape, ka_shape = (d_head, bs * q_head * s_active), (d_head, bs * s_active)   # in SBUF
     if block:
         blocks = bs * s_prior // block_len
@@ -140,7 +146,7 @@ def _attention_tkg_inputs(bs, q_head, s_active, s_prior, d_head, block_len=0, tp
         table = None
     mask = masks.build_full_attention_mask(
         cache_lens=torch.from_numpy(lens.astype(np.float32)), batch=bs, num_heads=q_head,
-        s_active=s_active, s_ctx=s_prior, lnc=1, block_len=block_len, include_active_mask=True,
+        s_active=s_active, s_ctx=s_prior, lnc=lnc, block_len=block_len, include_active_mask=True,
         transposed=True).numpy().astype(np.uint8)
     return {"q": _randn(rng, *q_shape, dtype=dtype), "k_active": _randn(rng, *ka_shape, dtype=dtype),
             "v_active": _randn(rng, bs, 1, s_active, d_head, dtype=dtype),
