@@ -107,8 +107,8 @@ def batch_prefill(q, paged_kv_cache, qo_indptr, kv_indptr, kv_indices, kv_last_p
         reaches that query's output (docs/numerics.md gives the whole NaN semantics).
     Work items are blocks of Qb query tokens of one request (``query_block``: the largest q_len
     rounded up to a power of two while one tile of heads x group x Qb <= 128 score rows holds
-    them, else up to 4 such tiles of 128 // group tokens), so each chunk of keys is read once for
-    all of them; an item visits only the chunks its queries see.
+    them, else as many such tiles of 128 // group tokens as it fills, up to 8), so each chunk of
+    keys is read once for all of them; an item visits only the chunks its queries see.
     Compiles once per (Qb, bucket of work items); q_len == 1 everywhere is ``batch_decode``'s
     launch exactly. A mixed batch (some requests with one query, others with more) runs as two
     launches, the longer requests first (with the whole fused write), then the single queries as

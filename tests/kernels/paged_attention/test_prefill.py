@@ -144,16 +144,59 @@ def test_items_visit_only_the_chunks_their_queries_see():
 
 
 def test_query_block_size():
-    """Powers of two while one tile (128 // G tokens) holds the block, then 2, 4 or 8 whole tiles,
-    fewer when the item's per-tile state would not fit (many kv heads of a wide head dim)."""
-    sizes = [query_block(n, 4, 8, 128) for n in (0, 1, 2, 3, 7, 8, 9, 32, 33, 64, 65, 129, 1000)]
-    assert sizes == [1, 1, 2, 4, 8, 8, 16, 32, 64, 64, 128, 256, 256]
+    """Powers of two while one tile (128 // G tokens) holds the block, then as many whole tiles as
+    the longest request fills (no padding tile: 3, 5, 7), up to 8, fewer when the item's per-tile
+    state would not fit (many kv heads of a wide head dim)."""
+    sizes = [query_block(n, 4, 8, 128)
+             for n in (0, 1, 2, 3, 7, 8, 9, 32, 33, 64, 65, 96, 129, 200, 256, 1000)]
+    assert sizes == [1, 1, 2, 4, 8, 8, 16, 32, 64, 64, 96, 96, 160, 224, 256, 256]
     assert query_block(1000, 128) == 8 and query_block(5, 3) == 8 and query_block(80, 3) == 84
-    assert query_block(100, 3) == 168                      # 4 tiles of 42 tokens (a power of two)
+    assert query_block(100, 3) == 126                      # 3 tiles of 42 tokens
     # two cores: the longest request keeps two blocks at least (one whole unit per core)
-    assert [query_block(n, 4, 8, 128, cores=2) for n in (16, 64, 65, 256, 257, 1000)] == [
-        16, 32, 64, 128, 256, 256]
+    assert [query_block(n, 4, 8, 128, cores=2) for n in (16, 64, 65, 160, 256, 257, 1000)] == [
+        16, 32, 64, 96, 128, 160, 256]
     assert query_block(1000, 4, 8, 512) == 64 and query_block(1000, 4, 64, 512) == 32
+    assert query_block(100, 4, 8, 512) == 64              # two tiles fit: 4 would not
+
+
+def test_query_block_candidates_after_a_whole_count_are_powers_of_two():
+    from nki_kernels.paged_attention.plan import query_block_candidates
+    assert query_block_candidates(256, 4) == [256, 128, 64, 32]
+    assert query_block_candidates(160, 4) == [160, 128, 64, 32]
+    assert query_block_candidates(96, 4) == [96, 64, 32]
+    assert query_block_candidates(64, 4) == [64, 32]
+    assert query_block_candidates(32, 4) == [32]
+    assert query_block_candidates(48, 8) == [48, 32]       # 16 queries: a flat list's item
+
+
+@pytest.mark.parametrize("lnc", [1, 2])
+@pytest.mark.parametrize("q_lens, kv_lens", [
+    ([96, 96, 40], [96, 700, 300]),          # three tiles of 32 queries (G 4), a short one
+    ([160, 1], [900, 50]),                   # five tiles (LNC=2: blocks of three), decode beside
+    ([224, 200], [224, 1300]),               # seven tiles, the second request's last one part
+], ids=str)
+def test_blocks_of_whole_tile_counts_match_reference(rng, target, lnc, q_lens, kv_lens):
+    """Blocks of 3, 5 or 7 tiles (no power-of-two padding) over prefixes straddling chunks,
+    causal, bf16, with the fused write, on one and two cores."""
+    if lnc == 2 and target == "trn1":
+        pytest.skip("LNC=2 is trn2's")
+    assert query_block(max(q_lens), 4, 2, 64) in (96, 160, 224)
+    from nki_kernels.paged_kv_append import append_paged_kv_cache, get_batch_indices_positions
+    bf16 = ml_dtypes.bfloat16
+    q, cache, qo_indptr, kv_indptr, kv_indices, last, layout = make_prefill_case(
+        rng, q_lens, kv_lens, 16, 2, 4, 64, q_dtype=bf16, kv_dtype=bf16)
+    key = rng.standard_normal((q.shape[0], 2, 64)).astype(bf16)
+    value = rng.standard_normal((q.shape[0], 2, 64)).astype(bf16)
+    fused, appended = cache.copy(), cache.copy()
+    out, lse = batch_prefill(q, fused, qo_indptr, kv_indptr, kv_indices, last, layout,
+                             causal=True, return_lse=True, lnc=lnc, append_key=key,
+                             append_value=value)
+    batch, pos = get_batch_indices_positions(qo_indptr, np.array(kv_lens, np.int32), q.shape[0])
+    append_paged_kv_cache(key, value, batch, pos, appended, kv_indices, kv_indptr, last, layout)
+    assert np.array_equal(fused, appended, equal_nan=True)
+    ref, ref_lse = batch_prefill_ref(q, appended, qo_indptr, kv_indptr, kv_indices, last, layout,
+                                     causal=True, return_lse=True)
+    assert_close(out, ref, lse, ref_lse, dtype="bfloat16")
 
 
 def _problem(q_lens, kv_lens, page_size=16, H=8, G=4, D=128):
