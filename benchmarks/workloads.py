@@ -50,6 +50,8 @@ SUITE = [
      dict(batch=1, q_len=256, kv_len=1280)),
     ("chunked prefill 512 over 4k", "paged_prefill_attention",
      dict(batch=1, q_len=512, kv_len=4608)),
+    ("chunked prefill 12 x 96 over 100-1000 (spread)", "paged_prefill_attention",
+     dict(batch=12, q_len=96, kv_len=1000, kv_min=100)),
     ("mixed: 15 decodes of 1k + chunk 256 over 1k", "paged_prefill_attention",
      dict(batch=15, q_len=1, kv_len=1024, prefill=256, prefill_kv=1280)),
     ("shared prefix: 32 x (4096 shared + 256), cascade", "cascade_attention",
