@@ -93,9 +93,11 @@ def test_rehearsal_benchmark_prices_under_hidden_constants(monkeypatch, tmp_path
     assert (tmp_path / "k.neff").exists()
 
 
+@pytest.mark.slow
 def test_fit_recovers_a_hidden_constant_on_its_own_rows():
     """Rows 'measured' under loop_iteration_s = 4 us: the fit of that constant alone finds it
-    (steps that run device loops: a static pass has no loop barrier to fit)."""
+    (steps that run device loops: a static pass has no loop barrier to fit). Slow: eight
+    samples of two launches' schedules, ~4 minutes (`.ci/run` runs tests/device with -m slow)."""
     rows = [dict(kernel="paged_decode_attention", sizes=dict(batch=2, kv_len=4500, page_size=16,
                                                              kv_heads=2, group=2, head_dim=32),
                  ok=True),

@@ -34,12 +34,18 @@ def _gathers(trace, H, D):
 # tail: every block size occurs
 LENS = [34 * 128 + 5, 15 * 128, 3 * 128 + 77]
 
+# Grouped gathers are NeuronCore-v3+'s: trn1 runs the same cases through its page DMAs, the
+# slowest to simulate, so its grid is the slow run's (`-m slow`; test_decode covers trn1's path)
+TARGETS = pytest.mark.parametrize("target", ["trn2", pytest.param("trn1", marks=pytest.mark.slow)],
+                                  indirect=True)
+
 
 @pytest.mark.sim_only
 @pytest.mark.parametrize("layout", ["NHD", "HND"])
 @pytest.mark.parametrize("page_size, H, D", [(16, 8, 128), (2, 2, 64), (48, 3, 256), (128, 1, 32),
                                              (1, 2, 64)])
 @pytest.mark.parametrize("fused", [True, False])
+@TARGETS
 def test_grouped_gathers_match_reference(rng, target, layout, page_size, H, D, fused):
     lens = [n if page_size != 48 else n - n % 96 + 50 for n in LENS]
     args = make_decode_case(rng, lens, page_size, H, 4, D, layout=layout, fused=fused)
@@ -64,6 +70,7 @@ def test_grouped_gathers_match_reference(rng, target, layout, page_size, H, D, f
 @pytest.mark.sim_only
 @pytest.mark.parametrize("kv_dtype", [ml_dtypes.bfloat16, ml_dtypes.float8_e4m3fn])
 @pytest.mark.parametrize("fused", [True, False])
+@TARGETS
 def test_grouped_gathers_low_precision(rng, target, kv_dtype, fused):
     """bf16 and fp8 caches (fp8 V converted for the matmul after the grouped load: a tile of its
     own, or the V half of a fused page load on trn1)."""

@@ -77,8 +77,10 @@ def test_rows_of_three_six_and_twelve_chunks_match_the_reference(rng, lens, core
 
 
 @pytest.mark.parametrize("rows, low, high", [
-    (16, 100, 400), (32, 257, 384), (16, 641, 768), (32, 300, 1024), (16, 600, 2048),
-    (8, 1000, 4096)])
+    (16, 100, 400), (32, 257, 384), (16, 641, 768),
+    pytest.param(32, 300, 1024, marks=pytest.mark.slow),
+    pytest.param(16, 600, 2048, marks=pytest.mark.slow),
+    pytest.param(8, 1000, 4096, marks=pytest.mark.slow)])
 def test_a_full_bucket_of_static_rows_fits_sbuf(rng, monkeypatch, rows, low, high):
     """Llama-3-8B's kv heads (8 x 128, fp32 here: the largest chunk a static pass takes,
     work.STATIC_MAX_CHUNK_BYTES): 16 rows of 4 chunks, whose first gathers (256 KiB a
@@ -101,8 +103,9 @@ def test_a_full_bucket_of_static_rows_fits_sbuf(rng, monkeypatch, rows, low, hig
         np.testing.assert_allclose(lse, ref_lse, rtol=2e-5, atol=2e-5)
 
 
-@pytest.mark.parametrize("G, rows, low, high", [(16, 32, 257, 384), (8, 32, 300, 1024),
-                                                 (8, 64, 100, 900)])
+@pytest.mark.parametrize("G, rows, low, high", [
+    (16, 32, 257, 384), pytest.param(8, 32, 300, 1024, marks=pytest.mark.slow),
+    pytest.param(8, 64, 100, 900, marks=pytest.mark.slow)])
 def test_rows_of_large_stationaries_fit_sbuf(rng, monkeypatch, G, rows, low, high):
     """Eight kv heads of 256 in bf16 at GQA 16 (4 KiB of query stationaries a row) or 8: 32
     static rows, each with its own stationaries, overflowed SBUF; from a pool of a few
