@@ -367,11 +367,10 @@ def query_block_candidates(top: int, group: int) -> list:
     if top <= per_tile or not whole_units(top):
         return [top]
     out, tiles = [top], 1
-    while 2 * tiles < top // per_tile:
+    while 2 * tiles < top // per_tile:     # the largest power of two below top's tiles
         tiles *= 2
     while tiles >= 1 and whole_units(tiles * per_tile):
-        if tiles * per_tile < top:
-            out.append(tiles * per_tile)
+        out.append(tiles * per_tile)
         tiles //= 2
     return out
 
