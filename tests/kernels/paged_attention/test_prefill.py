@@ -181,21 +181,12 @@ def test_blocks_of_whole_tile_counts_match_reference(rng, target, lnc, q_lens, k
     if lnc == 2 and target == "trn1":
         pytest.skip("LNC=2 is trn2's")
     assert query_block(max(q_lens), 4, 2, 64) in (96, 160, 224)
-    from nki_kernels.paged_kv_append import append_paged_kv_cache, get_batch_indices_positions
     bf16 = ml_dtypes.bfloat16
-    q, cache, qo_indptr, kv_indptr, kv_indices, last, layout = make_prefill_case(
-        rng, q_lens, kv_lens, 16, 2, 4, 64, q_dtype=bf16, kv_dtype=bf16)
-    key = rng.standard_normal((q.shape[0], 2, 64)).astype(bf16)
-    value = rng.standard_normal((q.shape[0], 2, 64)).astype(bf16)
-    fused, appended = cache.copy(), cache.copy()
-    out, lse = batch_prefill(q, fused, qo_indptr, kv_indptr, kv_indices, last, layout,
-                             causal=True, return_lse=True, lnc=lnc, append_key=key,
-                             append_value=value)
-    batch, pos = get_batch_indices_positions(qo_indptr, np.array(kv_lens, np.int32), q.shape[0])
-    append_paged_kv_cache(key, value, batch, pos, appended, kv_indices, kv_indptr, last, layout)
-    assert np.array_equal(fused, appended, equal_nan=True)
-    ref, ref_lse = batch_prefill_ref(q, appended, qo_indptr, kv_indptr, kv_indices, last, layout,
-                                     causal=True, return_lse=True)
+    args = make_prefill_case(rng, q_lens, kv_lens, 16, 2, 4, 64, q_dtype=bf16, kv_dtype=bf16)
+    key = rng.standard_normal((args[0].shape[0], 2, 64)).astype(bf16)
+    value = rng.standard_normal((args[0].shape[0], 2, 64)).astype(bf16)
+    out, lse, appended = _fused_then_append(args, key, value, kv_lens, lnc)
+    ref, ref_lse = batch_prefill_ref(*appended, causal=True, return_lse=True)
     assert_close(out, ref, lse, ref_lse, dtype="bfloat16")
 
 
@@ -310,20 +301,28 @@ def test_fused_write_equals_separate_append(rng, target, layout, pair, lnc):
     bytes equal append_paged_kv_cache's, the output equals attention after that append."""
     if lnc == 2 and target == "trn1":
         pytest.skip("LNC=2 is a trn2 launch")
-    from nki_kernels.paged_kv_append import append_paged_kv_cache, get_batch_indices_positions
     args, key, value = _fused_case(rng, [3, 1, 130, 0], [20, 5, 300, 7], layout, pair)
-    q, cache, qo_indptr, kv_indptr, kv_indices, last, layout = args
-    fused_cache, separate = _copy(cache), _copy(cache)
-    out = batch_prefill(q, fused_cache, qo_indptr, kv_indptr, kv_indices, last, layout,
-                        causal=True, append_key=key, append_value=value, lnc=lnc)
-    kv_lens = np.array([20, 5, 300, 7], np.int32)
-    batch, pos = get_batch_indices_positions(qo_indptr, kv_lens, q.shape[0])
-    append_paged_kv_cache(key, value, batch, pos, separate, kv_indices, kv_indptr, last, layout)
-    for a, b in zip(*(c if pair else (c,) for c in (fused_cache, separate))):
-        assert np.array_equal(a, b, equal_nan=True)
-    args = (q, separate, qo_indptr, kv_indptr, kv_indices, last, layout)
+    out, _, args = _fused_then_append(args, key, value, [20, 5, 300, 7], lnc)
     assert np.array_equal(out, batch_prefill(*args, causal=True, lnc=lnc))
     assert_close(out, batch_prefill_ref(*args, causal=True))
+
+
+def _fused_then_append(args, key, value, kv_lens, lnc):
+    """A causal launch with the fused write of ``key``/``value`` on a copy of the case's cache,
+    and the same rows appended to another copy by ``append_paged_kv_cache``; asserts the two
+    caches are byte-equal. Returns (out, lse, the case's arguments over the appended cache)."""
+    from nki_kernels.paged_kv_append import append_paged_kv_cache, get_batch_indices_positions
+    q, cache, qo_indptr, kv_indptr, kv_indices, last, layout = args
+    fused, separate = _copy(cache), _copy(cache)
+    out, lse = batch_prefill(q, fused, qo_indptr, kv_indptr, kv_indices, last, layout,
+                             causal=True, return_lse=True, append_key=key, append_value=value,
+                             lnc=lnc)
+    batch, pos = get_batch_indices_positions(qo_indptr, np.array(kv_lens, np.int32), q.shape[0])
+    append_paged_kv_cache(key, value, batch, pos, separate, kv_indices, kv_indptr, last, layout)
+    pair = isinstance(cache, tuple)
+    for a, b in zip(*(c if pair else (c,) for c in (fused, separate))):
+        assert np.array_equal(a, b, equal_nan=True)
+    return out, lse, (q, separate, qo_indptr, kv_indptr, kv_indices, last, layout)
 
 
 @pytest.mark.parametrize("bad, rule", [
