@@ -96,24 +96,23 @@ def bucket_floor(b: int) -> int:
 
 TAIL_ENV = "NKI_KERNELS_TAIL_SLOTS"
 TAIL_SLOTS = (1, 2, 4, 8)
-# The tail sizes a launch chooses between by default: four slots, or four or eight when each
-# core runs one unit, whose loops no other unit's rounds share (cost model, trn2: one prompt
-# chunk of 256 over 1k keys, LNC=1 210.6 -> 194.4 us, LNC=2 122.7 -> 112.4 with 8 slots, each
-# core's part of the unit folded without a loop; every launch choosing between 4 and 8 moved
-# the chunked replays by -1.6% to +0.1% for 3-5 more compilations each)
-DEFAULT_TAIL_SLOTS = (4,)
-ONE_UNIT_TAIL_SLOTS = (4, 8)
+# The tail sizes a launch chooses between by default: two, four or eight slots (prompts' first
+# chunks take two, long prefixes eight; ``paged_attention.work.unit_tail_slots``); one slot only
+# when set (a launch of one-chunk units takes two at a few per cent more). Cost model, trn2,
+# LNC=2, the chunked replays' prefill launches against four slots alone: chunks of 64 -4.2%,
+# of 128 -2.7%; sizes (1, 2, 4, 8) -4.9% and -2.4%; for up to three compiles a bucket.
+DEFAULT_TAIL_SLOTS = (2, 4, 8)
 
 
-def tail_slots_mode(units: int = 2):
-    """The tail sizes a chunked-prefill launch of ``units`` whole units a core chooses between by
-    their cost (``paged_attention.work.unit_tail_slots``; 1, 2, 4 or 8 chunk slots, at most what
-    the launch's shape allows), a bucket compiling once per size it meets: unset,
-    DEFAULT_TAIL_SLOTS (ONE_UNIT_TAIL_SLOTS for one unit); ``NKI_KERNELS_TAIL_SLOTS`` one size
-    ("4": one compile per bucket), a comma list ("4,8"), or ``"launch"``: all of them."""
+def tail_slots_mode():
+    """The tail sizes a chunked-prefill launch chooses between by its units' cost
+    (``paged_attention.work.unit_tail_slots``; 1, 2, 4 or 8 chunk slots, at most what the
+    launch's shape allows), a bucket compiling once per size it meets: unset,
+    DEFAULT_TAIL_SLOTS; ``NKI_KERNELS_TAIL_SLOTS`` one size ("4": one compile per bucket), a
+    comma list ("4,8"), or ``"launch"``: all of them."""
     text = os.environ.get(TAIL_ENV, "").strip()
     if not text:
-        return ONE_UNIT_TAIL_SLOTS if units == 1 else DEFAULT_TAIL_SLOTS
+        return DEFAULT_TAIL_SLOTS
     if text == "launch":
         return TAIL_SLOTS
     sizes = tuple(part.strip() for part in text.split(","))

@@ -47,11 +47,10 @@ def _tails(prob, paged_kv_cache, qb) -> bool:
     return tail_items(host_nc_version(), prob.geo.page_size, rows, whole_units(qb), query_tiles)
 
 
-def _unit_tail(prob, paged_kv_cache, masks, qb, causal, items, cores=1) -> int:
+def _unit_tail(prob, paged_kv_cache, masks, qb, causal, items) -> int:
     """Tail slots of this launch's whole units ``items`` (at most ``work.unit_tail_chunks``), a
-    static kernel argument: of the sizes ``buckets.tail_slots_mode`` allows (4, or 4 or 8 when
-    each of the ``cores`` runs one unit, unless set), the one ``work.unit_tail_slots`` picks
-    over the units. Causal launches only, whose units all end in
+    static kernel argument: of the sizes ``buckets.tail_slots_mode`` allows (2, 4 or 8 unless
+    set), the one ``work.unit_tail_slots`` picks over the units. Causal launches only, whose units all end in
     masked chunks (a mask-free unit's tail would be empty slots or cost its blocks loops: a
     cascade's shared level of 32 chunks on two cores, 158 -> 182 us); 0 for blocks of queries
     that are not whole units."""
@@ -61,7 +60,7 @@ def _unit_tail(prob, paged_kv_cache, masks, qb, causal, items, cores=1) -> int:
                              _cache_row_count(paged_kv_cache, prob.geo.head_dim),
                              masks is not None, _chunk_bytes(prob, paged_kv_cache))
     return unit_tail_slots(limit, zip(items.c0, items.full_lo, items.full_hi, items.c1),
-                           tail_slots_mode(-(-items.L.size // cores)))
+                           tail_slots_mode())
 
 
 def _cache_row_count(paged_kv_cache, head_dim) -> int:
@@ -459,8 +458,7 @@ def plan_prefill(prob, q_lens, qo_indptr, paged_kv_cache, causal,
     tails = _tails(prob, paged_kv_cache, qb) and (qb > 1 or masks is None)
     if tails and qb == 1:
         tails = LATE_TAILS
-    unit_tail = _unit_tail(prob, paged_kv_cache, masks, qb, causal and masks is None, items,
-                           cores)
+    unit_tail = _unit_tail(prob, paged_kv_cache, masks, qb, causal and masks is None, items)
     # one query per item and no custom mask: a decode step, static when batch_decode's would be
     pack = _pack(prob, paged_kv_cache, bucket(n_items), cores)
     chunks = (static_pass(items, prob.geo.page_size, bucket(n_items), cores, host_nc_version(),

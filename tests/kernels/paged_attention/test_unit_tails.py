@@ -128,22 +128,22 @@ def test_a_pinned_tail_size_serves_every_launch(rng, monkeypatch, pinned):
     assert seen[-1] == min(int(pinned), 4)
 
 
-def test_the_default_tail_is_four_slots_or_eight_for_one_unit_a_core(rng, monkeypatch):
-    """Unset, a launch of several units a core takes four slots whatever they favour (one
-    compile per bucket); one unit a core takes four or eight, whichever costs less (its loops
-    share no rounds with other units)."""
+def test_the_default_tail_is_two_four_or_eight_slots(rng, monkeypatch):
+    """Unset, a launch takes two, four or eight slots, whichever its units favour (a bucket
+    compiles once per size it meets): prompts' first chunks two (one slot only when set), long
+    prefixes eight, with several units a core and with one."""
     seen = _tail_sizes(monkeypatch)
     monkeypatch.delenv("NKI_KERNELS_TAIL_SLOTS", raising=False)
     for kv_lens in ([40, 64], [700, 680]):
         args = make_prefill_case(rng, [40, 33], kv_lens, 16, 2, 4, 32)
         with simulate.use_target("trn2"):
             check(args, causal=True)
-    assert seen == [4, 4]
+    assert seen == [2, 8]
     for kv_lens in ([64], [700]):
         args = make_prefill_case(rng, [40], kv_lens, 16, 2, 4, 32)
         with simulate.use_target("trn2"):
             check(args, causal=True)
-    assert seen[2:] == [4, 8]
+    assert seen[2:] == [2, 8]
 
 
 def test_a_list_of_tail_sizes_bounds_the_choice(rng, monkeypatch):
