@@ -106,7 +106,9 @@ def test_each_candidate_past_the_search_can_win(monkeypatch, chunks, expect):
 @pytest.mark.sim_only
 def test_two_cores_balance_their_loop_barriers(rng, monkeypatch):
     """The twelve units on LNC=2 (small heads): every output the reference's, and the cores'
-    loop barriers (cost model) 4 and 4, where the old sharing gave 6 and 2."""
+    loop barriers (cost model) 4 and 4, where the old sharing gave 6 and 2 (tails of four
+    slots, as the sharing's loads count them)."""
+    monkeypatch.setenv("NKI_KERNELS_TAIL_SLOTS", "4")
     args = make_prefill_case(rng, [64] * 12, KV_LENS, 16, 2, 4, 32)
     with simulate.use_target("trn2"), simulate.tracing() as traces:
         check(args, causal=True, lnc=2)
