@@ -50,10 +50,10 @@ def _tails(prob, paged_kv_cache, qb) -> bool:
 def _unit_tail(prob, paged_kv_cache, masks, qb, causal, items) -> int:
     """Tail slots of this launch's whole units ``items`` (at most ``work.unit_tail_chunks``), a
     static kernel argument: of the sizes ``buckets.tail_slots_mode`` allows (2, 4 or 8 unless
-    set), the one ``work.unit_tail_slots`` picks over the units. Causal launches only, whose units all end in
-    masked chunks (a mask-free unit's tail would be empty slots or cost its blocks loops: a
-    cascade's shared level of 32 chunks on two cores, 158 -> 182 us); 0 for blocks of queries
-    that are not whole units."""
+    set), the one ``work.unit_tail_slots`` picks over the units. Causal launches only, whose
+    units all end in masked chunks (a mask-free unit's tail would be empty slots or cost its
+    blocks loops: a cascade's shared level of 32 chunks on two cores, 158 -> 182 us); 0 for
+    blocks of queries that are not whole units."""
     if not (causal and whole_units(qb)):
         return 0
     limit = unit_tail_chunks(host_nc_version(), prob.geo.page_size,

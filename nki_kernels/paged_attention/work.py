@@ -363,9 +363,10 @@ def whole_units(q_block: int) -> bool:
 # their scores' compute. The slots are one static kernel argument for all the launch's units:
 # per launch, of the sizes buckets.tail_slots_mode allows (2, 4 or 8 unless set), the one whose
 # loop iterations and empty slots cost least over them (``unit_tail_slots``; cost model, trn2,
-# Llama-3-8B layer, one launch each: eight prompt chunks of 64 queries over 64 keys 204 us with four slots, 151
-# with one; of 128 over 129-256 keys 457 / 375 with two; four chunks of 256 over 256-1500 keys
-# 651 with four, 689 with eight; two chunks of 512 over 900-1500 keys 730 / 696 with eight).
+# Llama-3-8B layer, one launch each: eight prompt chunks of 64 queries over 64 keys 204 us with
+# four slots, 151 with one; of 128 over 129-256 keys 457 / 375 with two; four chunks of 256 over
+# 256-1500 keys 651 with four, 689 with eight; two chunks of 512 over 900-1500 keys 730 / 696
+# with eight).
 UNIT_TAIL_CHUNKS = 8
 UNIT_TAIL_BYTES = 32 * 1024      # SBUF per partition a tail's K and V may take
 
@@ -411,9 +412,9 @@ def unit_tail_slots(limit: int, units, choices=(1, 2, 4, 8)) -> int:
 # multi-unit launches: 0.006-0.009 an iteration per score tile of the unit (0.1 for units of 64
 # Llama-3-8B queries, 0.5 for 256); it decides only between the sizes a launch may take. With
 # UNIT_TAIL_SLOT these pick sizes 2, 4 or 8 within 2% (in total) of the best per launch over
-# the chunk-64 and chunk-128 LNC=2 replays' prefill launches (each re-run under every size; 0.01 a slot did
-# 0.3% better there but gave eight slots to four chunks of 256 over 256-1500 keys, 689 us
-# against 651 with four)
+# the chunk-64 and chunk-128 LNC=2 replays' prefill launches (each re-run under every size;
+# 0.01 a slot did 0.3% better there but gave eight slots to four chunks of 256 over 256-1500
+# keys, 689 us against 651 with four)
 UNIT_TAIL_EMPTY_SLOT = 0.3
 UNIT_TAIL_SLOT = 0.02            # any slot of a tail (its SBUF, its step's length; fitted)
 
