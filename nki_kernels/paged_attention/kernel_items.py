@@ -15,7 +15,7 @@ from .kernel_load import (PSUM_BANK_BYTES, KTTile, KVTile, PackedKT, PackedKV, b
                           load_chunk_pages, load_group_indirect, load_group_pages, piece,
                           rows_of_pages, step_chunks, transpose_rows)
 from .kernel_mask import mask_start, masked_keep
-from .kernel_queries import group_queries, query_block_rows, query_tile_rows
+from .kernel_queries import group_queries, head_queries, query_block_rows, query_tile_rows
 from .kernel_softmax import (bank_column, blank_bank, blank_state, chunk_scores, evict_scores,
                              finalize, finalize_bank, forget_unseen, group_stats, group_sums,
                              head_major, k_transposed, keys_between, load_bank, load_state,
@@ -201,6 +201,16 @@ def item_queries(st, item, slot=0, tile_rows=None):
     together = None
     if item.bank is not None and not st.whole:     # side-by-side tiles: their rows in one DMA
         together = query_tile_rows(st.q, item.b, st.tiles[0][1], st.G, st.Qt, len(st.tiles))
+    if heads and tile_rows is None and st.D <= 128 and st.pack == 1 and \
+            nisa.get_nc_version() >= nisa.nc_version.gen3:   # transposes evicted together
+        rows = []
+        for t in range(len(st.tiles)):
+            h0, _, q0 = st.tiles[t]
+            if f"{q0}" not in loaded:
+                loaded[f"{q0}"] = query_block_rows(st.q, item.b, heads, st.G, st.Qt, q0)
+            rows.append(loaded[f"{q0}"][:, h0 * st.D:(h0 + 1) * st.D])
+        item.q = head_queries(rows, st.mm_dtype)
+        return
     for t in range(len(st.tiles)):
         h0, n, q0 = st.tiles[t]
         kept = st.q_pads.get(f"{slot},{t}") if st.q_pads is not None else None

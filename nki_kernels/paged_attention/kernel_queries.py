@@ -121,6 +121,34 @@ def group_queries(q, t0, h0, n, G, Qb, mm_dtype, q0=0, kept=None, rows=None, blo
     return pads, poison
 
 
+# Query tiles of one kv head each whose transposes share one PSUM tile and one eviction: four
+# [D, 128] bf16 transposes fill half a bank; one ScalarE copy of 4 x 128 elements a partition
+# instead of four of 128 (its fixed cost paid once)
+HEAD_TILES_PER_EVICTION = 4
+
+
+def head_queries(rows, mm_dtype):
+    """Q^T stationaries of several one-kv-head tiles (``head_major`` whole units, D <= 128,
+    NeuronCore-v3+: exact transposes, no poison): ``rows`` their [R, D] query rows each; the
+    tiles transposed HEAD_TILES_PER_EVICTION at a time into one PSUM tile [D, k * R] and evicted
+    by one ScalarE copy into an SBUF tile [D, k * R]. Returns per tile its pads ([Dp, R]
+    view), as ``group_queries``."""
+    R, D = rows[0].shape
+    pads = []
+    for t0 in range(0, len(rows), HEAD_TILES_PER_EVICTION):
+        part = rows[t0:t0 + HEAD_TILES_PER_EVICTION]
+        k = len(part)
+        qT_ps = nl.ndarray((D, k * R), transpose_dtype(part[0].dtype), buffer=nl.psum,
+                           name="qT_ps")
+        for j in range(k):
+            nisa.nc_transpose(dst=qT_ps[:, j * R:(j + 1) * R], data=part[j])
+        pad = nl.ndarray((D, k * R), mm_dtype, buffer=nl.sbuf, name="q_pad")
+        nisa.activation(dst=pad, op=nl.copy, data=qT_ps)
+        for j in range(k):
+            pads.append([[pad[:, j * R:(j + 1) * R]]])
+    return pads
+
+
 def _finite_rows(rows):
     """(rows with non-finite elements replaced by 0, [R, 1] fp32 poison: sum of rows * 0 per
     row, 0 for a finite row and NaN otherwise)."""

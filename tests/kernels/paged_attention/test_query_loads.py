@@ -46,3 +46,30 @@ def test_prefill_queries_load_row_major(rng, target, H, G, D):
     assert max(e.operands[0].shape[0] for e in loads) > H * G      # blocks of query tokens
     ref, ref_lse = batch_prefill_ref(*args, return_lse=True)
     assert_close(out, ref, lse, ref_lse)
+
+
+@pytest.mark.sim_only
+@pytest.mark.parametrize("H, D", [(5, 64), (2, 128)])
+@pytest.mark.parametrize("q_dtype", [np.float32, ml_dtypes.bfloat16])
+def test_whole_unit_query_transposes_share_evictions(rng, target, H, D, q_dtype):
+    """Whole units (blocks of more than 16 queries, one kv head a tile) transpose their tiles'
+    queries four to a PSUM tile on NeuronCore-v3+ and evict each four by one copy: 5 kv heads x
+    2 query tiles take copies of 4, 4 and 2 tiles. The results match the reference; trn1 keeps
+    one transpose and copy a tile (its transposes go through fp32 matmuls)."""
+    G = 4
+    args = make_prefill_case(rng, [64, 40], [300, 41], 16, H, G, D, q_dtype=q_dtype)
+    out, lse = batch_prefill(*args, return_lse=True)
+    trace = simulate.last_trace()
+    copies = [e for e in trace if e.op == "activation" and e.operands[1].tensor == "qT_ps"]
+    transposes = [e for e in trace if e.op == "nc_transpose" and e.operands[0].tensor == "qT_ps"]
+    widths = sorted({e.free_elems for e in copies})
+    tiles = 2 * H                        # 64 queries: two tiles of 32 a kv head, per unit
+    if target == "trn2":
+        assert len(transposes) == 2 * tiles                     # two units
+        assert widths == sorted({min(4, tiles - k) * 128 for k in range(0, tiles, 4)}), widths
+        assert len(copies) == 2 * -(-tiles // 4)
+    else:
+        assert widths == [128] and len(copies) == len(transposes)
+    ref, ref_lse = batch_prefill_ref(*args, return_lse=True)
+    dtype = "float32" if q_dtype is np.float32 else "bfloat16"
+    assert_close(out, ref, lse, ref_lse, dtype=dtype)
