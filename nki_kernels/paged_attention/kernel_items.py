@@ -201,19 +201,12 @@ def item_queries(st, item, slot=0, tile_rows=None):
     together = None
     if item.bank is not None and not st.whole:     # side-by-side tiles: their rows in one DMA
         together = query_tile_rows(st.q, item.b, st.tiles[0][1], st.G, st.Qt, len(st.tiles))
-    if heads and tile_rows is None and st.D <= 128 and st.pack == 1 and \
-            nisa.get_nc_version() >= nisa.nc_version.gen3:   # transposes evicted together
-        rows = []
-        for t in range(len(st.tiles)):
-            h0, _, q0 = st.tiles[t]
-            if f"{q0}" not in loaded:
-                loaded[f"{q0}"] = query_block_rows(st.q, item.b, heads, st.G, st.Qt, q0)
-            rows.append(loaded[f"{q0}"][:, h0 * st.D:(h0 + 1) * st.D])
-        item.q = head_queries(rows, st.mm_dtype)
-        return
+    # whole units' one-kv-head tiles: their transposes evicted together (``head_queries``)
+    batched = (heads and tile_rows is None and st.D <= 128 and st.pack == 1
+               and nisa.get_nc_version() >= nisa.nc_version.gen3)
+    batch_rows = []
     for t in range(len(st.tiles)):
         h0, n, q0 = st.tiles[t]
-        kept = st.q_pads.get(f"{slot},{t}") if st.q_pads is not None else None
         rows = None
         if heads:                  # one DMA per query block for all kv heads
             if f"{q0}" not in loaded:
@@ -223,12 +216,16 @@ def item_queries(st, item, slot=0, tile_rows=None):
             rows = together[:, t * st.D:(t + 1) * st.D]
         if tile_rows is not None:
             rows = tile_rows[t]
+        if batched:
+            batch_rows.append(rows)
+            continue
+        kept = st.q_pads.get(f"{slot},{t}") if st.q_pads is not None else None
         pads, poison = group_queries(st.q, item.b, h0, n, st.G, st.Qt, st.mm_dtype, q0, kept,
                                      rows, st.pack)
         queries.append(pads)
         if poison is not None:
             poison_state(item.states[t], poison)
-    item.q = queries
+    item.q = head_queries(batch_rows, st.mm_dtype) if batched else queries
 
 
 def static_out_row(st, i):
