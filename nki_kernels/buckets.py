@@ -125,16 +125,22 @@ def tail_slots_mode():
 SECTIONS_ENV = "NKI_KERNELS_STATIC_SECTIONS"
 
 
-def static_sections_limit(default: int) -> int:
-    """Most sections a decode static pass may run in (``paged_attention.work.static_sections``:
-    each a compile-time row count and chunk count, so more sections, more distinct programs):
-    ``default``, or ``NKI_KERNELS_STATIC_SECTIONS`` (1: one section, the fewest compiles)."""
+def static_sections_mode(default: int):
+    """(most sections, whether any split may be taken) of a decode static pass
+    (``paged_attention.work.static_sections``: each section a compile-time row count and chunk
+    count). Unset: up to ``default`` sections from the fixed menu
+    ``work.STATIC_SECTION_TEMPLATES`` (a bounded set of programs a bucket); a number caps the
+    sections (1: one section, the fewest compiles); ``any``: up to ``default``, any split the
+    cost model prices lowest (a little faster on spread batches, a compile per split met)."""
     text = os.environ.get(SECTIONS_ENV, "").strip()
     if not text:
-        return default
+        return default, False
+    if text == "any":
+        return default, True
     if not text.isdigit() or int(text) < 1:
-        raise ValueError(f"{SECTIONS_ENV}={text!r} must be a whole number of sections, 1 or more")
-    return int(text)
+        raise ValueError(f"{SECTIONS_ENV}={text!r} must be 'any' or a whole number of "
+                         f"sections, 1 or more")
+    return int(text), False
 
 
 def pad_rows(a, rows: int):

@@ -194,7 +194,9 @@ def _prepare_decode(q, paged_kv_cache, kv_indptr, kv_indices, kv_last_page_len, 
 def _static_plan(req, page_size, batch_rows, chunks, null, cores, pack=1):
     """A static pass's work table, static arguments (chunks, full slots:
     ``work.static_full_slots``; in sections, ``work.static_sections``, also ((rows a core,
-    chunks, full slots) of each section)) and each item's table row (``work.static_rows_of``)."""
+    chunks, full slots) of each section), the further sections' full slots 0: their requests'
+    lengths differ, and each value would be another program) and each item's table row
+    (``work.static_rows_of``). ``work.static_pass_menu`` lists every value they can take."""
     sections = static_sections(req, batch_rows, cores, chunks, pack)
     rows = static_rows_of(req, batch_rows, cores, sections)
     work = static_work(req, page_size, batch_rows, chunks, null, cores, rows, sections)
@@ -202,9 +204,9 @@ def _static_plan(req, page_size, batch_rows, chunks, null, cores, pack=1):
         return (work, (chunks, static_full_slots(req, page_size, batch_rows, chunks, cores)),
                 rows)
     counts = static_row_chunks(batch_rows, cores, chunks, sections)[rows]
-    parts = tuple((size, count, static_full_slots(req, page_size, batch_rows, count, cores,
-                                                  np.flatnonzero(counts == count)))
-                  for size, count in sections)
+    full = static_full_slots(req, page_size, batch_rows, chunks, cores,
+                             np.flatnonzero(counts == chunks))
+    parts = ((sections[0] + (full,)),) + tuple(s + (0,) for s in sections[1:])
     return work, (chunks, parts[0][2], parts), rows
 
 

@@ -24,7 +24,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from nki_kernels.buckets import bucket_floor, static_sections_limit
+from nki_kernels.buckets import bucket_floor, static_sections_mode
 
 # Columns of the work-item table: [items, META_COLS] int32. An item is a request, or a block of
 # a request's query tokens (query rows [OUT, OUT + q_block) of the padded q), or the part of
@@ -1013,9 +1013,9 @@ def static_cost(rows: int, chunks: int, split: bool, row_cost: float = None,
 # count and its other rows fewer, section by section (a spread batch, or a bucket with empty
 # rows, pads fewer slots). At most STATIC_MAX_SECTIONS; a section's cost beyond its rows and
 # slots, in chunk-equivalents (the chunked-prefill replays' decode launches, trn2: 0 and -1.5
-# gave the same, 2 left a fifth of the gain). Sections are static arguments: the chunk-64
-# replays compile the decode kernel 16-17 times instead of 9 (``NKI_KERNELS_STATIC_SECTIONS=1``,
-# ``buckets.static_sections_limit``, keeps one section)
+# gave the same, 2 left a fifth of the gain). Sections are static arguments, taken from a fixed
+# menu (STATIC_SECTION_TEMPLATES; ``NKI_KERNELS_STATIC_SECTIONS``, ``buckets.static_sections_mode``:
+# 1 keeps one section, ``any`` weighs every split)
 STATIC_MAX_SECTIONS = 3
 STATIC_SECTION_COST_CHUNKS = 0.0
 
@@ -1041,9 +1041,8 @@ def _static_sections(req: _Requests, batch_rows: int, cores: int, chunks: int, p
         return static_chunk_count(int(longest[cores * row:].max(initial=0)) or 1)
 
     best, pick = static_cost(half, chunks, False, pack=pack), ()
-    for cuts in _section_cuts(longest, half, cores, chunks, pack):
+    for cuts, counts in _section_choices(longest, half, cores, chunks, pack, count_from):
         bounds = (0,) + cuts + (half,)
-        counts = [chunks] + [count_from(c) for c in cuts]
         if any(b >= a for a, b in zip(counts, counts[1:])):
             continue
         sizes = [b - a for a, b in zip(bounds, bounds[1:])]
@@ -1053,6 +1052,90 @@ def _static_sections(req: _Requests, batch_rows: int, cores: int, chunks: int, p
         if cost < best:
             best, pick = cost, tuple(zip(sizes, counts))
     return best, pick
+
+
+# The splits a static pass in sections takes: each template lists where its further sections
+# start, as a fraction of a core's rows (at least row 1), and their chunk count: the pass's
+# divided by the number given (rounded up to a STATIC_CHUNK_COUNTS entry), or, for None, any
+# entry below the previous section's, the cheapest that holds the section's requests. A
+# section's rows and chunk count are static arguments, so a fixed menu bounds the programs a
+# bucket compiles whatever lengths it meets (``static_pass_menu``; weighing every split gave
+# 138 distinct passes over 200 random steps of 5-7 requests of 100-900 keys). Chosen by
+# ``static_cost`` over random spread batches, then in the cost model (trn2, twelve spread
+# batches of 3-40 requests): 1.05x the time of any split at LNC=1, 1.02x at LNC=2, where one
+# section takes 1.29x / 1.20x; ``(1 / 8, None)`` serves one long request among short ones.
+STATIC_SECTION_TEMPLATES = (
+    ((1 / 2, 2), (3 / 4, 4)),
+    ((5 / 8, 2), (7 / 8, 4)),
+    ((3 / 8, 2), (5 / 8, 4)),
+    ((3 / 4, None),),
+    ((1 / 2, None),),
+    ((1 / 8, None),),
+)
+
+
+def _section_choices(longest, rows: int, cores: int, chunks: int, pack: int, count_from):
+    """The splits ``_static_sections`` weighs, as (cut rows, chunk counts): the
+    STATIC_SECTION_TEMPLATES whose sections hold their requests (``count_from(row)``: the
+    chunk count the longest request from a core's ``row`` on needs) and that keep distinct cuts
+    in a core's ``rows``, or, with ``NKI_KERNELS_STATIC_SECTIONS=any``, every split
+    ``_section_cuts`` finds worth weighing."""
+    limit, any_split = static_sections_mode(STATIC_MAX_SECTIONS)
+    if any_split:
+        for cuts in _section_cuts(longest, rows, cores, chunks, pack):
+            yield cuts, [chunks] + [count_from(c) for c in cuts]
+        return
+    for cuts, counts in _template_splits(rows, chunks, limit):
+        if all(count_from(c) <= n for c, n in zip(cuts, counts[1:])):
+            yield cuts, counts
+
+
+def _template_splits(rows: int, chunks: int, limit: int):
+    """(cut rows, chunk counts) of each STATIC_SECTION_TEMPLATES entry of fewer than ``limit``
+    further sections over a core's ``rows`` and a pass of ``chunks``: distinct cuts inside the
+    rows, chunk counts falling section by section (others are skipped)."""
+    for template in STATIC_SECTION_TEMPLATES:
+        if len(template) >= limit:
+            continue
+        cuts = tuple(max(1, int(rows * start)) for start, _ in template)
+        if not all(0 < c < rows for c in cuts) or len(set(cuts)) < len(cuts):
+            continue
+        options = [_section_counts(chunks, d) for _, d in template]
+        for later in itertools.product(*options):
+            counts = [chunks] + list(later)
+            if all(b < a for a, b in zip(counts, counts[1:])):
+                yield cuts, counts
+
+
+def _section_counts(chunks: int, divisor) -> tuple:
+    """The chunk counts a template's section may take in a pass of ``chunks``: the pass's over
+    ``divisor`` rounded up to a STATIC_CHUNK_COUNTS entry, or, for None, every entry below it."""
+    if divisor is not None:
+        return (static_chunk_count(-(-chunks // divisor)),)
+    return tuple(c for c in STATIC_CHUNK_COUNTS if c < chunks)
+
+
+def static_pass_menu(batch_rows: int, cores: int, chunks: int) -> tuple:
+    """Every static-pass argument (``plan.STATIC_PASS``) a decode bucket of ``batch_rows``
+    rows on ``cores`` cores can take for a pass of ``chunks`` chunks a row, under the default
+    sections (``NKI_KERNELS_STATIC_SECTIONS`` unset or a number; ``any`` goes past it): one
+    section, (chunks, full slots), full slots 0 or ``chunks`` (``static_full_slots``), and each
+    template split (``STATIC_SECTION_TEMPLATES``), (chunks, full, ((rows a core, chunks, full
+    slots), ...)), the first section's full slots 0 or ``chunks``, the others' 0. A bucket
+    compiles once per value met, so at most this many programs a chunk count (warm-up: launch
+    each)."""
+    menu = [(chunks, 0), (chunks, chunks)]
+    if static_split(batch_rows, cores):
+        return tuple(menu)
+    half = static_core_rows(batch_rows, cores)
+    limit = static_sections_mode(STATIC_MAX_SECTIONS)[0]
+    for cuts, counts in _template_splits(half, chunks, limit):
+        sizes = [b - a for a, b in zip((0,) + cuts, cuts + (half,))]
+        for full in (0, chunks):
+            parts = ((sizes[0], chunks, full),) + tuple((n, c, 0) for n, c in
+                                                         zip(sizes[1:], counts[1:]))
+            menu.append((chunks, full, parts))
+    return tuple(dict.fromkeys(menu))
 
 
 def _section_cuts(longest, rows: int, cores: int, chunks: int, pack: int):
@@ -1070,7 +1153,7 @@ def _section_cuts(longest, rows: int, cores: int, chunks: int, pack: int):
                 size *= 2
     starts = sorted(r for r in starts if 0 < r < rows)
     out = []
-    for k in range(1, static_sections_limit(STATIC_MAX_SECTIONS)):
+    for k in range(1, static_sections_mode(STATIC_MAX_SECTIONS)[0]):
         out.extend(itertools.combinations(starts, k))
     return out
 
@@ -1120,9 +1203,11 @@ def static_full_slots(req: _Requests, page_size: int, batch_rows: int, chunks: i
     every token is a key of its row, in every row that has keys: their gathers skip no row, so
     their V tiles need no zeroing (``kernel_items.loader``). Rows past the batch read nothing
     and write rows the launch drops: they do not count. A row with no keys gives 0 (its
-    output must be 0 from zeroed V rows). A static argument: rounded down to a
-    STATIC_CHUNK_COUNTS entry (or 0), so a bucket compiles for few values. ``members``: the
-    requests of one section of the pass (``static_sections``), else all."""
+    output must be 0 from zeroed V rows). A static argument, so rounded down to one of three
+    values, ``chunks``, half of them (``static_chunk_count`` of the half, rounded up) or 0: a
+    bucket compiles for few values (rounding down to any STATIC_CHUNK_COUNTS entry instead was
+    0.2% faster on spread batches). ``members``: the requests of one section of the pass
+    (``static_sections``), else all."""
     T = chunk_tokens(page_size)
     split = static_split(batch_rows, cores)
     full = chunks
@@ -1134,11 +1219,7 @@ def static_full_slots(req: _Requests, page_size: int, batch_rows: int, chunks: i
                    and (a + n + 1) * T <= int(req.L[b])):
                 n += 1
             full = min(full, n)
-    rounded = 0
-    for count in STATIC_CHUNK_COUNTS:
-        if count <= full:
-            rounded = count
-    return rounded
+    return chunks if full == chunks else 0
 
 
 def static_core_rows(batch_rows: int, cores: int = 1) -> int:

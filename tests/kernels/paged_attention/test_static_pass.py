@@ -212,12 +212,15 @@ def test_a_split_request_matches_the_reference(rng, lens, options):
 
 
 def test_full_slots_are_the_leading_slots_every_row_fills():
-    """Slots that skip no token of any row with keys; rounded down to a chunk count."""
+    """Slots that skip no token of any row with keys: all ``chunks`` of them, or 0 (a static
+    argument of two values: a bucket compiles for no others)."""
     full = work.static_full_slots
     assert full(_req([512, 512]), 16, 2, 4) == 4                 # 4 chunks of 128 each
-    assert full(_req([512, 511]), 16, 2, 4) == 3                 # one token short of slot 3
-    assert full(_req([513, 640]), 16, 2, 6) == 4                 # 4 and 5 whole chunks
-    assert full(_req([900, 640]), 16, 2, 8) == 4                 # 5 whole: rounded down to 4
+    assert full(_req([512, 511]), 16, 2, 4) == 0                 # one token short of slot 3
+    assert full(_req([512, 511]), 16, 2, 3) == 3                 # the first 3 whole in both
+    assert full(_req([513, 640]), 16, 2, 6) == 0                 # 4 and 5 whole chunks
+    assert full(_req([513, 640]), 16, 2, 4) == 4
+    assert full(_req([900, 640]), 16, 2, 8) == 0
     assert full(_req([0, 300]), 16, 2, 3) == 0                   # a row with no keys
     assert full(_req([127]), 16, 1, 1) == 0
     assert full(_req([512]), 16, 4, 4) == 4                      # rows past the batch: ignored
@@ -227,7 +230,8 @@ def test_full_slots_are_the_leading_slots_every_row_fills():
     assert full(_req([512], window_left=383), 16, 1, 3) == 3
     # one request split between two cores: each core's slots of its half
     assert full(_req([512]), 16, 1, 2, cores=2) == 2
-    assert full(_req([500]), 16, 1, 2, cores=2) == 1             # the second half's last
+    assert full(_req([500]), 16, 1, 2, cores=2) == 0             # the second half's last
+    assert full(_req([500]), 16, 1, 1, cores=2) == 1
 
 
 @pytest.mark.parametrize("lens, cores", [([512, 511, 640], 1), ([512, 511, 640], 2), ([511], 2),

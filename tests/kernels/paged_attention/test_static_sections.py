@@ -80,6 +80,8 @@ def test_cache_rows_of_sections_are_each_rows_slots_back_to_back(rng):
     ([1353, 659, 227, 1296, 1529, 417, 1041, 738, 505], 2, 4),
     ([1353, 659, 227, 1296, 1529, 417, 1041, 738, 505], 1, 4),
     ([655, 223, 1400, 413, 734, 501], 2, 4),
+    ([3900, 120, 300, 90, 200, 450, 60, 330], 1, 4),        # one long among short ones
+    ([3900, 120, 300, 90, 200, 450, 60, 330], 2, 4),
     ([1100, 100, 129, 0, 97], 1, 2)], ids=str)
 def test_sections_match_the_reference_and_the_one_section_pass(rng, monkeypatch, lens, lnc, G):
     """Llama-3-8B's 8 kv heads (four requests a tile, or two when a section's rows ask), a
@@ -123,9 +125,9 @@ def test_a_mixed_steps_decode_part_runs_in_sections(rng, monkeypatch):
 
 
 def test_the_cut_points_weighed_find_the_best_of_all_splits(monkeypatch):
-    """``work._section_cuts`` weighs only the rows where a smaller chunk count can start (and
-    those rounded to whole packed tiles): over random batches the least cost it finds is every
-    split's least (the exhaustive search took 160 ms for a bucket of 128 rows)."""
+    """``NKI_KERNELS_STATIC_SECTIONS=any``: ``work._section_cuts`` weighs only the rows where a
+    smaller chunk count can start (and those rounded to whole packed tiles): over random batches
+    the least cost it finds is every split's least (the exhaustive search took 160 ms for a bucket of 128 rows)."""
     import itertools
     fast = work._section_cuts
 
@@ -134,6 +136,7 @@ def test_the_cut_points_weighed_find_the_best_of_all_splits(monkeypatch):
         for k in range(1, work.STATIC_MAX_SECTIONS):
             out.extend(itertools.combinations(range(1, rows), k))
         return out
+    monkeypatch.setenv("NKI_KERNELS_STATIC_SECTIONS", "any")
     rng = np.random.default_rng(3)
     for _ in range(120):
         cores, rows = int(rng.integers(1, 3)), int(rng.choice([4, 8, 16, 32]))
@@ -149,13 +152,61 @@ def test_the_cut_points_weighed_find_the_best_of_all_splits(monkeypatch):
         assert found == pytest.approx(best)
 
 
-def test_one_section_when_the_environment_asks(monkeypatch):
-    """``NKI_KERNELS_STATIC_SECTIONS=1``: the fewest compiles; a bad value names the rule."""
+def test_the_environment_caps_the_sections_or_weighs_any_split(monkeypatch):
+    """``NKI_KERNELS_STATIC_SECTIONS``: 1 keeps one section (the fewest compiles), a number caps
+    the menu's sections, ``any`` weighs every split; a bad value names the rule."""
     spread = _req([1353, 659, 227, 1296, 1529, 417, 1041, 738, 505])
+    long_short = _req([4000, 120, 300, 90, 200, 450, 60, 330, 700, 1000])
     monkeypatch.setenv("NKI_KERNELS_STATIC_SECTIONS", "1")
     assert static_sections(spread, 16, 2, 12, 4) == ()
     monkeypatch.setenv("NKI_KERNELS_STATIC_SECTIONS", "2")
     assert static_sections(spread, 16, 2, 12, 4) == ((4, 12), (4, 2))
+    assert all(len(m) == 2 or len(m[2]) == 2 for m in work.static_pass_menu(16, 1, 12))
+    monkeypatch.delenv("NKI_KERNELS_STATIC_SECTIONS")
+    menu = static_sections(long_short, 16, 1, 32)
+    assert menu == ((2, 32), (14, 6)) and menu in _menu_sections(16, 1, 32)
+    monkeypatch.setenv("NKI_KERNELS_STATIC_SECTIONS", "any")
+    assert static_sections(long_short, 16, 1, 32) == ((1, 32), (6, 8), (9, 1))
     monkeypatch.setenv("NKI_KERNELS_STATIC_SECTIONS", "0")
-    with pytest.raises(ValueError, match="NKI_KERNELS_STATIC_SECTIONS='0' must be a whole"):
+    with pytest.raises(ValueError, match="NKI_KERNELS_STATIC_SECTIONS='0' must be 'any' or a"):
         static_sections(spread, 16, 2, 12, 4)
+
+
+def _menu_sections(rows, cores, chunks):
+    return {tuple((n, c) for n, c, _ in m[2]) for m in work.static_pass_menu(rows, cores, chunks)
+            if len(m) == 3}
+
+
+def test_every_planned_static_pass_is_on_its_buckets_menu():
+    """Over random decode steps (spread, long among short, empty rows; one and two cores) the
+    static-pass argument planned is one of ``work.static_pass_menu``'s for its bucket and chunk
+    count: the programs a bucket compiles are bounded whatever lengths arrive (one section or
+    the first section's full slots 0 or all, times the templates' splits)."""
+    from nki_kernels.buckets import bucket
+    rng = np.random.default_rng(5)
+    H, G, D, P = 2, 4, 32, 16
+    cache = np.zeros((4000, 2, P, H, D), np.float32)
+    menus, programs = {}, set()
+    for step in range(160):
+        B = int(rng.integers(1, 20))
+        lens = rng.integers(1, [4000, 900, 300][step % 3], B)
+        if step % 4 == 0:
+            lens[0] = 3000 + step
+        pages = -(-lens // P)
+        indptr = np.concatenate([[0], np.cumsum(pages)]).astype(np.int32)
+        last = (lens - (pages - 1) * P).astype(np.int32)
+        indices = rng.permutation(4000)[:indptr[-1]].astype(np.int32)
+        q = np.zeros((B, H * G, D), np.float32)
+        cores = 1 + step % 2
+        with simulate.use_target("trn2"):
+            launch = plan.prepare_decode(q, cache, indptr, indices, last, "NHD", None, 0.0, -1,
+                                         None, 1.0, 1.0, cores)
+        static = launch.statics[plan.STATIC_PASS]
+        if not static:
+            continue
+        key = (bucket(B), cores, static[0])
+        menus.setdefault(key, work.static_pass_menu(*key))
+        assert static in menus[key], (lens, cores, static)
+        programs.add(key + (static,))
+    assert len(menus) > 20 and len(programs) > len(menus)       # the steps met many buckets
+    assert all(len(m) <= 2 + 2 * 30 for m in menus.values())
