@@ -1058,14 +1058,14 @@ def _static_sections(req: _Requests, batch_rows: int, cores: int, chunks: int, p
 # start, as a fraction of a core's rows (at least row 1), and their chunk count: the pass's
 # divided by the number given (rounded up to a STATIC_CHUNK_COUNTS entry; 0: one chunk, as a
 # bucket's empty rows need), or, for None, any entry below the previous section's, the cheapest
-# that holds the section's requests. A
-# section's rows and chunk count are static arguments, so a fixed menu bounds the programs a
-# bucket compiles whatever lengths it meets (``static_pass_menu``; weighing every split gave
-# 138 distinct passes over 200 random steps of 5-7 requests of 100-900 keys). Chosen by
-# ``static_cost`` over random spread batches, then in the cost model (trn2, twelve spread
-# batches of 3-40 requests): 1.02x the time of any split at LNC=1, 1.01x at LNC=2, where one
-# section takes 1.29x / 1.20x; ``(1 / 8, None)`` serves one long request among short ones, the
-# last two a bucket's empty rows (5 requests of 64-4096 keys in 8 rows: 239 -> 200 us).
+# that holds the section's requests. A section's rows and chunk count are static arguments, so
+# a fixed menu bounds the programs a bucket compiles whatever lengths it meets
+# (``static_pass_menu``; weighing every split gave 138 distinct passes over 200 random steps of
+# 5-7 requests of 100-900 keys). Chosen by ``static_cost`` over random spread batches, then in
+# the cost model (trn2, twelve spread batches of 3-40 requests): 1.02x the time of any split at
+# LNC=1, 1.01x at LNC=2, where one section takes 1.29x / 1.20x; ``(1 / 8, None)`` serves one
+# long request among short ones, the last two a bucket's empty rows (5 requests of 64-4096 keys
+# in 8 rows: 239 -> 200 us).
 STATIC_SECTION_TEMPLATES = (
     ((1 / 2, 2), (3 / 4, 4)),
     ((5 / 8, 2), (7 / 8, 4)),
@@ -1210,11 +1210,10 @@ def static_full_slots(req: _Requests, page_size: int, batch_rows: int, chunks: i
     every token is a key of its row, in every row that has keys: their gathers skip no row, so
     their V tiles need no zeroing (``kernel_items.loader``). Rows past the batch read nothing
     and write rows the launch drops: they do not count. A row with no keys gives 0 (its
-    output must be 0 from zeroed V rows). A static argument, so rounded down to one of three
-    values, ``chunks``, half of them (``static_chunk_count`` of the half, rounded up) or 0: a
-    bucket compiles for few values (rounding down to any STATIC_CHUNK_COUNTS entry instead was
-    0.2% faster on spread batches). ``members``: the requests of one section of the pass
-    (``static_sections``), else all."""
+    output must be 0 from zeroed V rows). A static argument, so all or none: ``chunks`` when
+    every slot is full, else 0 (rounding down to any STATIC_CHUNK_COUNTS entry, a program
+    each, was 0.7% faster on spread batches). ``members``: the requests of one section of the
+    pass (``static_sections``), else all."""
     T = chunk_tokens(page_size)
     split = static_split(batch_rows, cores)
     full = chunks
