@@ -23,11 +23,11 @@ from .checks import check_batch_decode_inputs, soft_cap
 from .custom_mask import mask_table, with_mask_free_chunks
 from .work import (C0, C1, LATE_TAILS, NO_WINDOW, NullItems, capacity_chunks, chunk_tokens,
                    decode_work, item_query_bytes, items_per_iteration, lead_units, null_pages,
-                   query_blocks, score_tiling, split_work, static_core_rows, static_full_slots,
-                   static_pack, static_pass, static_row_bytes, static_row_chunks, static_rows_of,
-                   static_sections, static_slot_rows, static_work, tail_items, token_table,
-                   unit_tail_chunks, unit_tail_slots, whole_group_units, whole_units,
-                   window_span)
+                   query_blocks, score_tiling, section_parts, split_work, static_core_rows,
+                   static_full_slots, static_pack, static_pass, static_row_bytes,
+                   static_row_chunks, static_rows_of, static_sections, static_slot_rows,
+                   static_work, tail_items, token_table, unit_tail_chunks, unit_tail_slots,
+                   whole_group_units, whole_units, window_span)
 
 
 def cache_rows(paged_kv_cache, D):
@@ -194,8 +194,7 @@ def _prepare_decode(q, paged_kv_cache, kv_indptr, kv_indices, kv_last_page_len, 
 def _static_plan(req, page_size, batch_rows, chunks, null, cores, pack=1):
     """A static pass's work table, static arguments (chunks, full slots:
     ``work.static_full_slots``; in sections, ``work.static_sections``, also ((rows a core,
-    chunks, full slots) of each section), the further sections' full slots 0: their requests'
-    lengths differ, and each value would be another program) and each item's table row
+    chunks, full slots) of each section, ``work.section_parts``) and each item's table row
     (``work.static_rows_of``). ``work.static_pass_menu`` lists every value they can take."""
     sections = static_sections(req, batch_rows, cores, chunks, pack)
     rows = static_rows_of(req, batch_rows, cores, sections)
@@ -206,8 +205,7 @@ def _static_plan(req, page_size, batch_rows, chunks, null, cores, pack=1):
     counts = static_row_chunks(batch_rows, cores, chunks, sections)[rows]
     full = static_full_slots(req, page_size, batch_rows, chunks, cores,
                              np.flatnonzero(counts == chunks))
-    parts = ((sections[0] + (full,)),) + tuple(s + (0,) for s in sections[1:])
-    return work, (chunks, parts[0][2], parts), rows
+    return work, (chunks, full, section_parts(sections, full)), rows
 
 
 def static_chunks(statics) -> int:

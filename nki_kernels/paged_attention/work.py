@@ -1139,10 +1139,16 @@ def static_pass_menu(batch_rows: int, cores: int, chunks: int) -> tuple:
     for cuts, counts in _template_splits(half, chunks, limit):
         sizes = [b - a for a, b in zip((0,) + cuts, cuts + (half,))]
         for full in (0, chunks):
-            parts = ((sizes[0], chunks, full),) + tuple((n, c, 0) for n, c in
-                                                         zip(sizes[1:], counts[1:]))
-            menu.append((chunks, full, parts))
+            menu.append((chunks, full, section_parts(tuple(zip(sizes, counts)), full)))
     return tuple(dict.fromkeys(menu))
+
+
+def section_parts(sections, full: int) -> tuple:
+    """A static pass's sections ((rows a core, chunks), ...) as its static argument has them,
+    ((rows a core, chunks, full slots), ...): the first section's full slots ``full``
+    (``static_full_slots`` of its requests), the others' 0 (their requests' lengths differ, and
+    each value would be another program)."""
+    return (tuple(sections[0]) + (full,),) + tuple(tuple(s) + (0,) for s in sections[1:])
 
 
 def _section_cuts(longest, rows: int, cores: int, chunks: int, pack: int):
