@@ -1043,8 +1043,6 @@ def _static_sections(req: _Requests, batch_rows: int, cores: int, chunks: int, p
     best, pick = static_cost(half, chunks, False, pack=pack), ()
     for cuts, counts in _section_choices(longest, half, cores, chunks, pack, count_from):
         bounds = (0,) + cuts + (half,)
-        if any(b >= a for a, b in zip(counts, counts[1:])):
-            continue
         sizes = [b - a for a, b in zip(bounds, bounds[1:])]
         packed = section_pack(pack, sizes)
         cost = (sum(static_cost(n, c, False, pack=packed) for n, c in zip(sizes, counts))
@@ -1087,7 +1085,9 @@ def _section_choices(longest, rows: int, cores: int, chunks: int, pack: int, cou
     limit, any_split = static_sections_mode(STATIC_MAX_SECTIONS)
     if any_split:
         for cuts in _section_cuts(longest, rows, cores, chunks, pack):
-            yield cuts, [chunks] + [count_from(c) for c in cuts]
+            counts = [chunks] + [count_from(c) for c in cuts]
+            if all(b < a for a, b in zip(counts, counts[1:])):
+                yield cuts, counts
         return
     for cuts, counts in _template_splits(rows, chunks, limit):
         if all(count_from(c) <= n for c, n in zip(cuts, counts[1:])):
@@ -1222,16 +1222,12 @@ def static_full_slots(req: _Requests, page_size: int, batch_rows: int, chunks: i
     pass (``static_sections``), else all."""
     T = chunk_tokens(page_size)
     split = static_split(batch_rows, cores)
-    full = chunks
     for b in (range(req.L.size) if members is None else members):
         for p in range(2 if split else 1):
-            a = int(req.c0[b]) + p * chunks
-            n = 0
-            while (n < chunks and (a + n) * T >= int(req.W[b])
-                   and (a + n + 1) * T <= int(req.L[b])):
-                n += 1
-            full = min(full, n)
-    return chunks if full == chunks else 0
+            a = int(req.c0[b]) + p * chunks          # the row's slots: chunks a .. a + chunks
+            if a * T < int(req.W[b]) or (a + chunks) * T > int(req.L[b]):
+                return 0
+    return chunks
 
 
 def static_core_rows(batch_rows: int, cores: int = 1) -> int:
