@@ -1054,25 +1054,22 @@ def _static_sections(req: _Requests, batch_rows: int, cores: int, chunks: int, p
 
 # The splits a static pass in sections takes: each template lists where its further sections
 # start, as a fraction of a core's rows (at least row 1), and their chunk count: the pass's
-# divided by the number given (rounded up to a STATIC_CHUNK_COUNTS entry; 0: one chunk, as a
-# bucket's empty rows need), or, for None, any entry below the previous section's, the cheapest
-# that holds the section's requests. A section's rows and chunk count are static arguments, so
-# a fixed menu bounds the programs a bucket compiles whatever lengths it meets
-# (``static_pass_menu``; weighing every split gave 138 distinct passes over 200 random steps of
-# 5-7 requests of 100-900 keys). Chosen by ``static_cost`` over random spread batches, then in
-# the cost model (trn2, twelve spread batches of 3-40 requests): 1.02x the time of any split at
-# LNC=1, 1.01x at LNC=2, where one section takes 1.29x / 1.20x; ``(1 / 8, None)`` serves one
-# long request among short ones, the last two a bucket's empty rows (5 requests of 64-4096 keys
-# in 8 rows: 239 -> 200 us).
+# divided by the number given, rounded up to a STATIC_CHUNK_COUNTS entry (0: one chunk, as a
+# bucket's empty rows need). A section's rows and chunk count are static arguments, so a fixed
+# menu of fixed counts bounds the programs a bucket compiles whatever lengths it meets
+# (``static_pass_menu``: at most 14 a chunk count). Chosen in the cost model (trn2, LNC=1 /
+# LNC=2) over twelve spread batches of 3-40 requests of 50-4096 keys and three batches of one
+# ~4000-key request among short ones: 1.004x / 1.004x and 0.89x / 1.02x the time of a menu whose
+# later sections took any smaller count (54 programs a chunk count; a random-mix serving loop
+# compiled 14 / 10 decode programs in 120 steps, this menu 7 / 4). The eighths serve one long
+# request among short ones, the zeros a bucket's empty rows.
 STATIC_SECTION_TEMPLATES = (
     ((1 / 2, 2), (3 / 4, 4)),
-    ((5 / 8, 2), (7 / 8, 4)),
-    ((3 / 8, 2), (5 / 8, 4)),
-    ((3 / 4, None),),
-    ((1 / 2, None),),
-    ((1 / 8, None),),
-    ((1 / 4, None), (3 / 4, 0)),
-    ((1 / 2, None), (3 / 4, 0)),
+    ((3 / 4, 0),),
+    ((1 / 2, 2),),
+    ((1 / 4, 2), (3 / 4, 0)),
+    ((1 / 8, 8),),
+    ((1 / 8, 8), (3 / 4, 0)),
 )
 
 
@@ -1104,22 +1101,15 @@ def _template_splits(rows: int, chunks: int, limit: int):
         cuts = tuple(max(1, int(rows * start)) for start, _ in template)
         if not all(0 < c < rows for c in cuts) or len(set(cuts)) < len(cuts):
             continue
-        options = [_section_counts(chunks, d) for _, d in template]
-        for later in itertools.product(*options):
-            counts = [chunks] + list(later)
-            if all(b < a for a, b in zip(counts, counts[1:])):
-                yield cuts, counts
+        counts = [chunks] + [_section_count(chunks, d) for _, d in template]
+        if all(b < a for a, b in zip(counts, counts[1:])):
+            yield cuts, counts
 
 
-def _section_counts(chunks: int, divisor) -> tuple:
-    """The chunk counts a template's section may take in a pass of ``chunks``: the pass's over
-    ``divisor`` rounded up to a STATIC_CHUNK_COUNTS entry, 1 for 0, or, for None, every entry
-    below it."""
-    if divisor == 0:
-        return (1,)
-    if divisor is not None:
-        return (static_chunk_count(-(-chunks // divisor)),)
-    return tuple(c for c in STATIC_CHUNK_COUNTS if c < chunks)
+def _section_count(chunks: int, divisor: int) -> int:
+    """The chunk count a template's section takes in a pass of ``chunks``: the pass's over
+    ``divisor`` rounded up to a STATIC_CHUNK_COUNTS entry, 1 for 0."""
+    return 1 if divisor == 0 else static_chunk_count(-(-chunks // divisor))
 
 
 def static_pass_menu(batch_rows: int, cores: int, chunks: int) -> tuple:
