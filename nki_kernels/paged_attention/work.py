@@ -1054,17 +1054,19 @@ def _static_sections(req: _Requests, batch_rows: int, cores: int, chunks: int, p
 
 # The splits a static pass in sections takes: each template lists where its further sections
 # start, as a fraction of a core's rows (at least row 1), and their chunk count: the pass's
-# divided by the number given, rounded up to a STATIC_CHUNK_COUNTS entry (0: one chunk, as a
-# bucket's empty rows need). A section's rows and chunk count are static arguments, so a fixed
-# menu of fixed counts bounds the programs a bucket compiles whatever lengths it meets
-# (``static_pass_menu``: at most 14 a chunk count). Chosen in the cost model (trn2, LNC=1 /
-# LNC=2) over twelve spread batches of 3-40 requests of 50-4096 keys and three batches of one
-# ~4000-key request among short ones: 1.004x / 1.004x and 0.89x / 1.02x the time of a menu whose
-# later sections took any smaller count (54 programs a chunk count; a random-mix serving loop
-# compiled 14 / 10 decode programs in 120 steps, this menu 7 / 4). The eighths serve one long
-# request among short ones, the zeros a bucket's empty rows.
+# divided by the number given, or by any of a tuple of them, rounded up to a
+# STATIC_CHUNK_COUNTS entry (0: one chunk, as a bucket's empty rows need). A section's rows and
+# chunk count are static arguments, so a fixed menu of fixed counts bounds the programs a
+# bucket compiles whatever lengths it meets (``static_pass_menu``: at most 18 a chunk count).
+# Chosen in the cost model (trn2, LNC=1 / LNC=2) against a menu whose later sections took any
+# smaller count (at most 94 programs a chunk count): the suite's spread decode rows equal,
+# twelve spread batches of 3-40 requests of 50-4096 keys 1.004x / 1.003x its time, three of one
+# ~4000-key request among short ones 0.89x / 1.02x; a random-mix serving loop (5-7 requests of
+# 100-900 keys a step) compiled 14 / 10 decode programs in 120 steps, this menu 7 / 4. The
+# eighths serve one long request among short ones, the zeros a bucket's empty rows.
 STATIC_SECTION_TEMPLATES = (
     ((1 / 2, 2), (3 / 4, 4)),
+    ((3 / 4, (2, 3)),),
     ((3 / 4, 0),),
     ((1 / 2, 2),),
     ((1 / 4, 2), (3 / 4, 0)),
@@ -1101,15 +1103,20 @@ def _template_splits(rows: int, chunks: int, limit: int):
         cuts = tuple(max(1, int(rows * start)) for start, _ in template)
         if not all(0 < c < rows for c in cuts) or len(set(cuts)) < len(cuts):
             continue
-        counts = [chunks] + [_section_count(chunks, d) for _, d in template]
-        if all(b < a for a, b in zip(counts, counts[1:])):
-            yield cuts, counts
+        for later in itertools.product(*(_section_counts(chunks, d) for _, d in template)):
+            counts = [chunks] + list(later)
+            if all(b < a for a, b in zip(counts, counts[1:])):
+                yield cuts, counts
 
 
-def _section_count(chunks: int, divisor: int) -> int:
-    """The chunk count a template's section takes in a pass of ``chunks``: the pass's over
-    ``divisor`` rounded up to a STATIC_CHUNK_COUNTS entry, 1 for 0."""
-    return 1 if divisor == 0 else static_chunk_count(-(-chunks // divisor))
+def _section_counts(chunks: int, divisors) -> tuple:
+    """The chunk counts a template's section may take in a pass of ``chunks``: the pass's over
+    each of ``divisors`` (one number or a tuple) rounded up to a STATIC_CHUNK_COUNTS entry, 1
+    for 0."""
+    counts = []
+    for d in (divisors if isinstance(divisors, tuple) else (divisors,)):
+        counts.append(1 if d == 0 else static_chunk_count(-(-chunks // d)))
+    return tuple(dict.fromkeys(counts))
 
 
 def static_pass_menu(batch_rows: int, cores: int, chunks: int) -> tuple:
