@@ -1057,19 +1057,21 @@ def _static_sections(req: _Requests, batch_rows: int, cores: int, chunks: int, p
 # divided by the number given, or by any of a tuple of them, rounded up to a
 # STATIC_CHUNK_COUNTS entry (0: one chunk, as a bucket's empty rows need). A section's rows and
 # chunk count are static arguments, so a fixed menu of fixed counts bounds the programs a
-# bucket compiles whatever lengths it meets (``static_pass_menu``: at most 18 a chunk count).
+# bucket compiles whatever lengths it meets (``static_pass_menu``: at most 32 a chunk count).
 # Chosen in the cost model (trn2, LNC=1 / LNC=2) against a menu whose later sections took any
-# smaller count (at most 94 programs a chunk count): the suite's spread decode rows equal,
-# twelve spread batches of 3-40 requests of 50-4096 keys 1.004x / 1.003x its time, three of one
-# ~4000-key request among short ones 0.89x / 1.02x; a random-mix serving loop (5-7 requests of
-# 100-900 keys a step) compiled 14 / 10 decode programs in 120 steps, this menu 7 / 4. The
-# eighths serve one long request among short ones, the zeros a bucket's empty rows.
+# smaller count (at most 94 programs a chunk count): the same splits on 116 of 120 decode
+# launches of the chunked-prefill (64, 128) and unchunked replays, the suite's spread decode
+# rows equal, twelve spread batches of 3-40 requests of 50-4096 keys 1.003x / 1.004x its time,
+# three of one ~4000-key request among short ones 0.89x / 1.02x; a random-mix serving loop (5-7
+# requests of 100-900 keys a step) compiled 14 / 10 decode programs in 120 steps, this menu
+# 10 / 8. The eighths serve one long request among short ones, the zeros a bucket's empty rows.
 STATIC_SECTION_TEMPLATES = (
     ((1 / 2, 2), (3 / 4, 4)),
-    ((3 / 4, (2, 3)),),
+    ((3 / 4, (2, 3, 4)),),
     ((3 / 4, 0),),
-    ((1 / 2, 2),),
+    ((1 / 2, (2, 3, 4)),),
     ((1 / 4, 2), (3 / 4, 0)),
+    ((1 / 2, (2, 3, 4, 8)), (3 / 4, 0)),
     ((1 / 8, 8),),
     ((1 / 8, 8), (3 / 4, 0)),
 )
