@@ -995,37 +995,45 @@ def static_terms(req: _Requests, batch_rows: int, cores: int = 1):
 
 
 def static_cost(rows: int, chunks: int, split: bool, row_cost: float = None,
-                slot_cost: float = None, pack: int = 1) -> float:
+                slot_cost: float = None, pack: int = 1,
+                slot_share: float = PACKED_SLOT_SHARE) -> float:
     """A static pass's cost of ``rows`` rows of ``chunks`` chunks a core (chunk-equivalents;
     STATIC_ROW_COST_CHUNKS and STATIC_SLOT_COST_CHUNKS unless given), the two halves' exchange
     and merge added when ``split``; ``pack`` requests a tile share a row's cost and
-    PACKED_SLOT_SHARE of a slot's (the softmax; each has its own gathers)."""
+    ``slot_share`` of a slot's (the softmax; each has its own gathers)."""
     row_cost = STATIC_ROW_COST_CHUNKS if row_cost is None else row_cost
     slot_cost = STATIC_SLOT_COST_CHUNKS if slot_cost is None else slot_cost
     if pack > 1:
         row_cost /= pack
-        slot_cost *= 1 - PACKED_SLOT_SHARE * (1 - 1 / pack)
+        slot_cost *= 1 - slot_share * (1 - 1 / pack)
     static = STATIC_FIXED_COST_CHUNKS + rows * (row_cost + chunks * slot_cost)
     return static + (STATIC_SPLIT_COST_CHUNKS if split else 0.0)
 
 
 # A static pass in sections: per core, its rows of the longest requests take the pass's chunk
 # count and its other rows fewer, section by section (a spread batch, or a bucket with empty
-# rows, pads fewer slots). At most STATIC_MAX_SECTIONS; a section's cost beyond its rows and
-# slots, in chunk-equivalents (the chunked-prefill replays' decode launches, trn2: 0 and -1.5
-# gave the same, 2 left a fifth of the gain). Sections are static arguments, taken from a fixed
+# rows, pads fewer slots). At most STATIC_MAX_SECTIONS. The split is the one whose
+# ``static_cost`` is least with packed requests sharing SECTION_SLOT_SHARE of a slot's cost and
+# STATIC_SECTION_COST_CHUNKS a further section (fitted on the 120 decode launches of four
+# replays, trn2, every split of the menu modelled: these took 1.0015x the best split's time,
+# PACKED_SLOT_SHARE and no section cost 1.012x); whether the pass beats the loops is weighed
+# as before, with PACKED_SLOT_SHARE and no section cost (with the fitted terms, 2 of 600
+# random decode launches flipped to loops, 23-27% slower). Sections are static arguments,
+# taken from a fixed
 # menu (STATIC_SECTION_TEMPLATES; ``NKI_KERNELS_STATIC_SECTIONS``, ``buckets.static_sections_mode``:
 # 1 keeps one section, ``any`` weighs every split)
 STATIC_MAX_SECTIONS = 3
-STATIC_SECTION_COST_CHUNKS = 0.0
+SECTION_SLOT_SHARE = 0.0
+STATIC_SECTION_COST_CHUNKS = 2.0
 
 
 def static_sections(req: _Requests, batch_rows: int, cores: int, chunks: int,
                     pack: int = 1) -> tuple:
     """The sections of a static pass of ``chunks`` chunks a row, as ((rows a core, chunks a
     row), ...) from the longest requests' (``chunks``) down, or () for one section: the split
-    of each core's rows whose ``static_cost`` (packing ``section_pack`` requests a tile, plus
-    STATIC_SECTION_COST_CHUNKS a further section) is least; () too for a bucket of one split
+    of each core's rows whose ``static_cost`` (packing ``section_pack`` requests a tile that
+    share SECTION_SLOT_SHARE of a slot, plus STATIC_SECTION_COST_CHUNKS a further section) is
+    least; () too for a bucket of one split
     between the cores. ``pack``: the requests a tile of one section (``static_pack``)."""
     if static_split(batch_rows, cores):
         return ()
@@ -1033,23 +1041,33 @@ def static_sections(req: _Requests, batch_rows: int, cores: int, chunks: int,
 
 
 def _static_sections(req: _Requests, batch_rows: int, cores: int, chunks: int, pack: int):
-    """(cost, sections) of ``static_sections`` (not split), the cost in chunk-equivalents."""
+    """(cost, sections): the least cost of a split (chunk-equivalents; PACKED_SLOT_SHARE, no
+    cost a section: what ``static_pass`` weighs against the loops), and the sections of
+    ``static_sections`` (not split)."""
     half = static_core_rows(batch_rows, cores)
     longest = np.sort((req.c1 - req.c0).astype(np.int64))[::-1]
 
     def count_from(row):               # chunks of a section whose first row a core is ``row``
         return static_chunk_count(int(longest[cores * row:].max(initial=0)) or 1)
 
-    best, pick = static_cost(half, chunks, False, pack=pack), ()
+    def costs(sizes, counts):          # (against the loops, among the splits)
+        packed = section_pack(pack, sizes)
+        fixed = (len(sizes) - 1) * STATIC_FIXED_COST_CHUNKS     # paid once
+        weigh = sum(static_cost(n, c, False, pack=packed) for n, c in zip(sizes, counts))
+        choose = sum(static_cost(n, c, False, pack=packed, slot_share=SECTION_SLOT_SHARE)
+                     for n, c in zip(sizes, counts))
+        return weigh - fixed, choose - fixed + (len(sizes) - 1) * STATIC_SECTION_COST_CHUNKS
+
+    least, best = costs([half], [chunks])
+    pick = ()
     for cuts, counts in _section_choices(longest, half, cores, chunks, pack, count_from):
         bounds = (0,) + cuts + (half,)
         sizes = [b - a for a, b in zip(bounds, bounds[1:])]
-        packed = section_pack(pack, sizes)
-        cost = (sum(static_cost(n, c, False, pack=packed) for n, c in zip(sizes, counts))
-                - (len(sizes) - 1) * (STATIC_FIXED_COST_CHUNKS - STATIC_SECTION_COST_CHUNKS))
-        if cost < best:
-            best, pick = cost, tuple(zip(sizes, counts))
-    return best, pick
+        weigh, choose = costs(sizes, counts)
+        least = min(least, weigh)
+        if choose < best:
+            best, pick = choose, tuple(zip(sizes, counts))
+    return least, pick
 
 
 # The splits a static pass in sections takes: each template lists where its further sections

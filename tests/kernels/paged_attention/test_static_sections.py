@@ -23,17 +23,17 @@ def _req(lens, P=16):
 
 
 def test_a_spread_batch_splits_and_a_uniform_one_does_not():
-    # nine requests of 2-12 chunks in a bucket of 16 rows, four packed a tile: each core's four
-    # longest take 12 chunks, its other four rows (one request, three empty) 3
+    # nine requests of 2-12 chunks in a bucket of 16 rows: each core's two longest take 12
+    # chunks, its next four 6 and its last two (empty rows) 1, two requests a tile
     spread = _req([1353, 659, 227, 1296, 1529, 417, 1041, 738, 505])
-    assert static_sections(spread, 16, 2, 12, 4) == ((4, 12), (4, 3))
-    # one long request among short ones, four rows a core: tiles of two
+    assert static_sections(spread, 16, 2, 12, 4) == ((2, 12), (4, 6), (2, 1))
+    # one long request among short ones, four rows a core: its empty row one chunk
     assert static_sections(_req([655, 223, 1400, 413, 734, 501]), 8, 2, 12, 4) == (
-        (2, 12), (2, 4))
+        (1, 12), (2, 6), (1, 1))
     assert static_sections(_req([600] * 8), 8, 1, 6, 4) == ()
     assert static_sections(_req([1000]), 1, 2, 4, 1) == ()     # a split bucket of one
-    # a single core: its rows of the longest first, its empty row one chunk
-    assert static_sections(_req([1500, 100, 120, 90]), 4, 1, 12, 1) == ((1, 12), (2, 2), (1, 1))
+    # a single core: its rows of the longest first
+    assert static_sections(_req([1500, 100, 120, 90]), 4, 1, 12, 1) == ((1, 12), (3, 2))
     # one long request among short ones: an eighth of the rows take the pass's chunks
     assert static_sections(_req([4000] + [300] * 12), 16, 1, 32) == ((2, 32), (14, 4))
     # lengths spread evenly over 1-16 chunks: the shortest quarter takes a third of the chunks
@@ -178,7 +178,7 @@ def test_the_environment_caps_the_sections_or_weighs_any_split(monkeypatch):
     assert menu == ((4, 32), (8, 16), (4, 1)) and menu in _menu_sections(16, 1, 32)
     monkeypatch.setenv("NKI_KERNELS_STATIC_SECTIONS", "any")
     assert static_sections(long_short, 16, 1, 32) == ((1, 32), (6, 8), (9, 1))
-    assert static_sections(spread, 16, 2, 12, 4) == ((4, 12), (4, 2))
+    assert static_sections(spread, 16, 2, 12, 4) == ((2, 12), (2, 6), (4, 2))
     monkeypatch.setenv("NKI_KERNELS_STATIC_SECTIONS", "0")
     with pytest.raises(ValueError, match="NKI_KERNELS_STATIC_SECTIONS='0' must be 'any' or a"):
         static_sections(spread, 16, 2, 12, 4)
