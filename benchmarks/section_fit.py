@@ -23,6 +23,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from decode_sections import modelled_us  # noqa: E402
+from workloads import LAYER  # noqa: E402
 
 from nki_kernels.paged_attention import plan, work  # noqa: E402
 
@@ -49,28 +50,13 @@ def launches(chunk: int, lnc: int, steps: int) -> list:
 
 
 def splits(lens, rows, cores, chunks, pack) -> list:
-    """Every split of the menu the step's requests fit: [(sizes, counts)], one section first."""
-    page = 16
+    """Every split of the menu the step's requests fit (``work.section_options``): [(sizes,
+    counts)], one section first."""
+    page = LAYER["page_size"]
     L = np.asarray(lens)
     indptr = np.concatenate([[0], np.cumsum(-(-L // page))])
     req = work.query_blocks(indptr, L, np.ones_like(L), 1, -1, True, page)
-    half = work.static_core_rows(rows, cores)
-    longest = np.sort((req.c1 - req.c0).astype(np.int64))[::-1]
-
-    def count_from(row):
-        return work.static_chunk_count(int(longest[cores * row:].max(initial=0)) or 1)
-    out = [((half,), (chunks,))]
-    for cuts, counts in work._section_choices(longest, half, cores, chunks, pack, count_from):
-        bounds = (0,) + cuts + (half,)
-        out.append((tuple(b - a for a, b in zip(bounds, bounds[1:])), tuple(counts)))
-    return out
-
-
-def proxy(sizes, counts, pack, row, share, section) -> float:
-    """``work.static_cost`` of a split under the given terms."""
-    packed = work.section_pack(pack, sizes)
-    return (sum(work.static_cost(n, c, False, row_cost=row, pack=packed, slot_share=share)
-                for n, c in zip(sizes, counts)) + (len(sizes) - 1) * section)
+    return list(work.section_options(req, rows, cores, chunks, pack))
 
 
 def modelled_split(lens, cores, sizes, counts) -> float:
@@ -100,8 +86,9 @@ def main(argv=None) -> int:
     best = sum(min(o[3] for o in opts) for opts in table)
 
     def picks(row, share, section):
-        return sum(min(opts, key=lambda o: (proxy(o[0], o[1], o[2], row, share, section),
-                                            len(o[0])))[3] for opts in table)
+        return sum(min(opts, key=lambda o: (work.split_cost(o[0], o[1], o[2], share, section,
+                                                            row), len(o[0])))[3]
+                   for opts in table)
     now = picks(work.STATIC_ROW_COST_CHUNKS, work.SECTION_SLOT_SHARE,
                 work.STATIC_SECTION_COST_CHUNKS)
     print(f"{len(table)} launches: the current picks {now:.1f} us, the best splits {best:.1f} "

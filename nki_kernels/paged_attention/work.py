@@ -1044,30 +1044,40 @@ def _static_sections(req: _Requests, batch_rows: int, cores: int, chunks: int, p
     """(cost, sections): the least cost of a split (chunk-equivalents; PACKED_SLOT_SHARE, no
     cost a section: what ``static_pass`` weighs against the loops), and the sections of
     ``static_sections`` (not split)."""
+    least = best = pick = None
+    for sizes, counts in section_options(req, batch_rows, cores, chunks, pack):
+        weigh = split_cost(sizes, counts, pack, PACKED_SLOT_SHARE, 0.0)
+        choose = split_cost(sizes, counts, pack, SECTION_SLOT_SHARE, STATIC_SECTION_COST_CHUNKS)
+        least = weigh if least is None else min(least, weigh)
+        if best is None or choose < best:
+            best, pick = choose, (tuple(zip(sizes, counts)) if len(sizes) > 1 else ())
+    return least, pick
+
+
+def section_options(req: _Requests, batch_rows: int, cores: int, chunks: int, pack: int):
+    """The splits a static pass of ``chunks`` chunks a row weighs, as (rows a core, chunk
+    counts) per section, one section first (``_section_choices``)."""
     half = static_core_rows(batch_rows, cores)
     longest = np.sort((req.c1 - req.c0).astype(np.int64))[::-1]
 
     def count_from(row):               # chunks of a section whose first row a core is ``row``
         return static_chunk_count(int(longest[cores * row:].max(initial=0)) or 1)
 
-    def costs(sizes, counts):          # (against the loops, among the splits)
-        packed = section_pack(pack, sizes)
-        fixed = (len(sizes) - 1) * STATIC_FIXED_COST_CHUNKS     # paid once
-        weigh = sum(static_cost(n, c, False, pack=packed) for n, c in zip(sizes, counts))
-        choose = sum(static_cost(n, c, False, pack=packed, slot_share=SECTION_SLOT_SHARE)
-                     for n, c in zip(sizes, counts))
-        return weigh - fixed, choose - fixed + (len(sizes) - 1) * STATIC_SECTION_COST_CHUNKS
-
-    least, best = costs([half], [chunks])
-    pick = ()
+    yield (half,), (chunks,)
     for cuts, counts in _section_choices(longest, half, cores, chunks, pack, count_from):
         bounds = (0,) + cuts + (half,)
-        sizes = [b - a for a, b in zip(bounds, bounds[1:])]
-        weigh, choose = costs(sizes, counts)
-        least = min(least, weigh)
-        if choose < best:
-            best, pick = choose, tuple(zip(sizes, counts))
-    return least, pick
+        yield tuple(b - a for a, b in zip(bounds, bounds[1:])), tuple(counts)
+
+
+def split_cost(sizes, counts, pack: int, slot_share: float, section_cost: float,
+               row_cost: float = None) -> float:
+    """``static_cost`` of a split (rows a core and chunk counts per section; packing
+    ``section_pack`` requests a tile that share ``slot_share`` of a slot), the fixed cost paid
+    once and ``section_cost`` a further section."""
+    packed = section_pack(pack, sizes)
+    return (sum(static_cost(n, c, False, row_cost=row_cost, pack=packed, slot_share=slot_share)
+                for n, c in zip(sizes, counts))
+            + (len(sizes) - 1) * (section_cost - STATIC_FIXED_COST_CHUNKS))
 
 
 # The splits a static pass in sections takes: each template lists where its further sections
