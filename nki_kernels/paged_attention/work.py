@@ -1019,9 +1019,8 @@ def static_cost(rows: int, chunks: int, split: bool, row_cost: float = None,
 # PACKED_SLOT_SHARE and no section cost 1.012x); whether the pass beats the loops is weighed
 # as before, with PACKED_SLOT_SHARE and no section cost (with the fitted terms, 2 of 600
 # random decode launches flipped to loops, 23-27% slower). Sections are static arguments,
-# taken from a fixed
-# menu (STATIC_SECTION_TEMPLATES; ``NKI_KERNELS_STATIC_SECTIONS``, ``buckets.static_sections_mode``:
-# 1 keeps one section, ``any`` weighs every split)
+# taken from a fixed menu (STATIC_SECTION_TEMPLATES; ``NKI_KERNELS_STATIC_SECTIONS``,
+# ``buckets.static_sections_mode``: 1 keeps one section, ``any`` weighs every split)
 STATIC_MAX_SECTIONS = 3
 SECTION_SLOT_SHARE = 0.0
 STATIC_SECTION_COST_CHUNKS = 2.0
@@ -1033,8 +1032,8 @@ def static_sections(req: _Requests, batch_rows: int, cores: int, chunks: int,
     row), ...) from the longest requests' (``chunks``) down, or () for one section: the split
     of each core's rows whose ``static_cost`` (packing ``section_pack`` requests a tile that
     share SECTION_SLOT_SHARE of a slot, plus STATIC_SECTION_COST_CHUNKS a further section) is
-    least; () too for a bucket of one split
-    between the cores. ``pack``: the requests a tile of one section (``static_pack``)."""
+    least; () too for a bucket of one split between the cores. ``pack``: the requests a tile of
+    one section (``static_pack``)."""
     if static_split(batch_rows, cores):
         return ()
     return _static_sections(req, batch_rows, cores, chunks, pack)[1]
@@ -1088,11 +1087,12 @@ def split_cost(sizes, counts, pack: int, slot_share: float, section_cost: float,
 # bucket compiles whatever lengths it meets (``static_pass_menu``: at most 32 a chunk count).
 # Chosen in the cost model (trn2, LNC=1 / LNC=2) against a menu whose later sections took any
 # smaller count (at most 94 programs a chunk count): the same splits on 116 of 120 decode
-# launches of the chunked-prefill (64, 128) and unchunked replays, the suite's spread decode
-# rows equal, twelve spread batches of 3-40 requests of 50-4096 keys 1.003x / 1.004x its time,
-# three of one ~4000-key request among short ones 0.89x / 1.02x; a random-mix serving loop (5-7
-# requests of 100-900 keys a step) compiled 14 / 10 decode programs in 120 steps, this menu
-# 10 / 8. The eighths serve one long request among short ones, the zeros a bucket's empty rows.
+# launches of the chunked-prefill (64, 128) and unchunked replays. With the split chosen as
+# ``static_sections`` does (``benchmarks/decode_sections.py``): twelve spread batches of 3-40
+# requests of 50-4096 keys 1.001x / 1.004x the old menu's time, three of one ~4000-key request
+# among short ones 0.89x / 1.02x; a random-mix serving loop (5-7 requests of 100-900 keys a
+# step) plans 16 / 9 decode programs in 120 steps (the old menu and terms 12 / 8). The eighths
+# serve one long request among short ones, the zeros a bucket's empty rows.
 STATIC_SECTION_TEMPLATES = (
     ((1 / 2, 2), (3 / 4, 4)),
     ((3 / 4, (2, 3, 4)),),
