@@ -123,17 +123,18 @@ def whole_units_per_iteration(st):
 def batch_decode_kernel(q, k_rows, v_rows, meta, spans, kv_indices, tok_tab, row_tab, sinks,
                         mask_bits, num_kv_heads, page_size, strides, token_pattern, scale, soft_cap,
                         v_scale, mm_dtype, static_pass=(), windowed=True, unit_tail=0,
-                        lead_units=0):
+                        lead_units=0, lead_tail=0):
     return attention(q, k_rows, v_rows, meta, spans, kv_indices, tok_tab, row_tab, sinks,
                      mask_bits, num_kv_heads, page_size, strides, token_pattern, scale, soft_cap,
-                     v_scale, mm_dtype, static_pass, windowed, unit_tail, lead_units)
+                     v_scale, mm_dtype, static_pass, windowed, unit_tail, lead_units, lead_tail)
 
 
 @nki.jit
 def append_attention_kernel(q, k_rows, v_rows, key, value, slots, counts, quant, write, meta, spans,
                             kv_indices, tok_tab, row_tab, sinks, mask_bits, num_kv_heads, page_size,
                             strides, token_pattern, scale, soft_cap, v_scale, mm_dtype,
-                            static_pass=(), windowed=True, unit_tail=0, lead_units=0):
+                            static_pass=(), windowed=True, unit_tail=0, lead_units=0,
+                            lead_tail=0):
     """Fused write: the step's new K/V rows are scattered into the cache first, then attention
     reads them with the rest, in one launch. ``key``, ``value``, ``slots``, ``counts``, ``quant``
     and ``write`` = (token pattern, V offset, cache row elements, quantization limit) are
@@ -154,7 +155,7 @@ def append_attention_kernel(q, k_rows, v_rows, key, value, slots, counts, quant,
             nisa.core_barrier(data=t, cores=(0, 1))
     return attention(q, k_rows, v_rows, meta, spans, kv_indices, tok_tab, row_tab, sinks,
                      mask_bits, num_kv_heads, page_size, strides, token_pattern, scale, soft_cap,
-                     v_scale, mm_dtype, static_pass, windowed, unit_tail, lead_units)
+                     v_scale, mm_dtype, static_pass, windowed, unit_tail, lead_units, lead_tail)
 
 
 class Step(nl.NKIObject):
@@ -169,11 +170,11 @@ class Step(nl.NKIObject):
 
 def attention(q, k_rows, v_rows, meta, spans, kv_indices, tok_tab, row_tab, sinks, mask_bits,
               num_kv_heads, page_size, strides, token_pattern, scale, soft_cap, v_scale, mm_dtype,
-              static_pass=(), windowed=True, unit_tail=0, lead_units=0):
+              static_pass=(), windowed=True, unit_tail=0, lead_units=0, lead_tail=0):
     """The kernel's body (arguments as above): returns out, lse."""
     st = make_step(q, k_rows, v_rows, meta, kv_indices, tok_tab, row_tab, sinks, mask_bits,
                    num_kv_heads, page_size, strides, token_pattern, scale, soft_cap, v_scale,
-                   mm_dtype, static_pass, windowed, unit_tail, lead_units)
+                   mm_dtype, static_pass, windowed, unit_tail, lead_units, lead_tail)
     if static_pass:
         st.slot_rows = spans           # no loops: the pass's token slots' cache rows instead
         run_static_pass(st, static_pass)
@@ -221,7 +222,7 @@ def packed_requests(B, Qb, H, G, static_pass, indirect, page_size, k_dtype, mask
 
 def make_step(q, k_rows, v_rows, meta, kv_indices, tok_tab, row_tab, sinks, mask_bits,
               num_kv_heads, page_size, strides, token_pattern, scale, soft_cap, v_scale, mm_dtype,
-              static_pass=(), windowed=True, unit_tail=0, lead_units=0):
+              static_pass=(), windowed=True, unit_tail=0, lead_units=0, lead_tail=0):
     """The launch's ``Step``: geometry and tiling, outputs, step-wide tiles and, for a flat list
     of items in device loops, the HBM scratch of softmax states with its identity slot."""
     B, HQ, D = q.shape
@@ -278,6 +279,8 @@ def make_step(q, k_rows, v_rows, meta, kv_indices, tok_tab, row_tab, sinks, mask
               v_scale=v_scale, mm_dtype=mm_dtype, whole=whole_units(Qb), lead_units=lead_units,
               # a whole unit's tail slots (the host made its rows: ``work.with_unit_tail``)
               unit_tail=unit_tail if whole_units(Qb) else 0,
+              # the cores' first lead group's, when larger (``work.lead_tail_slots``)
+              lead_tail=lead_tail if whole_units(Qb) and unit_tail else 0,
               # a static pass's leading slots that skip no row (their V needs no zeroing)
               full_slots=static_pass[1] if static_pass else 0,
               p=nl.program_id(0), cores=program_cores(), entry_rows={}, scratch=None,
@@ -301,8 +304,8 @@ def make_step(q, k_rows, v_rows, meta, kv_indices, tok_tab, row_tab, sinks, mask
     assert not st.unit_tail or (st.indirect and st.blocked and mask is None), (
         f"unit_tail={unit_tail}: whole units' tails need indirect gathers, pages of at most 128 "
         f"tokens and no custom mask (work.unit_tail_chunks)")
-    if st.unit_tail:                   # the tails' token columns
-        block_columns(st, st.unit_tail)
+    if st.unit_tail:                   # the tails' token columns (the longest tail's)
+        block_columns(st, max(st.unit_tail, st.lead_tail))
     if st.blocked and st.indirect and not host_rows:   # by f"{group}" (NKI dict keys: strings)
         groups = []
         for size in CHUNK_BLOCKS:
@@ -385,20 +388,23 @@ def run_whole_units(st, span):
     if st.unit_tail and st.v_dtype is None:
         st.later = []                  # tails gather K ahead of V (kernel_items.k_first)
 
-    def make_group(n):             # n units an iteration: one barrier, tails pipelined
+    def make_group(n, slots):      # n units an iteration: one barrier, tails pipelined
         def unit_group(i):
-            units, taken = unit_group_begin(st, i, n)
+            units, taken = unit_group_begin(st, i, n, slots)
             for item in units:
                 unit_loops(st, item, taken)
                 write(st, item.states, item.b, item.bank)
         return unit_group
     first, end = nisa.scalar_load(span[0:1, 0:1]), nisa.scalar_load(span[0:1, 1:2])
-    for n in lead_groups(st.lead_units, per):    # groups the bucket guarantees: no loop, so
-        make_group(n)(first)                     # no barrier and no fill between them
-        first = first + n
+    lead = lead_groups(st.lead_units, per)
+    for g in range(len(lead)):     # groups the bucket guarantees: no loop, so no barrier and no
+        # fill between them; the first (the core's longest units) with its own tail slots
+        slots = st.lead_tail if g == 0 and st.lead_tail else st.unit_tail
+        make_group(lead[g], slots)(first)
+        first = first + lead[g]
     while per > 1:                 # groups of per units, then of half as many (at most one)
         grouped = first + ((end - first) // per) * per
-        nl.fori_loop(first, grouped, make_group(per), step=per)
+        nl.fori_loop(first, grouped, make_group(per, st.unit_tail), step=per)
         first = grouped
         per = per // 2
     nl.fori_loop(first, end, whole_unit)

@@ -905,14 +905,15 @@ def unit(st, i):
     return unit_loops(st, items[0])
 
 
-def unit_setup(st, i, slot=0):
-    """A whole unit's setup: (the item, its tail: a view of it over the tail's chunks, or None
-    without tails), nothing folded yet."""
+def unit_setup(st, i, slot=0, slots=None):
+    """A whole unit's setup: (the item, its tail of ``slots`` chunk slots (``st.unit_tail``
+    when None): a view of it over the tail's chunks, or None without tails), nothing folded
+    yet."""
     item = prepare(st, i, 1, True, slot=slot)
     if not st.unit_tail:
         return item, None
     tail = item.copy()
-    tail.rows, tail.keep = unit_tail_block(st, item, st.unit_tail)
+    tail.rows, tail.keep = unit_tail_block(st, item, st.unit_tail if slots is None else slots)
     return item, tail
 
 
@@ -923,21 +924,24 @@ def unit_setup(st, i, slot=0):
 TAIL_GATHERS_AHEAD = 2
 
 
-def unit_group_begin(st, i, n):
-    """Whole units i .. i+n-1 of one loop iteration set up, then their tails folded as one
-    software pipeline (``fold_items``: a unit's tail gathers while the one before it computes;
-    the first TAIL_GATHERS_AHEAD tails' first gathers issued with their setups); returns the
-    items, their loops still to run (``unit_loops``)."""
+def unit_group_begin(st, i, n, slots=None):
+    """Whole units i .. i+n-1 of one loop iteration set up, then their tails (``slots`` chunk
+    slots, ``st.unit_tail`` when None) folded as one software pipeline (``fold_items``: a
+    unit's tail gathers while the one before it computes; the first TAIL_GATHERS_AHEAD tails'
+    first gathers issued with their setups); returns the items, their loops still to run
+    (``unit_loops``)."""
+    if slots is None:
+        slots = st.unit_tail
     items, tails = [], []
     for k in range(n):
-        item, tail = unit_setup(st, i + k, k)
+        item, tail = unit_setup(st, i + k, k, slots)
         items.append(item)
         if tail is not None and k < TAIL_GATHERS_AHEAD:     # before the next unit's setup
-            tail.loads = {"0": k_first(st, loader(st, tail, st.unit_tail, True), 0)}
+            tail.loads = {"0": k_first(st, loader(st, tail, slots, True), 0)}
         if tail is not None:
             tails.append(tail)
     if tails:
-        fold_items(st, tails, st.unit_tail, True, finished=False, fresh=tail_first(st))
+        fold_items(st, tails, slots, True, finished=False, fresh=tail_first(st))
     taken = None
     if n > 1 and st.unit_tail and st.blocked and st.indirect:
         taken = group_rounds(st, items)
@@ -1052,7 +1056,7 @@ def unit_tail_block(st, item, count):
         if bounds.W_r is not None:
             lo = nl.ndarray((R, 1), nl.int32, buffer=nl.sbuf, name="tail_lo")
             nisa.tensor_tensor(dst=lo, data1=bounds.W_r, data2=first[0:R, :], op=nl.subtract)
-        keep.append(keys_between(st.block_t, hi, lo, "tail_keep"))
+        keep.append(keys_between(st.block_t[:, 0:count * T], hi, lo, "tail_keep"))
     return rows, keep
 
 

@@ -47,20 +47,23 @@ def _tails(prob, paged_kv_cache, qb) -> bool:
     return tail_items(host_nc_version(), prob.geo.page_size, rows, whole_units(qb), query_tiles)
 
 
-def _unit_tail(prob, paged_kv_cache, masks, qb, causal, items) -> int:
-    """Tail slots of this launch's whole units ``items`` (at most ``work.unit_tail_chunks``), a
-    static kernel argument: of the sizes ``buckets.tail_slots_mode`` allows (2, 4 or 8 unless
-    set), the one ``work.unit_tail_slots`` picks over the units. Causal launches only, whose
-    units all end in masked chunks (a mask-free unit's tail would be empty slots or cost its
-    blocks loops: a cascade's shared level of 32 chunks on two cores, 158 -> 182 us); 0 for
-    blocks of queries that are not whole units."""
+def _unit_tail(prob, paged_kv_cache, masks, qb, causal, items) -> tuple:
+    """(tail slots of this launch's whole units ``items``, the larger sizes its first lead
+    groups may take): the slots at most ``work.unit_tail_chunks``, a static kernel argument:
+    of the sizes ``buckets.tail_slots_mode`` allows (2, 4 or 8 unless set), the one
+    ``work.unit_tail_slots`` picks over the units; the sizes those allow up to the same limit
+    (``work.lead_tail_slots`` picks among them). Causal launches only, whose units all end in
+    masked chunks (a mask-free unit's tail would be empty slots or cost its blocks loops: a
+    cascade's shared level of 32 chunks on two cores, 158 -> 182 us); (0, ()) for blocks of
+    queries that are not whole units."""
     if not (causal and whole_units(qb)):
-        return 0
+        return 0, ()
     limit = unit_tail_chunks(host_nc_version(), prob.geo.page_size,
                              _cache_row_count(paged_kv_cache, prob.geo.head_dim),
                              masks is not None, _chunk_bytes(prob, paged_kv_cache))
-    return unit_tail_slots(limit, zip(items.c0, items.full_lo, items.full_hi, items.c1),
-                           tail_slots_mode())
+    sizes = tail_slots_mode()
+    slots = unit_tail_slots(limit, zip(items.c0, items.full_lo, items.full_hi, items.c1), sizes)
+    return slots, tuple(size for size in sizes if slots < size <= limit)
 
 
 def _cache_row_count(paged_kv_cache, head_dim) -> int:
@@ -236,8 +239,8 @@ def table_capacity(geo, table) -> int:
 
 
 # Where kernel_arguments' static arguments hold the static pass, whether windows are checked,
-# whole units' tail slots and the units a bucket guarantees
-STATIC_PASS, WINDOWED, UNIT_TAIL, LEAD_UNITS = 8, 9, 10, 11
+# whole units' tail slots, the units a bucket guarantees and the first lead group's tail slots
+STATIC_PASS, WINDOWED, UNIT_TAIL, LEAD_UNITS, LEAD_TAIL = 8, 9, 10, 11, 12
 
 
 def kernel_arguments(prob, paged_kv_cache, work, row_tab, sinks,
@@ -247,7 +250,8 @@ def kernel_arguments(prob, paged_kv_cache, work, row_tab, sinks,
     table, row table, sinks, custom-mask table) and its static arguments, for checked inputs
     ``prob`` (``static``: the static pass's chunks per item, ``work.static_pass``, or ();
     ``window_left``: whether the kernel checks window starts at all is static, a model constant;
-    ``unit_tail``: whole units' tail slots, ``_unit_tail``; ``lead``: ``work.lead_units``)."""
+    ``unit_tail``: whole units' tail slots, ``_unit_tail``; ``lead``: ``work.lead_units``;
+    the first lead group's tail slots: ``work.lead_tail``)."""
     geo = prob.geo
     k_dtype = split_cache(paged_kv_cache)[0].dtype
     table = prob.table
@@ -268,7 +272,8 @@ def kernel_arguments(prob, paged_kv_cache, work, row_tab, sinks,
     statics = (geo.num_heads, geo.page_size, geo.d_row_strides, tuple(geo.token().pattern),
                prob.sm_scale * float(k_scale),
                float(logits_soft_cap), float(v_scale), mm_dtype, tuple(static),
-               window_span(window_left) != NO_WINDOW, int(unit_tail), int(lead))
+               window_span(window_left) != NO_WINDOW, int(unit_tail), int(lead),
+               int(work.lead_tail))
     return arrays, statics
 
 
@@ -458,7 +463,8 @@ def plan_prefill(prob, q_lens, qo_indptr, paged_kv_cache, causal,
     tails = _tails(prob, paged_kv_cache, qb) and (qb > 1 or masks is None)
     if tails and qb == 1:
         tails = LATE_TAILS
-    unit_tail = _unit_tail(prob, paged_kv_cache, masks, qb, causal and masks is None, items)
+    unit_tail, lead_sizes = _unit_tail(prob, paged_kv_cache, masks, qb, causal and masks is None,
+                                       items)
     # one query per item and no custom mask: a decode step, static when batch_decode's would be
     pack = _pack(prob, paged_kv_cache, bucket(n_items), cores)
     chunks = (static_pass(items, prob.geo.page_size, bucket(n_items), cores, host_nc_version(),
@@ -480,7 +486,8 @@ def plan_prefill(prob, q_lens, qo_indptr, paged_kv_cache, causal,
                           items_per_iteration(qb, item_query_bytes(
                               prob.geo.num_heads * prob.group, qb, prob.geo.head_dim, mm_bytes)),
                           table_capacity(prob.geo, prob.table), 1 if qb == 1 else bucket(n_items),
-                          whole_units(qb), null, tails, unit_tail, group, tiles, lead)
+                          whole_units(qb), null, tails, unit_tail, group, tiles, lead,
+                          lead_sizes)
     # item k covers tokens q0 .. q0 + qb of its request, at padded rows k*qb ..
     tok = items.q0[:, None] + np.arange(qb)[None, :]
     real = tok < q_lens[items.request][:, None]

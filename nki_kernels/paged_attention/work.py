@@ -319,11 +319,14 @@ class DecodeWork:
         part from slot units + p, which it sets to the identity first (a static DMA at the
         merge); BSLOT says which slot the part's items keep it in.
     loads: modelled work of each core, in chunk-equivalents (host-side, for reports).
+    lead_tail: tail slots of every core's first lead group of whole units when they take more
+        than the launch's (``lead_tail_slots``), else 0: a static kernel argument.
     """
 
     items: np.ndarray
     spans: np.ndarray
     loads: tuple
+    lead_tail: int = 0
 
 
 # Work items per iteration of the kernel's loops over items. A decode item (one query token) is
@@ -600,27 +603,27 @@ def rounds_taken(unit_tail: int, group_units: int, page_size: int, batch_rows: i
 
 
 def with_rounds(rows, spans, per: int, page_size: int, batch_rows: int, cores: int,
-                untailed=None, slots: int = 0, lead: int = 0):
+                untailed=None, slots: int = 0, lead: int = 0, lead_tail: int = 0):
     """Whole units' rows with their loop iterations' rounds: each core's units sorted by the
     mask-free chunks that end at their tails (like units share iterations), then per group of
     ``unit_groups`` (``lead`` units' lead groups first) ROUNDS / ROUNDS1 (``group_rounds_of``)
     and each unit's ROUND_SLOT. With ``untailed`` (the rows before ``with_unit_tail``, same
-    order) each group's tail starts are chosen with its rounds (``group_tails``). A bucket of
-    one unit, or of two on two cores, runs no loop over units: no rounds."""
+    order) each group's tail starts are chosen with its rounds (``group_tails``), over
+    ``slots`` tail slots, or ``lead_tail`` for each core's first lead group when set
+    (``lead_tail_slots``). A bucket of one unit, or of two on two cores, runs no loop over
+    units: no rounds."""
     if batch_rows == 1 or (cores == 2 and batch_rows == 2):
         return rows
     per_chunk = chunk_tokens(page_size) // page_size
-    for first, end in spans[:, :2]:
-        first, end = int(first), int(end)
-        order = sorted(range(first, end), key=lambda k: -_rounds_free(rows[k]))
-        rows[first:end] = [rows[k] for k in order]
-        if untailed is not None:
-            untailed[first:end] = [untailed[k] for k in order]
-        for start, n in unit_groups(first, end, per, lead):
+    leading = len(lead_groups(lead, per))
+    for groups in unit_order(rows, spans, per, lead, untailed):
+        for g in range(len(groups)):
+            start, n = groups[g]
             if untailed is not None:
-                fours, ones, starts = group_tails(untailed[start:start + n], slots)
+                tail = lead_tail if (lead_tail and g == 0 and leading) else slots
+                fours, ones, starts = group_tails(untailed[start:start + n], tail)
                 for k in range(n):
-                    rows[start + k] = with_unit_tail(untailed[start + k], slots, page_size,
+                    rows[start + k] = with_unit_tail(untailed[start + k], tail, page_size,
                                                      start=starts[k])
             else:
                 fours, ones = group_rounds_of(rows[start:start + n])
@@ -628,6 +631,42 @@ def with_rounds(rows, spans, per: int, page_size: int, batch_rows: int, cores: i
                 row[ROUNDS], row[ROUNDS1] = fours, ones
                 row[ROUND_SLOT] = row[SLOT0] + (row[C1] - ROUND_CHUNKS - row[C0]) * per_chunk
     return rows
+
+
+def unit_order(rows, spans, per: int, lead: int, untailed=None) -> list:
+    """Sorts each core's whole units ``rows`` (and ``untailed`` alike) in place by the mask-free
+    chunks that end at their tails, most first; returns per core its ``unit_groups``."""
+    groups = []
+    for first, end in spans[:, :2]:
+        first, end = int(first), int(end)
+        order = sorted(range(first, end), key=lambda k: -_rounds_free(rows[k]))
+        rows[first:end] = [rows[k] for k in order]
+        if untailed is not None:
+            untailed[first:end] = [untailed[k] for k in order]
+        groups.append(unit_groups(first, end, per, lead))
+    return groups
+
+
+def lead_tail_slots(rows, untailed, spans, per: int, lead: int, slots: int, sizes) -> int:
+    """Tail slots of every core's first lead group (``lead_groups``: it holds the core's
+    longest units, ``unit_order``, and runs without a device loop): of ``sizes`` (larger than
+    the launch's ``slots``, up to ``unit_tail_chunks``), the one ``unit_tail_slots`` picks
+    over those groups' units when it is larger than ``slots``, else 0 (the launch's). One
+    static kernel argument for both cores: a launch whose longest units would loop over
+    their chunks before a tail of ``slots`` folds them in one longer tail instead (cost
+    model, trn2, twelve chunks of 96 queries over 100-1000 keys: three loop barriers fewer a
+    core under LNC=2, 289.2 -> 261.0 us)."""
+    sizes = tuple(size for size in sizes if size > slots)
+    if not (sizes and slots and lead_groups(lead, per)):
+        return 0
+    rows, untailed = list(rows), list(untailed)
+    units = []
+    for groups in unit_order(rows, spans, per, lead, untailed):
+        start, n = groups[0]
+        for row in untailed[start:start + n]:
+            units.append(tuple(int(row[k]) for k in (C0, FULL_LO, FULL_HI, C1)))
+    best = unit_tail_slots(max(sizes), units, (slots,) + sizes)
+    return best if best > slots else 0
 
 
 def group_tails(rows, slots: int):
@@ -1522,7 +1561,7 @@ def split_work(req: _Requests, page_size: int, batch_rows: int, cores: int = 1,
                per_iteration: int = 1, capacity: int = None, sharing: int = 1,
                whole: bool = False, null: NullItems = None, tails: bool = False,
                unit_tail: int = 0, group_units: int = 1, unit_tiles: int = None,
-               lead: int = 0) -> DecodeWork:
+               lead: int = 0, lead_sizes=()) -> DecodeWork:
     """decode_work over any work items (requests or query blocks, ``query_blocks``); units are
     numbered by row, ``batch_rows`` of them (a bucket); ``sharing``: see ``table_rows``.
     ``whole``: one item per unit (``whole_units``), the spans [cores, WHOLE_UNIT_SPAN_COLS]:
@@ -1539,7 +1578,8 @@ def split_work(req: _Requests, page_size: int, batch_rows: int, cores: int = 1,
     (``whole_group_units``), whose rounds the rows then carry (``with_rounds``);
     ``unit_tiles``: a whole unit's tiles of score rows (its chunks' cost against a loop
     iteration's, ``_whole_halves``; None: iterations over units not weighed); ``lead``: whole
-    units each core takes at least (``lead_units``)."""
+    units each core takes at least (``lead_units``); ``lead_sizes``: the tail slots the cores'
+    first lead group may take instead of ``unit_tail`` (``lead_tail_slots``)."""
     args = (req, batch_rows, cores, per_iteration, capacity, whole, null)
     loops = None
     if whole and cores == 2 and req.L.size > 1:
@@ -1551,7 +1591,7 @@ def split_work(req: _Requests, page_size: int, batch_rows: int, cores: int = 1,
         if _iterations(planned) >= _iterations(plain):
             planned = plain
     return _split_table(planned, page_size, batch_rows, cores, sharing, whole, null, unit_tail,
-                        group_units, lead)
+                        group_units, lead, lead_sizes)
 
 
 class _Planned(NamedTuple):
@@ -1743,17 +1783,21 @@ def whole_unit_loops(req: _Requests, unit_tail: int, rounds: bool) -> np.ndarray
 
 def _split_table(planned: _Planned, page_size: int, batch_rows: int, cores: int, sharing: int,
                  whole: bool, null, unit_tail: int, group_units: int = 1,
-                 lead: int = 0) -> DecodeWork:
+                 lead: int = 0, lead_sizes=()) -> DecodeWork:
     """The device tables of ``planned`` (``split_work``; ``lead``: ``lead_units``)."""
     req, plan, split, cut, loads, U, pad, capacity = planned
+    lead_tail = 0
     if whole:
         rows, spans = _whole_rows(req, plan, split, cut, page_size)
         rounds = rounds_taken(unit_tail, group_units, page_size, batch_rows, cores)
         untailed = list(rows)
         rows = [with_unit_tail(row, unit_tail, page_size, rounds) for row in rows]
+        if rounds and GROUP_TAILS:
+            lead_tail = lead_tail_slots(rows, untailed, spans, group_units, lead, unit_tail,
+                                        lead_sizes)
         if rounds:
             rows = with_rounds(rows, spans, group_units, page_size, batch_rows, cores,
-                               untailed if GROUP_TAILS else None, unit_tail, lead)
+                               untailed if GROUP_TAILS else None, unit_tail, lead, lead_tail)
     else:
         rows, spans = _kind_rows(req, plan, split, page_size, batch_rows, cores, U,
                                  null if pad else None)
@@ -1763,7 +1807,7 @@ def _split_table(planned: _Planned, page_size: int, batch_rows: int, cores: int,
     table = np.zeros((n_rows, META_COLS), np.int64)
     if rows:
         table[:len(rows)] = np.array(rows)
-    return DecodeWork(table.astype(np.int32), spans.astype(np.int32), loads)
+    return DecodeWork(table.astype(np.int32), spans.astype(np.int32), loads, lead_tail)
 
 
 def _cut(req: _Requests, parts, kinds, chunks, batch_rows, U, pad, slots, tails=False):
