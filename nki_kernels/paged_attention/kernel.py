@@ -279,8 +279,7 @@ def make_step(q, k_rows, v_rows, meta, kv_indices, tok_tab, row_tab, sinks, mask
               v_scale=v_scale, mm_dtype=mm_dtype, whole=whole_units(Qb), lead_units=lead_units,
               # a whole unit's tail slots (the host made its rows: ``work.with_unit_tail``)
               unit_tail=unit_tail if whole_units(Qb) else 0,
-              # the cores' first lead group's, when larger (``work.lead_tail_slots``)
-              lead_tail=lead_tail if whole_units(Qb) and unit_tail else 0,
+              lead_tail=lead_tail if whole_units(Qb) and unit_tail else 0,   # work.lead_tail_slots
               # a static pass's leading slots that skip no row (their V needs no zeroing)
               full_slots=static_pass[1] if static_pass else 0,
               p=nl.program_id(0), cores=program_cores(), entry_rows={}, scratch=None,
@@ -302,8 +301,7 @@ def make_step(q, k_rows, v_rows, meta, kv_indices, tok_tab, row_tab, sinks, mask
               first_init=(not whole_units(Qb)
                           and nisa.get_nc_version() >= nisa.nc_version.gen3))
     assert not st.unit_tail or (st.indirect and st.blocked and mask is None), (
-        f"unit_tail={unit_tail}: whole units' tails need indirect gathers, pages of at most 128 "
-        f"tokens and no custom mask (work.unit_tail_chunks)")
+        f"unit_tail={unit_tail}: tails need indirect gathers, pages <= 128, no custom mask (work.unit_tail_chunks)")
     if st.unit_tail:                   # the tails' token columns (the longest tail's)
         block_columns(st, max(st.unit_tail, st.lead_tail))
     if st.blocked and st.indirect and not host_rows:   # by f"{group}" (NKI dict keys: strings)
