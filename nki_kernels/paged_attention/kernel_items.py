@@ -905,15 +905,14 @@ def unit(st, i):
     return unit_loops(st, items[0])
 
 
-def unit_setup(st, i, slot=0, slots=None):
-    """A whole unit's setup: (the item, its tail of ``slots`` chunk slots (``st.unit_tail``
-    when None): a view of it over the tail's chunks, or None without tails), nothing folded
-    yet."""
+def unit_setup(st, i, slot, slots):
+    """A whole unit's setup: (the item, its tail of ``slots`` chunk slots: a view of it over
+    the tail's chunks, or None without tails), nothing folded yet."""
     item = prepare(st, i, 1, True, slot=slot)
     if not st.unit_tail:
         return item, None
     tail = item.copy()
-    tail.rows, tail.keep = unit_tail_block(st, item, st.unit_tail if slots is None else slots)
+    tail.rows, tail.keep = unit_tail_block(st, item, slots)
     return item, tail
 
 
