@@ -16,7 +16,8 @@ from .kernel_load import (PSUM_BANK_BYTES, KTTile, KVTile, PackedKT, PackedKV, b
                           rows_of_pages, step_chunks, transpose_rows)
 from .kernel_mask import mask_start, masked_keep
 from .kernel_queries import group_queries, head_queries, query_block_rows, query_tile_rows
-from .kernel_softmax import (bank_column, blank_bank, blank_state, chunk_scores, evict_scores,
+from .kernel_softmax import (KeyRange, bank_column, blank_bank, blank_state, chunk_scores,
+                             evict_scores,
                              finalize, finalize_bank, forget_unseen, group_stats, group_sums,
                              head_major, k_transposed, keys_between, load_bank, load_state,
                              mask_keep, merge_bank_with_partner, merge_states, merge_with_partner,
@@ -352,11 +353,12 @@ def _first_limits(st, col, W):
     return key_limits(st, row_col, W)
 
 
-def key_limits(st, row_col, width, engine=None):
+def key_limits(st, row_col, width, engine=None, dtype=nl.int32):
     """[R, width] key limits (hi, lo) of items' score rows relative to their first token s =
     POS0 (keys t with lo <= t < hi; lo None without a window): decode rows L - s and W - s; a
     block of queries' rows each their own, from its query qi = row_q (work.py's L_r, W_r).
-    ``row_col(c)``: column c of the items' table rows on the R score rows, [R, width]."""
+    ``row_col(c)``: column c of the items' table rows on the R score rows, [R, width];
+    ``dtype``: the limits' (fp32 for a ``KeyRange``: positions stay exact below 2^24)."""
     if st.Qb == 1:
         keys = [row_col(LEN), row_col(WIN) if st.windowed else None]
     else:
@@ -364,7 +366,7 @@ def key_limits(st, row_col, width, engine=None):
     limits = [None, None]
     for k in range(2):
         if keys[k] is not None:
-            limits[k] = nl.ndarray((st.R, width), nl.int32, buffer=nl.sbuf, name="key_limit")
+            limits[k] = nl.ndarray((st.R, width), dtype, buffer=nl.sbuf, name="key_limit")
             if engine is None:
                 nisa.tensor_tensor(dst=limits[k], data1=keys[k], data2=row_col(POS0),
                                    op=nl.subtract)
@@ -488,7 +490,12 @@ def static_block_keep(st, item, count):
     def row_col(c):
         return cols[0:R, c:c + 1]
     # on VectorE: a static pass makes them in its pipeline, GpSimd makes its gathers' descriptors
-    hi, lo = key_limits(st, row_col, 1, nisa.engine.vector if in_static_pass(st) else None)
+    engine = nisa.engine.vector if in_static_pass(st) else None
+    if ranged_keys(st):                # bounds, no predicate tile (``KeyRange``)
+        hi, lo = key_limits(st, row_col, 1, engine, nl.float32)
+        item.keep.append(KeyRange(hi, lo))
+        return
+    hi, lo = key_limits(st, row_col, 1, engine)
     keep = keys_between(st.block_t, hi, lo, "block_keep")
     if st.mask is not None:       # each chunk slot's custom-mask bits
         start = mask_start(cols, st.mask)
@@ -1048,15 +1055,32 @@ def unit_tail_block(st, item, count):
                        operand0=T)
     rows = owned_rows(st, cols, pages, first[0:T, :], count)
     keep = []                          # row r keeps tokens first + t with W_r <= . < L_r
+    ranged = ranged_keys(st)           # (fp32 limits: positions stay exact below 2^24)
+    limit = nl.float32 if ranged else nl.int32
     for bounds in item.bounds:
-        hi = nl.ndarray((R, 1), nl.int32, buffer=nl.sbuf, name="tail_hi")
+        hi = nl.ndarray((R, 1), limit, buffer=nl.sbuf, name="tail_hi")
         nisa.tensor_tensor(dst=hi, data1=bounds.L_r, data2=first[0:R, :], op=nl.subtract)
         lo = None
         if bounds.W_r is not None:
-            lo = nl.ndarray((R, 1), nl.int32, buffer=nl.sbuf, name="tail_lo")
+            lo = nl.ndarray((R, 1), limit, buffer=nl.sbuf, name="tail_lo")
             nisa.tensor_tensor(dst=lo, data1=bounds.W_r, data2=first[0:R, :], op=nl.subtract)
-        keep.append(keys_between(st.block_t[:, 0:count * T], hi, lo, "tail_keep"))
+        if ranged:
+            keep.append(KeyRange(hi, lo))
+        else:
+            keep.append(keys_between(st.block_t[:, 0:count * T], hi, lo, "tail_keep"))
     return rows, keep
+
+
+def ranged_keys(st):
+    """Whether blocks of queries (whole units' tails, verification's static blocks) select their
+    keys by bounds (``KeyRange``: one ``range_select`` a step, no predicate tile made on VectorE
+    first): NeuronCore-v3+, no soft cap and no custom mask (their selections take a
+    predicate). A row range_select masks whole gets FP32_MIN, not -inf, so its step sums to
+    its width: wiped (alpha 0) once the row sees a key, which every real row of a query block
+    does (a request's keys hold its queries); one query a row (decode) may see none (no keys
+    at all: its LSE must be -inf), so it keeps the predicate."""
+    return (st.Qb > 1 and st.soft_cap <= 0 and st.mask is None
+            and nisa.get_nc_version() >= nisa.nc_version.gen3)
 
 
 def masked_pairs(st, item, a, e):
@@ -1074,6 +1098,8 @@ def _step_keep(st, item, loaded, t, c0, width):
     predicates side by side, or None (mask-free)."""
     rows = st.tiles[t][1] * st.GQ
     j = st.tiles[t][2] // st.Qt                # the tile's query tokens
+    if item.keep is not None and isinstance(item.keep[j], KeyRange):
+        return item.keep[j].window(rows, c0 * st.T)
     if item.keep is not None:
         return item.keep[j][0:rows, c0 * st.T:(c0 + width) * st.T]
     if loaded[0][1] is not None:

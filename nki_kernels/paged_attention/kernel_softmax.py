@@ -178,6 +178,21 @@ def mask_keep(cursor, bounds, iota_rt):
     return keys_between(iota_rt, hi, lo)
 
 
+class KeyRange(nl.NKIObject):
+    """Per score row r the key columns [lo_r, hi_r) a softmax step keeps, as bounds rather than
+    a predicate tile: ``hi`` / ``lo`` [R, 1] fp32 offsets from the step's first column at
+    ``start`` (``lo`` None: no lower bound). ``evict_scores`` selects with one ``range_select``
+    (NeuronCore-v3+), so no [R, W*T] predicate is made on VectorE first."""
+
+    def __init__(self, hi, lo, start=0):
+        self.hi, self.lo, self.start = hi, lo, start
+
+    def window(self, rows, start):
+        """The range for the first ``rows`` rows of the step whose first column is ``start``."""
+        return KeyRange(self.hi[0:rows, :], None if self.lo is None else self.lo[0:rows, :],
+                        start)
+
+
 def keys_between(t, hi, lo=None, name="ok_g"):
     """[R, n] uint8 predicate 1 where lo <= t < hi (``t``: key offsets, [R, n] int32; ``hi``,
     ``lo``: [R, 1] per-row limits; ``lo`` None: no lower limit, a launch without a window)."""
@@ -273,6 +288,15 @@ def evict_scores(s_ps, keep, scale, soft_cap, keep_all=None, row_max=None, plain
     chunk's scores take the one VectorE pass too (decode: ScalarE's eviction copy saved)."""
     R, WT = s_ps.shape
     s = _f32((R, WT), "s")
+    if isinstance(keep, KeyRange):             # (no soft cap, no custom mask: unit_tail_block)
+        if row_max is None:
+            row_max = _f32((R, 1), "row_max")
+        nisa.range_select(dst=s, on_true_tile=s_ps, comp_op0=nl.greater_equal,
+                          bound0=-1.0 if keep.lo is None else keep.lo, comp_op1=nl.less,
+                          bound1=keep.hi, range_start=keep.start, reduce_res=row_max,
+                          reduce_cmd=nisa.reduce_cmd.reset_reduce, reduce_op=nl.maximum,
+                          on_false_value=NEG_BIG)
+        return s, row_max, float(scale)
     if soft_cap <= 0 and (keep_all is not None or (plain_mask and keep is not None)):
         if row_max is None:                    # else a column of its group's [R, K] tile
             row_max = _f32((R, 1), "row_max")

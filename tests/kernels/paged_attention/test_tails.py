@@ -11,10 +11,15 @@ from .test_prefill import check, make_prefill_case
 
 
 def _tail_blocks():
-    """Instructions of the last launch that made a tail's mask predicate (``block_keep``: the
-    one-block masked gathers, which a verification launch runs for its tails only)."""
-    return sum(1 for ev in simulate.last_trace().events
-               if ev.operands and ev.operands[0].tensor == "block_keep")
+    """Instructions of the last launch that select a tail's keys: by its mask predicate
+    (``block_keep``: the one-block masked gathers, which a verification launch runs for its
+    tails only), or on NeuronCore-v3 by its bounds (a ``range_select`` on the block's
+    ``key_limit`` rows, ``kernel_softmax.KeyRange``)."""
+    def selects(ev):
+        names = [o.tensor for o in ev.operands]
+        return (names[:1] == ["block_keep"]
+                or (ev.op == "range_select" and "key_limit" in names))
+    return sum(1 for ev in simulate.last_trace().events if ev.operands and selects(ev))
 
 
 # q_lens, kv_lens, page size: tails of 1 to 4 chunks (the last partial or whole, past blocks of
