@@ -17,13 +17,12 @@ from .kernel_load import (PSUM_BANK_BYTES, KTTile, KVTile, PackedKT, PackedKV, b
 from .kernel_mask import mask_start, masked_keep
 from .kernel_queries import group_queries, head_queries, query_block_rows, query_tile_rows
 from .kernel_softmax import (KeyRange, bank_column, blank_bank, blank_state, chunk_scores,
-                             evict_scores,
-                             finalize, finalize_bank, forget_unseen, group_stats, group_sums,
-                             head_major, k_transposed, keys_between, load_bank, load_state,
-                             mask_keep, merge_bank_with_partner, merge_states, merge_with_partner,
-                             poison_state,
-                             raw_scores, side_by_side, softmax_begin, softmax_end, state_bank,
-                             state_tile, state_views, store_bank, store_state)
+                             evict_scores, finalize, finalize_bank, forget_unseen, group_stats,
+                             group_sums, head_major, k_transposed, keys_between, load_bank,
+                             load_state, mask_keep, merge_bank_with_partner, merge_states,
+                             merge_with_partner, poison_state, raw_scores, side_by_side,
+                             softmax_begin, softmax_end, state_bank, state_tile, state_views,
+                             store_bank, store_state)
 from .work import (C0, C1, CHUNK_BLOCKS, ENTRY0, FULL_HI, FULL_LO, LEN, LOAD, META_COLS, OUT,
                    POS0, ROUND_CHUNKS, ROUND_SLOT, ROUNDS, ROUNDS1, SLOT0, STORE, TAIL_CHUNKS,
                    STATIC_MAX_CHUNKS, WIN, static_core_rows, static_split)

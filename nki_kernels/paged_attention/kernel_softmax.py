@@ -288,7 +288,7 @@ def evict_scores(s_ps, keep, scale, soft_cap, keep_all=None, row_max=None, plain
     chunk's scores take the one VectorE pass too (decode: ScalarE's eviction copy saved)."""
     R, WT = s_ps.shape
     s = _f32((R, WT), "s")
-    if isinstance(keep, KeyRange):             # (no soft cap, no custom mask: unit_tail_block)
+    if isinstance(keep, KeyRange):             # (no soft cap nor custom mask: ranged_keys)
         if row_max is None:
             row_max = _f32((R, 1), "row_max")
         nisa.range_select(dst=s, on_true_tile=s_ps, comp_op0=nl.greater_equal,
