@@ -101,9 +101,10 @@ from .kernel_mask import custom_mask
 from .kernel_queries import query_pads, query_rows
 from .kernel_softmax import load_state, state_tile
 from .work import (CHUNK_BLOCKS, ITEM_CLASSES, META_COLS, NEXT, TAIL_CHUNKS, chains_in,
-                   item_query_bytes, items_per_iteration, lead_groups, loop_widths, score_tiling,
-                   section_pack, span_column, span_start, split_slot, starts_fresh, state_slots,
-                   static_core_rows, static_pack, whole_group_units, whole_units)
+                   flat_sizes, item_query_bytes, items_per_iteration, lead_groups, loop_widths,
+                   score_tiling, section_pack, span_column, span_start, split_slot, starts_fresh,
+                   state_slots, static_core_rows, static_pack, unit_bodies, whole_group_units,
+                   whole_units)
 
 
 def whole_units_per_iteration(st):
@@ -123,10 +124,10 @@ def whole_units_per_iteration(st):
 def batch_decode_kernel(q, k_rows, v_rows, meta, spans, kv_indices, tok_tab, row_tab, sinks,
                         mask_bits, num_kv_heads, page_size, strides, token_pattern, scale, soft_cap,
                         v_scale, mm_dtype, static_pass=(), windowed=True, unit_tail=0,
-                        lead_units=0, lead_tail=0):
+                        lead_units=0, tail_profile=()):
     return attention(q, k_rows, v_rows, meta, spans, kv_indices, tok_tab, row_tab, sinks,
                      mask_bits, num_kv_heads, page_size, strides, token_pattern, scale, soft_cap,
-                     v_scale, mm_dtype, static_pass, windowed, unit_tail, lead_units, lead_tail)
+                     v_scale, mm_dtype, static_pass, windowed, unit_tail, lead_units, tail_profile)
 
 
 @nki.jit
@@ -134,7 +135,7 @@ def append_attention_kernel(q, k_rows, v_rows, key, value, slots, counts, quant,
                             kv_indices, tok_tab, row_tab, sinks, mask_bits, num_kv_heads, page_size,
                             strides, token_pattern, scale, soft_cap, v_scale, mm_dtype,
                             static_pass=(), windowed=True, unit_tail=0, lead_units=0,
-                            lead_tail=0):
+                            tail_profile=()):
     """Fused write: the step's new K/V rows are scattered into the cache first, then attention
     reads them with the rest, in one launch. ``key``, ``value``, ``slots``, ``counts``, ``quant``
     and ``write`` = (token pattern, V offset, cache row elements, quantization limit) are
@@ -155,7 +156,7 @@ def append_attention_kernel(q, k_rows, v_rows, key, value, slots, counts, quant,
             nisa.core_barrier(data=t, cores=(0, 1))
     return attention(q, k_rows, v_rows, meta, spans, kv_indices, tok_tab, row_tab, sinks,
                      mask_bits, num_kv_heads, page_size, strides, token_pattern, scale, soft_cap,
-                     v_scale, mm_dtype, static_pass, windowed, unit_tail, lead_units, lead_tail)
+                     v_scale, mm_dtype, static_pass, windowed, unit_tail, lead_units, tail_profile)
 
 
 class Step(nl.NKIObject):
@@ -170,11 +171,11 @@ class Step(nl.NKIObject):
 
 def attention(q, k_rows, v_rows, meta, spans, kv_indices, tok_tab, row_tab, sinks, mask_bits,
               num_kv_heads, page_size, strides, token_pattern, scale, soft_cap, v_scale, mm_dtype,
-              static_pass=(), windowed=True, unit_tail=0, lead_units=0, lead_tail=0):
+              static_pass=(), windowed=True, unit_tail=0, lead_units=0, tail_profile=()):
     """The kernel's body (arguments as above): returns out, lse."""
     st = make_step(q, k_rows, v_rows, meta, kv_indices, tok_tab, row_tab, sinks, mask_bits,
                    num_kv_heads, page_size, strides, token_pattern, scale, soft_cap, v_scale,
-                   mm_dtype, static_pass, windowed, unit_tail, lead_units, lead_tail)
+                   mm_dtype, static_pass, windowed, unit_tail, lead_units, tail_profile)
     if static_pass:
         st.slot_rows = spans           # no loops: the pass's token slots' cache rows instead
         run_static_pass(st, static_pass)
@@ -222,7 +223,7 @@ def packed_requests(B, Qb, H, G, static_pass, indirect, page_size, k_dtype, mask
 
 def make_step(q, k_rows, v_rows, meta, kv_indices, tok_tab, row_tab, sinks, mask_bits,
               num_kv_heads, page_size, strides, token_pattern, scale, soft_cap, v_scale, mm_dtype,
-              static_pass=(), windowed=True, unit_tail=0, lead_units=0, lead_tail=0):
+              static_pass=(), windowed=True, unit_tail=0, lead_units=0, tail_profile=()):
     """The launch's ``Step``: geometry and tiling, outputs, step-wide tiles and, for a flat list
     of items in device loops, the HBM scratch of softmax states with its identity slot."""
     B, HQ, D = q.shape
@@ -277,9 +278,9 @@ def make_step(q, k_rows, v_rows, meta, kv_indices, tok_tab, row_tab, sinks, mask
               blocked=page_size <= 128,    # mask-free blocks of whole pages: several tokens a partition
               k_bytes=dtype_bytes(k_rows.dtype), scale=scale, soft_cap=soft_cap,
               v_scale=v_scale, mm_dtype=mm_dtype, whole=whole_units(Qb), lead_units=lead_units,
-              # a whole unit's tail slots (the host made its rows: ``work.with_unit_tail``)
+              # whole units' tail slots (``work.with_unit_tail``), per body (``work.tail_profile``)
               unit_tail=unit_tail if whole_units(Qb) else 0,
-              lead_tail=lead_tail if whole_units(Qb) and unit_tail else 0,   # work.lead_tail_slots
+              tail_profile=tail_profile if whole_units(Qb) and unit_tail else (),
               # a static pass's leading slots that skip no row (their V needs no zeroing)
               full_slots=static_pass[1] if static_pass else 0,
               p=nl.program_id(0), cores=program_cores(), entry_rows={}, scratch=None,
@@ -303,7 +304,7 @@ def make_step(q, k_rows, v_rows, meta, kv_indices, tok_tab, row_tab, sinks, mask
     assert not st.unit_tail or (st.indirect and st.blocked and mask is None), (
         f"unit_tail={unit_tail}: tails need indirect gathers, pages <= 128, no custom mask (work.unit_tail_chunks)")
     if st.unit_tail:                   # the tails' token columns (the longest tail's)
-        block_columns(st, max(st.unit_tail, st.lead_tail))
+        block_columns(st, max([st.unit_tail] + list(flat_sizes(st.tail_profile))))
     if st.blocked and st.indirect and not host_rows:   # by f"{group}" (NKI dict keys: strings)
         groups = []
         for size in CHUNK_BLOCKS:
@@ -393,19 +394,24 @@ def run_whole_units(st, span):
                 unit_loops(st, item, taken)
                 write(st, item.states, item.b, item.bank)
         return unit_group
+    # each body's tail slots per unit position (work.tail_profile), else the launch's
+    profile = list(st.tail_profile)
+    while len(profile) < unit_bodies(st.lead_units, per):
+        profile.append(st.unit_tail)
     first, end = nisa.scalar_load(span[0:1, 0:1]), nisa.scalar_load(span[0:1, 1:2])
     lead = lead_groups(st.lead_units, per)
+    body = 0
     for g in range(len(lead)):     # groups the bucket guarantees: no loop, so no barrier and no
-        # fill between them; the first (the core's longest units) with its own tail slots
-        slots = st.lead_tail if g == 0 and st.lead_tail else st.unit_tail
-        make_group(lead[g], slots)(first)
+        make_group(lead[g], profile[body])(first)       # fill between them
         first = first + lead[g]
+        body = body + 1
     while per > 1:                 # groups of per units, then of half as many (at most one)
         grouped = first + ((end - first) // per) * per
-        nl.fori_loop(first, grouped, make_group(per, st.unit_tail), step=per)
+        nl.fori_loop(first, grouped, make_group(per, profile[body]), step=per)
         first = grouped
         per = per // 2
-    nl.fori_loop(first, end, whole_unit)
+        body = body + 1
+    nl.fori_loop(first, end, make_group(1, profile[body]))
     if st.cores == 2:          # the split unit, when there is one (a single unit): 0 or 1 trip
         nl.fori_loop(0, nisa.scalar_load(span[0:1, 3:4]), split_unit)
 

@@ -385,7 +385,7 @@ def fold_shape(st, count, masked):
     else:
         width = (step_chunks(st.geo, group) if group > 1 else
                  min(count, FOLD_WIDTH if len(st.tiles) > 1 and st.Qb > 1 else 1))
-    return group, width, count // width
+    return group, width, -(-count // width)      # (a tail's last step may be narrower)
 
 
 def static_step_limit(st):
@@ -431,7 +431,7 @@ def loader(st, item, count, masked):
             for views in pairs:
                 chunks.append((views, None))
             return chunks
-        for k in range(g * width, (g + 1) * width):
+        for k in range(g * width, min(count, (g + 1) * width)):
             if item.keep is not None:
                 zero_v = ((k + 1 == count or not late_tail(st, count, masked))
                           and not (in_static_pass(st) and k < st.full_slots))
@@ -658,8 +658,9 @@ def fold(st, item, count, masked):
 
 
 def fold_items(st, items, count, masked, finished=True, prep=None, fresh=False):
-    """The ``count`` chunks of each of ``items`` (one loop iteration's items of one kind),
-    ``width`` per softmax step (one [rows, width*T] score tile), software-pipelined in program
+    """The ``count`` chunks of each of ``items`` (one loop iteration's items of one kind; a
+    list: each item's own, whole units' tails of several sizes, whose last step may be
+    narrower), ``width`` per softmax step (one [rows, width*T] score tile), software-pipelined in program
     order across the items: gathers run two steps ahead and scores up to SCORES_AHEAD tiles
     ahead of the softmax (a whole step when it has no more tiles), the next item's first
     gathers and scores included, so TensorE makes the next scores while VectorE and ScalarE
@@ -670,42 +671,56 @@ def fold_items(st, items, count, masked, finished=True, prep=None, fresh=False):
     ``item.loads``: gathers issued before; ``prep(k)``: makes the queries and masks of items up
     to k not made yet (a static pass's, ``kernel.static_prep``), PREP_AHEAD items ahead.
     ``fresh``: the items' states are blank (``tail_first``): the first step sets them."""
-    group, width, steps = fold_shape(st, count, masked)
-    per_load = max(1, group // width)          # softmax steps per load
+    shapes, width, per_load = [], [], []       # per item: (group, width, steps), its softmax
+    for i in range(len(items)):                # steps per load
+        shapes.append(fold_shape(st, count[i] if isinstance(count, (list, tuple)) else count,
+                                 masked))
+        width.append(shapes[i][1])
+    group = shapes[0][0]                       # (1 for masked items: any counts)
+    for i in range(len(items)):
+        per_load.append(max(1, group // width[i]))
+    counts = []
+    for i in range(len(items)):
+        counts.append(count[i] if isinstance(count, (list, tuple)) else count)
     tiles = st.tiles
-    per_item = steps * len(tiles)              # units (step, tile) of one item
+    units, order, first_step = [], [], []      # (item, step, tile) of the pipeline; (item, step)
+    for i in range(len(items)):
+        first_step.append(len(order))
+        for s in range(shapes[i][2]):
+            order.append((i, s))
+            for t in range(len(tiles)):
+                units.append((i, s, t))
     states, loaders, loads = [], [], []
-    for item in items:
-        states.append(_views_of(item))
-        loaders.append(loader(st, item, count, masked))
-        loads.append(item.loads if item.loads is not None else {})
+    for i in range(len(items)):
+        states.append(_views_of(items[i]))
+        loaders.append(loader(st, items[i], counts[i], masked))
+        loads.append(items[i].loads if items[i].loads is not None else {})
     kts = {}                                   # K^T by f"{item},{step},{first kv head}"
-    share = kt_vector_share(st, count)
     K = st.group                               # tiles per group of softmax statistics
     maxima = {}                                # [R, K] row maxima by f"{item},{step},{group}"
 
     def step(i, s):
         """The chunks of item i's softmax step s, loading them on first use."""
-        key = f"{s // per_load}"
+        key = f"{s // per_load[i]}"
         if key not in loads[i]:
-            loads[i][key] = k_first(st, loaders[i], s // per_load)
-        k = (s % per_load) * width
-        return loads[i][key][k:k + width]
+            loads[i][key] = k_first(st, loaders[i], s // per_load[i])
+        k = (s % per_load[i]) * width[i]
+        return loads[i][key][k:k + width[i]]
 
     def score(v):
         """Scores of unit v = (item, step, tile); K^T of a step's chunks made once per kv
         heads, at their first tile, dropped after their last."""
-        i, u = v // per_item, v % per_item
+        i, s, t = units[v]
         _ready(prep, i)
-        s, t = u // len(tiles), u % len(tiles)
         h0, n = tiles[t][0], tiles[t][1]
         loaded = step(i, s)
         key = f"{i},{s},{h0}"
         if key not in kts:
             kts[key] = []
+            share = kt_vector_share(st, counts[i])
             for chunk in loaded:
                 kts[key].append(k_transposed(chunk[0][0], h0, n, st.D, st.mm_dtype, share))
-        keep = _step_keep(st, items[i], loaded, t, s * width, width)
+        keep = _step_keep(st, items[i], loaded, t, s * width[i], len(loaded))
         row_max = None
         if K > 1:                         # into its column of the group's row maxima
             if t % K == 0:
@@ -722,9 +737,8 @@ def fold_items(st, items, count, masked, finished=True, prep=None, fresh=False):
             kts.pop(key)                  # its tiles are free from here on
         return scores
 
-    total, ahead = per_item * len(items), min(len(tiles), SCORES_AHEAD)
+    total, ahead = len(units), min(len(tiles), SCORES_AHEAD)
     deferred = deferred_eviction(st)
-    order = _unit_order(len(items), steps)     # (item, step) in unit order, for the prefetch
     for j in range(min(2, len(order))):
         step(order[j][0], order[j][1])
     _ready(prep, PREP_AHEAD)
@@ -733,10 +747,10 @@ def fold_items(st, items, count, masked, finished=True, prep=None, fresh=False):
         pending.append(score(v))
     halves, owners, lag = [], [], end_lag(st, group)   # begun steps not yet ended, their items
     for v in range(total):
-        i, u = v // per_item, v % per_item
-        s, t = u // len(tiles), u % len(tiles)
-        if t == 0 and i * steps + s + 2 < len(order):
-            step(order[i * steps + s + 2][0], order[i * steps + s + 2][1])
+        i, s, t = units[v]
+        u = s * len(tiles) + t            # the unit's place in its item
+        if t == 0 and first_step[i] + s + 2 < len(order):
+            step(order[first_step[i] + s + 2][0], order[first_step[i] + s + 2][1])
         elif t == 0:                      # no gather left to go before the last V
             flush_later(st)
         if u == 0:
@@ -764,8 +778,8 @@ def fold_items(st, items, count, masked, finished=True, prep=None, fresh=False):
         if len(halves) > lag:
             owners.pop(0)
             softmax_end(halves.pop(0))
-        if t + 1 == len(tiles) and s % per_load == per_load - 1:
-            loads[i].pop(f"{s // per_load}")     # its tiles are free from here on
+        if t + 1 == len(tiles) and s % per_load[i] == per_load[i] - 1:
+            loads[i].pop(f"{s // per_load[i]}")  # its tiles are free from here on
         if u + 1 == len(tiles) and i > 0:
             while owners and owners[0] < i:      # the previous item's last steps, ended
                 owners.pop(0)
@@ -782,15 +796,6 @@ def _stats_column(stats, k):
     for part in stats:
         column.append(None if part is None else part[:, k:k + 1])
     return column
-
-
-def _unit_order(items, steps):
-    """[(item, step)] of ``fold_items``' units in order."""
-    order = []
-    for i in range(items):
-        for s in range(steps):
-            order.append((i, s))
-    return order
 
 
 def _ready(prep, k):
@@ -937,16 +942,19 @@ def unit_group_begin(st, i, n, slots=None):
     (``unit_loops``)."""
     if slots is None:
         slots = st.unit_tail
+    sizes = []                         # per unit (``work.tail_profile``), or one for all
+    for k in range(n):
+        sizes.append(slots[k] if isinstance(slots, tuple) else slots)
     items, tails = [], []
     for k in range(n):
-        item, tail = unit_setup(st, i + k, k, slots)
+        item, tail = unit_setup(st, i + k, k, sizes[k])
         items.append(item)
         if tail is not None and k < TAIL_GATHERS_AHEAD:     # before the next unit's setup
-            tail.loads = {"0": k_first(st, loader(st, tail, slots, True), 0)}
+            tail.loads = {"0": k_first(st, loader(st, tail, sizes[k], True), 0)}
         if tail is not None:
             tails.append(tail)
     if tails:
-        fold_items(st, tails, slots, True, finished=False, fresh=tail_first(st))
+        fold_items(st, tails, sizes[0:len(tails)], True, finished=False, fresh=tail_first(st))
     taken = None
     if n > 1 and st.unit_tail and st.blocked and st.indirect:
         taken = group_rounds(st, items)

@@ -239,8 +239,8 @@ def table_capacity(geo, table) -> int:
 
 
 # Where kernel_arguments' static arguments hold the static pass, whether windows are checked,
-# whole units' tail slots, the units a bucket guarantees and the first lead group's tail slots
-STATIC_PASS, WINDOWED, UNIT_TAIL, LEAD_UNITS, LEAD_TAIL = 8, 9, 10, 11, 12
+# whole units' tail slots, the units a bucket guarantees and the tail slots per body and unit position
+STATIC_PASS, WINDOWED, UNIT_TAIL, LEAD_UNITS, TAIL_PROFILE = 8, 9, 10, 11, 12
 
 
 def kernel_arguments(prob, paged_kv_cache, work, row_tab, sinks,
@@ -251,7 +251,7 @@ def kernel_arguments(prob, paged_kv_cache, work, row_tab, sinks,
     ``prob`` (``static``: the static pass's chunks per item, ``work.static_pass``, or ();
     ``window_left``: whether the kernel checks window starts at all is static, a model constant;
     ``unit_tail``: whole units' tail slots, ``_unit_tail``; ``lead``: ``work.lead_units``;
-    the first lead group's tail slots: ``work.lead_tail``)."""
+    the tail slots per body and unit position: ``work.tail_profile``)."""
     geo = prob.geo
     k_dtype = split_cache(paged_kv_cache)[0].dtype
     table = prob.table
@@ -273,7 +273,7 @@ def kernel_arguments(prob, paged_kv_cache, work, row_tab, sinks,
                prob.sm_scale * float(k_scale),
                float(logits_soft_cap), float(v_scale), mm_dtype, tuple(static),
                window_span(window_left) != NO_WINDOW, int(unit_tail), int(lead),
-               int(work.lead_tail))
+               tuple(work.tail_profile))
     return arrays, statics
 
 

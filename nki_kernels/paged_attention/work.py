@@ -24,7 +24,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from nki_kernels.buckets import bucket_floor, static_sections_mode
+from nki_kernels.buckets import (bucket_floor, static_sections_mode, tail_profile_mode,
+                                 tail_slots_mode)
 
 # Columns of the work-item table: [items, META_COLS] int32. An item is a request, or a block of
 # a request's query tokens (query rows [OUT, OUT + q_block) of the padded q), or the part of
@@ -320,13 +321,16 @@ class DecodeWork:
         merge); BSLOT says which slot the part's items keep it in.
     loads: modelled work of each core, in chunk-equivalents (host-side, for reports).
     lead_tail: tail slots of every core's first lead group of whole units when they take more
-        than the launch's (``lead_tail_slots``), else 0: a static kernel argument.
+        than the launch's (``lead_tail_slots``), else 0.
+    tail_profile: the whole units' tail slots per body and unit position of
+        ``kernel.run_whole_units`` (``tail_profile``), or (): a static kernel argument.
     """
 
     items: np.ndarray
     spans: np.ndarray
     loads: tuple
     lead_tail: int = 0
+    tail_profile: tuple = ()
 
 
 # Work items per iteration of the kernel's loops over items. A decode item (one query token) is
@@ -567,6 +571,90 @@ def unit_groups(first: int, end: int, per: int, lead: int = 0):
         first += n
         per //= 2
     return groups
+
+
+# Tail slots a body of ``kernel.run_whole_units`` may give a unit position under
+# NKI_KERNELS_TAIL_PROFILE=exact (``tail_profile``): its steps fold four chunks each, the last fewer
+TAIL_SIZES = (1, 2, 3, 4, 6, 8)
+
+
+def unit_bodies(lead: int, per: int) -> int:
+    """The bodies ``kernel.run_whole_units`` folds whole units in: its ``lead_groups``, then its
+    loops over groups of per, per/2, ..., 2 units, then the loop over single units."""
+    bodies = len(lead_groups(lead, per)) + 1
+    while per > 1:
+        bodies += 1
+        per //= 2
+    return bodies
+
+
+def flat_sizes(profile) -> list:
+    """Every tail size of a ``tail_profile`` (an entry: one size a position, or one for all)."""
+    sizes = []
+    for entry in profile:
+        if isinstance(entry, tuple):
+            sizes.extend(entry)
+        else:
+            sizes.append(entry)
+    return sizes
+
+
+def _tail_needs(rows, spans, per: int, lead: int, page_size: int) -> list:
+    """Per body of ``kernel.run_whole_units`` (``unit_bodies``), per unit position: the most
+    chunks any core's unit there holds from its tail start (C1) to its last key (at least 1)."""
+    T = chunk_tokens(page_size)
+    leading = len(lead_groups(lead, per))
+    need = [dict() for _ in range(unit_bodies(lead, per))]
+    for first, end in spans[:, :2]:
+        first, end = int(first), int(end)
+        groups = unit_groups(first, end, per, lead)
+        done = sum(n for _, n in groups)
+        groups.extend((a, 1) for a in range(first + done, end))     # the single units' loop
+        for g, (start, n) in enumerate(groups):
+            body = g if g < leading else leading + (per // n).bit_length() - 1
+            for k in range(n):
+                row = rows[start + k]
+                chunks = -(-int(row[LEN]) // T) - int(row[C1])
+                need[body][k] = max(need[body].get(k, 1), chunks)
+    return need
+
+
+def tail_profile(rows, spans, per: int, lead: int, slots: int, lead_tail: int, page_size: int,
+                 sizes=(2, 4, 8), mode: str = "lead") -> tuple:
+    """The static kernel argument of the whole units' tail slots per body of
+    ``kernel.run_whole_units`` and unit position (the kernel gives a body past the tuple the
+    launch's ``slots`` at every position). A body's slots are ``lead_tail`` for the first lead
+    group when set, else ``slots``; a position may take fewer when every core's unit there
+    needs fewer (``_tail_needs``): its rows stay the same (a tail's slots past its unit's keys
+    read nothing), only the keys scored shrink. ``mode`` (``buckets.tail_profile_mode``):
+    "lead": the first lead group's positions take half the slots where all units there fit
+    and half is one of ``sizes``, the sizes falling along the group (its units are its core's
+    longest, in order), so a bucket compiles a few programs more, not one per length pattern
+    (cost model, trn2, twelve chunks of 96 queries over 100-1000 keys: 254.5 -> 235.1 us under
+    LNC=2); "exact": every body and position the least of TAIL_SIZES that fits (254.5 ->
+    216.3 us, 471.8 -> 432.8 under LNC=1; but about a program a step in a serving loop);
+    "off": the first lead group's ``lead_tail`` alone, as one size."""
+    leading = lead_groups(lead, per)
+    if not leading or mode == "off":
+        return ((lead_tail,) * leading[0],) if (leading and lead_tail) else ()
+    need = _tail_needs(rows, spans, per, lead, page_size)
+    profile = []
+    for body in range(len(need) if mode == "exact" else 1):
+        top = lead_tail if (body == 0 and lead_tail) else slots
+        width = leading[body] if body < len(leading) else max(1, per >> (body - len(leading)))
+        menu = [s for s in TAIL_SIZES if s <= top] if mode == "exact" else [top // 2, top]
+        menu = [s for s in menu if s == top or mode == "exact" or s in sizes]
+        fit = []
+        for k in range(width):
+            want = min(top, need[body].get(k, top))
+            fit.append(min([s for s in menu if s >= want] + [top]))
+        if mode != "exact":            # falling along the group: at most width + 1 patterns
+            for k in range(width - 2, -1, -1):
+                fit[k] = max(fit[k], fit[k + 1])
+        profile.append(tuple(fit))
+    while profile and all(s == slots for s in profile[-1]):
+        profile.pop()                  # the kernel's default: the launch's slots
+    return tuple(profile)
 
 
 def _rounds_free(row) -> int:
@@ -1786,7 +1874,7 @@ def _split_table(planned: _Planned, page_size: int, batch_rows: int, cores: int,
                  lead: int = 0, lead_sizes=()) -> DecodeWork:
     """The device tables of ``planned`` (``split_work``; ``lead``: ``lead_units``)."""
     req, plan, split, cut, loads, U, pad, capacity = planned
-    lead_tail = 0
+    lead_tail, profile = 0, ()
     if whole:
         rows, spans = _whole_rows(req, plan, split, cut, page_size)
         rounds = rounds_taken(unit_tail, group_units, page_size, batch_rows, cores)
@@ -1798,6 +1886,8 @@ def _split_table(planned: _Planned, page_size: int, batch_rows: int, cores: int,
         if rounds:
             rows = with_rounds(rows, spans, group_units, page_size, batch_rows, cores,
                                untailed if GROUP_TAILS else None, unit_tail, lead, lead_tail)
+            profile = tail_profile(rows, spans, group_units, lead, unit_tail, lead_tail,
+                                   page_size, tail_slots_mode(), tail_profile_mode())
     else:
         rows, spans = _kind_rows(req, plan, split, page_size, batch_rows, cores, U,
                                  null if pad else None)
@@ -1807,7 +1897,7 @@ def _split_table(planned: _Planned, page_size: int, batch_rows: int, cores: int,
     table = np.zeros((n_rows, META_COLS), np.int64)
     if rows:
         table[:len(rows)] = np.array(rows)
-    return DecodeWork(table.astype(np.int32), spans.astype(np.int32), loads, lead_tail)
+    return DecodeWork(table.astype(np.int32), spans.astype(np.int32), loads, lead_tail, profile)
 
 
 def _cut(req: _Requests, parts, kinds, chunks, batch_rows, U, pad, slots, tails=False):

@@ -95,14 +95,14 @@ def test_chunked_prefill_replay_mixes_prefill_and_decode(target):
     for key in simulate.compile_keys(_mixed_kernels()[1]):     # decode launches: Qb = 1
         q_rows = key[0][0][1][0]
         assert q_rows == bucket(q_rows)
-    from nki_kernels.paged_attention.plan import LEAD_TAIL, STATIC_PASS, query_block
+    from nki_kernels.paged_attention.plan import TAIL_PROFILE, STATIC_PASS, query_block
     config = ServeConfig()
     blocks = {query_block(n, config.group, config.kv_heads, config.head_dim) for n in range(1, 49)}
     for key in keys:
         shapes = [a[1] for a in key[0] if a[0] == "tensor"]
         q_rows, slot_rows, items, spans = shapes[0][0], shapes[2][0], shapes[6][0], shapes[7]
         # a small bucket's static pass (the statics end the key): a row each
-        static = key[0][STATIC_PASS - LEAD_TAIL - 1] != ("tuple",)
+        static = key[0][STATIC_PASS - TAIL_PROFILE - 1] != ("tuple",)
         if static:             # no loops: its spans are its token slots' cache rows
             assert items == q_rows and spans[0] == 128 and spans[1] % items == 0
             continue
