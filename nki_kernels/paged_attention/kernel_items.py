@@ -671,25 +671,9 @@ def fold_items(st, items, count, masked, finished=True, prep=None, fresh=False):
     ``item.loads``: gathers issued before; ``prep(k)``: makes the queries and masks of items up
     to k not made yet (a static pass's, ``kernel.static_prep``), PREP_AHEAD items ahead.
     ``fresh``: the items' states are blank (``tail_first``): the first step sets them."""
-    shapes, width, per_load = [], [], []       # per item: (group, width, steps), its softmax
-    for i in range(len(items)):                # steps per load
-        shapes.append(fold_shape(st, count[i] if isinstance(count, (list, tuple)) else count,
-                                 masked))
-        width.append(shapes[i][1])
-    group = shapes[0][0]                       # (1 for masked items: any counts)
-    for i in range(len(items)):
-        per_load.append(max(1, group // width[i]))
-    counts = []
-    for i in range(len(items)):
-        counts.append(count[i] if isinstance(count, (list, tuple)) else count)
+    counts, group, width, per_load, units, order, first_step = _pipeline(st, items, count,
+                                                                         masked)
     tiles = st.tiles
-    units, order, first_step = [], [], []      # (item, step, tile) of the pipeline; (item, step)
-    for i in range(len(items)):
-        first_step.append(len(order))
-        for s in range(shapes[i][2]):
-            order.append((i, s))
-            for t in range(len(tiles)):
-                units.append((i, s, t))
     states, loaders, loads = [], [], []
     for i in range(len(items)):
         states.append(_views_of(items[i]))
@@ -788,6 +772,27 @@ def fold_items(st, items, count, masked, finished=True, prep=None, fresh=False):
                 finish(st, items[i - 1])         # (see items_iteration)
     for half in halves:
         softmax_end(half)
+
+
+def _pipeline(st, items, count, masked):
+    """``fold_items``' layout of ``items`` (``count``: chunks of each, or one for all): per item
+    its chunk count, chunks per softmax step and softmax steps per load; the gathers' tokens
+    per partition (1 for masked items, whatever their counts); the pipeline's units (item,
+    step, tile) in order, its (item, step) pairs, and each item's first pair."""
+    counts, width, per_load, units, order, first_step = [], [], [], [], [], []
+    group = None
+    for i in range(len(items)):
+        counts.append(count[i] if isinstance(count, (list, tuple)) else count)
+        group, w, steps = fold_shape(st, counts[i], masked)
+        width.append(w)
+        first_step.append(len(order))
+        for s in range(steps):
+            order.append((i, s))
+            for t in range(len(st.tiles)):
+                units.append((i, s, t))
+    for i in range(len(items)):
+        per_load.append(max(1, group // width[i]))
+    return counts, group, width, per_load, units, order, first_step
 
 
 def _stats_column(stats, k):
