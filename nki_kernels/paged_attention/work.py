@@ -626,14 +626,15 @@ def tail_profile(rows, spans, per: int, lead: int, slots: int, lead_tail: int, p
     launch's ``slots`` at every position). A body's slots are ``lead_tail`` for the first lead
     group when set, else ``slots``; a position may take fewer when every core's unit there
     needs fewer (``_tail_needs``): its rows stay the same (a tail's slots past its unit's keys
-    read nothing), only the keys scored shrink. ``mode`` (``buckets.tail_profile_mode``):
-    "lead": the first lead group's positions take half the slots where all units there fit
-    and half is one of ``sizes``, the sizes falling along the group (its units are its core's
-    longest, in order), so a bucket compiles a few programs more, not one per length pattern
-    (cost model, trn2, twelve chunks of 96 queries over 100-1000 keys: 254.5 -> 235.1 us under
-    LNC=2); "exact": every body and position the least of TAIL_SIZES that fits (254.5 ->
-    216.3 us, 471.8 -> 432.8 under LNC=1; but about a program a step in a serving loop);
-    "off": the first lead group's ``lead_tail`` alone, as one size."""
+    read nothing), only the keys scored shrink. ``mode`` (``buckets.tail_profile_mode``;
+    ``_split_table`` keeps "lead" to LNC=2): "lead": the first lead group's positions take
+    half the slots where all units there fit and half is one of ``sizes``, the sizes falling
+    along the group (its units are its core's longest, in order), so a bucket compiles a few
+    programs more, not one per length pattern (cost model, trn2, twelve chunks of 96 queries
+    over 100-1000 keys: 254.5 -> 235.1 us under LNC=2); "exact": every body and position the
+    least of TAIL_SIZES that fits (254.5 -> 216.3 us, 471.8 -> 432.8 under LNC=1; but about a
+    program a step in a serving loop); "off": the first lead group's ``lead_tail`` alone, as
+    one size."""
     leading = lead_groups(lead, per)
     if not leading or mode == "off":
         return ((lead_tail,) * leading[0],) if (leading and lead_tail) else ()
@@ -1886,8 +1887,15 @@ def _split_table(planned: _Planned, page_size: int, batch_rows: int, cores: int,
         if rounds:
             rows = with_rounds(rows, spans, group_units, page_size, batch_rows, cores,
                                untailed if GROUP_TAILS else None, unit_tail, lead, lead_tail)
+            # the default under LNC=2 only: under LNC=1 the chunked replays paid more programs
+            # than it saved (cost model, trn2, chunks of 64: 405.9 -> 403.6 us a step for 11 ->
+            # 16 fused-kernel compiles; of 128 488.1 -> 485.5 for 19 -> 21; the suite's LNC=1
+            # rows unchanged); under LNC=2 the spread chunked-prefill row 254.5 -> 235.1 us
+            mode = tail_profile_mode()
+            if mode == "lead" and cores == 1:
+                mode = "off"
             profile = tail_profile(rows, spans, group_units, lead, unit_tail, lead_tail,
-                                   page_size, tail_slots_mode(), tail_profile_mode())
+                                   page_size, tail_slots_mode(), mode)
     else:
         rows, spans = _kind_rows(req, plan, split, page_size, batch_rows, cores, U,
                                  null if pad else None)
