@@ -320,16 +320,14 @@ class DecodeWork:
         part from slot units + p, which it sets to the identity first (a static DMA at the
         merge); BSLOT says which slot the part's items keep it in.
     loads: modelled work of each core, in chunk-equivalents (host-side, for reports).
-    lead_tail: tail slots of every core's first lead group of whole units when they take more
-        than the launch's (``lead_tail_slots``), else 0.
     tail_profile: the whole units' tail slots per body and unit position of
-        ``kernel.run_whole_units`` (``tail_profile``), or (): a static kernel argument.
+        ``kernel.run_whole_units`` (``tail_profile``; the first lead group's longer tail,
+        ``lead_tail_slots``, among them), or (): a static kernel argument.
     """
 
     items: np.ndarray
     spans: np.ndarray
     loads: tuple
-    lead_tail: int = 0
     tail_profile: tuple = ()
 
 
@@ -589,13 +587,10 @@ def unit_bodies(lead: int, per: int) -> int:
 
 
 def flat_sizes(profile) -> list:
-    """Every tail size of a ``tail_profile`` (an entry: one size a position, or one for all)."""
+    """Every tail size of a ``tail_profile`` (an entry per body: one size a unit position)."""
     sizes = []
     for entry in profile:
-        if isinstance(entry, tuple):
-            sizes.extend(entry)
-        else:
-            sizes.append(entry)
+        sizes.extend(entry)
     return sizes
 
 
@@ -1905,7 +1900,7 @@ def _split_table(planned: _Planned, page_size: int, batch_rows: int, cores: int,
     table = np.zeros((n_rows, META_COLS), np.int64)
     if rows:
         table[:len(rows)] = np.array(rows)
-    return DecodeWork(table.astype(np.int32), spans.astype(np.int32), loads, lead_tail, profile)
+    return DecodeWork(table.astype(np.int32), spans.astype(np.int32), loads, profile)
 
 
 def _cut(req: _Requests, parts, kinds, chunks, batch_rows, U, pad, slots, tails=False):
