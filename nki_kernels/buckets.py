@@ -130,9 +130,9 @@ def tail_profile_mode() -> str:
     """How a chunked-prefill launch's whole units size their tails per unit
     (``paged_attention.work.tail_profile``): ``NKI_KERNELS_TAIL_PROFILE`` unset or "lead":
     under LNC=2 the first lead group's shorter units take half the slots (a few programs more
-    a bucket; LNC=1 as "off"); "exact": every unit position the slots its units need (fastest, but about a
-    program for each new length pattern: for batches whose shapes repeat); "off": one size a
-    group."""
+    a bucket; LNC=1 as "off"); "exact": every unit position the slots its units need
+    (fastest, but about a program for each new length pattern: for batches whose shapes
+    repeat); "off": one size a group."""
     text = os.environ.get(PROFILE_ENV, "").strip() or "lead"
     if text not in PROFILE_MODES:
         raise ValueError(f"{PROFILE_ENV}={text!r} must be one of {', '.join(PROFILE_MODES)}")

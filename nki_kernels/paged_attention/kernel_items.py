@@ -660,11 +660,11 @@ def fold(st, item, count, masked):
 def fold_items(st, items, count, masked, finished=True, prep=None, fresh=False):
     """The ``count`` chunks of each of ``items`` (one loop iteration's items of one kind; a
     list: each item's own, whole units' tails of several sizes, whose last step may be
-    narrower), ``width`` per softmax step (one [rows, width*T] score tile), software-pipelined in program
-    order across the items: gathers run two steps ahead and scores up to SCORES_AHEAD tiles
-    ahead of the softmax (a whole step when it has no more tiles), the next item's first
-    gathers and scores included, so TensorE makes the next scores while VectorE and ScalarE
-    finish these, and the DMAs overlap both. A mask-free block's gathers take ``group`` tokens
+    narrower), ``width`` per softmax step (one [rows, width*T] score tile), software-pipelined
+    in program order across the items: gathers run two steps ahead and scores up to
+    SCORES_AHEAD tiles ahead of the softmax (a whole step when it has no more tiles), the next
+    item's first gathers and scores included, so TensorE makes the next scores while VectorE
+    and ScalarE finish these, and the DMAs overlap both. A mask-free block's gathers take ``group`` tokens
     per partition, folded ``width`` chunks per softmax step (``per_load`` steps per gather).
     Item k-1 is ``finish``ed after item k's first softmax step (its DMAs then sit behind
     gathers already issued) unless not ``finished`` (whole units' tails: their loops follow);

@@ -239,7 +239,8 @@ def table_capacity(geo, table) -> int:
 
 
 # Where kernel_arguments' static arguments hold the static pass, whether windows are checked,
-# whole units' tail slots, the units a bucket guarantees and the tail slots per body and unit position
+# whole units' tail slots, the units a bucket guarantees and the tail slots per body and unit
+# position
 STATIC_PASS, WINDOWED, UNIT_TAIL, LEAD_UNITS, TAIL_PROFILE = 8, 9, 10, 11, 12
 
 

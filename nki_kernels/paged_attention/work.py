@@ -638,8 +638,10 @@ def tail_profile(rows, spans, per: int, lead: int, slots: int, lead_tail: int, p
     for body in range(len(need) if mode == "exact" else 1):
         top = lead_tail if (body == 0 and lead_tail) else slots
         width = leading[body] if body < len(leading) else max(1, per >> (body - len(leading)))
-        menu = [s for s in TAIL_SIZES if s <= top] if mode == "exact" else [top // 2, top]
-        menu = [s for s in menu if s == top or mode == "exact" or s in sizes]
+        if mode == "exact":
+            menu = [s for s in TAIL_SIZES if s <= top]
+        else:                          # half, when it is a size in use
+            menu = [s for s in (top // 2, top) if s == top or s in sizes]
         fit = []
         for k in range(width):
             want = min(top, need[body].get(k, top))
