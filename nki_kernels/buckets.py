@@ -95,13 +95,16 @@ def bucket_floor(b: int) -> int:
 
 
 TAIL_ENV = "NKI_KERNELS_TAIL_SLOTS"
-TAIL_SLOTS = (1, 2, 4, 8)
-# The tail sizes a launch chooses between by default: two, four or eight slots (prompts' first
-# chunks take two, long prefixes eight; ``paged_attention.work.unit_tail_slots``); one slot only
-# when set (eight one-chunk units: 86.2 us with two, 75.7 with one). Cost model, trn2,
-# LNC=2, the chunked replays' prefill launches against four slots alone: chunks of 64 -4.2%,
-# of 128 -2.7%; sizes (1, 2, 4, 8) -4.5% and -1.6%; for up to three compiles a bucket.
-DEFAULT_TAIL_SLOTS = (2, 4, 8)
+TAIL_SLOTS = (1, 2, 3, 4, 8)
+# The tail sizes a launch chooses between by default: two, three, four or eight slots (prompts'
+# first chunks take two or three, long prefixes eight; ``paged_attention.work.unit_tail_slots``);
+# one slot only when set (eight one-chunk units: 86.2 us with two, 75.7 with one). Cost model,
+# trn2, LNC=2, the chunked replays' prefill launches against four slots alone: chunks of 64
+# -4.2%, of 128 -2.7% with (2, 4, 8); sizes (1, 2, 4, 8) -4.5% and -1.6%. Three: units of two
+# to three chunks (eight prompts of 256 over 270-381 keys 573.5 -> 509.0 us LNC=1; 12 x 96 over
+# 100-1000 471.8 -> 455.9); six was worse (its units then loop less but score empty slots:
+# 12 x 96 on two cores 235.1 -> 267.5). At most four compiles a bucket.
+DEFAULT_TAIL_SLOTS = (2, 3, 4, 8)
 
 
 def tail_slots_mode():

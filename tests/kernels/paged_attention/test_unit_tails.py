@@ -98,7 +98,7 @@ def _tail_sizes(monkeypatch):
     return statics_spy(monkeypatch, plan.UNIT_TAIL)
 
 
-@pytest.mark.parametrize("kv_lens, slots", [([40, 64], 1), ([128, 129], 2), ([300, 40], 1),
+@pytest.mark.parametrize("kv_lens, slots", [([40, 64], 1), ([128, 129], 2), ([300, 40], 3),
                                             ([700, 40], 2), ([700, 680], 8)], ids=str)
 def test_the_kernel_folds_the_tail_the_host_chose(rng, monkeypatch, kv_lens, slots):
     """The kernel's static tail size is the host's choice for the launch
@@ -128,22 +128,23 @@ def test_a_pinned_tail_size_serves_every_launch(rng, monkeypatch, pinned):
     assert seen[-1] == min(int(pinned), 4)
 
 
-def test_the_default_tail_is_two_four_or_eight_slots(rng, monkeypatch):
-    """Unset, a launch takes two, four or eight slots, whichever its units favour (a bucket
-    compiles once per size it meets): prompts' first chunks two (one slot only when set), long
-    prefixes eight, with several units a core and with one."""
+def test_the_default_tail_is_two_three_four_or_eight_slots(rng, monkeypatch):
+    """Unset, a launch takes two, three, four or eight slots, whichever its units favour (a
+    bucket compiles once per size it meets): prompts' first chunks two (one slot only when
+    set), units of three chunks three, long prefixes eight, with several units a core and with
+    one."""
     seen = _tail_sizes(monkeypatch)
     monkeypatch.delenv("NKI_KERNELS_TAIL_SLOTS", raising=False)
-    for kv_lens in ([40, 64], [700, 680]):
+    for kv_lens in ([40, 64], [700, 680], [300, 290]):
         args = make_prefill_case(rng, [40, 33], kv_lens, 16, 2, 4, 32)
         with simulate.use_target("trn2"):
             check(args, causal=True)
-    assert seen == [2, 8]
+    assert seen == [2, 8, 3]
     for kv_lens in ([64], [700]):
         args = make_prefill_case(rng, [40], kv_lens, 16, 2, 4, 32)
         with simulate.use_target("trn2"):
             check(args, causal=True)
-    assert seen[2:] == [2, 8]
+    assert seen[3:] == [2, 8]
 
 
 def test_a_list_of_tail_sizes_bounds_the_choice(rng, monkeypatch):
@@ -157,7 +158,7 @@ def test_a_list_of_tail_sizes_bounds_the_choice(rng, monkeypatch):
     assert seen == [1, 2]
 
 
-@pytest.mark.parametrize("text", ["3", "4,5", "four"])
+@pytest.mark.parametrize("text", ["6", "4,5", "four"])
 def test_a_bad_pinned_tail_size_is_refused(rng, monkeypatch, text):
     monkeypatch.setenv("NKI_KERNELS_TAIL_SLOTS", text)
     args = make_prefill_case(rng, [40], [40], 16, 2, 4, 32)
