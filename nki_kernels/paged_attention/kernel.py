@@ -372,7 +372,7 @@ def run_whole_units(st, span):
         item = unit(st, i)
         write(st, item.states, item.b, item.bank)
     def split_unit(_):
-        item = unit(st, nisa.scalar_load(span[0:1, 2:3]))
+        item = unit(st, nisa.scalar_load(span[0:1, 2:3]), diagonal=False)
         merge_split(st, item.states, item.b, item.bank)
     if st.q.shape[0] // st.Qb == 1:    # a bucket of one unit: no loop (one loop barrier less)
         if st.cores == 2:              # the unit split between the cores (work.split_work)

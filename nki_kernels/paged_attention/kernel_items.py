@@ -657,7 +657,8 @@ def fold(st, item, count, masked):
     fold_items(st, [item], count, masked)
 
 
-def fold_items(st, items, count, masked, finished=True, prep=None, fresh=False):
+def fold_items(st, items, count, masked, finished=True, prep=None, fresh=False,
+               diagonal=False):
     """The ``count`` chunks of each of ``items`` (one loop iteration's items of one kind; a
     list: each item's own, whole units' tails of several sizes, whose last step may be
     narrower), ``width`` per softmax step (one [rows, width*T] score tile), software-pipelined
@@ -670,7 +671,9 @@ def fold_items(st, items, count, masked, finished=True, prep=None, fresh=False):
     gathers already issued) unless not ``finished`` (whole units' tails: their loops follow);
     ``item.loads``: gathers issued before; ``prep(k)``: makes the queries and masks of items up
     to k not made yet (a static pass's, ``kernel.static_prep``), PREP_AHEAD items ahead.
-    ``fresh``: the items' states are blank (``tail_first``): the first step sets them."""
+    ``fresh``: the items' states are blank (``tail_first``): the first step sets them.
+    ``diagonal``: whole units' tails ending at their keys' end (``diagonal_columns``): a
+    tile of early queries scores only the columns its causal keys reach."""
     counts, group, width, per_load, units, order, first_step = _pipeline(st, items, count,
                                                                          masked)
     tiles = st.tiles
@@ -704,7 +707,11 @@ def fold_items(st, items, count, masked, finished=True, prep=None, fresh=False):
             share = kt_vector_share(st, counts[i])
             for chunk in loaded:
                 kts[key].append(k_transposed(chunk[0][0], h0, n, st.D, st.mm_dtype, share))
-        keep = _step_keep(st, items[i], loaded, t, s * width[i], len(loaded))
+        cols = diagonal_columns(st, diagonal, counts[i], width[i], s, t, len(loaded))
+        reach = -(-cols // st.T)
+        keep = _step_keep(st, items[i], loaded[0:reach], t, s * width[i], reach)
+        if cols < reach * st.T and keep is not None and not isinstance(keep, KeyRange):
+            keep = keep[:, 0:cols]
         row_max = None
         if K > 1:                         # into its column of the group's row maxima
             if t % K == 0:
@@ -715,8 +722,9 @@ def fold_items(st, items, count, masked, finished=True, prep=None, fresh=False):
             scores = (raw_scores(items[i].q[t], kts[key], st.T, st.mm_dtype, st.pack), keep,
                       row_max)
         else:
-            scores = chunk_scores(items[i].q[t], kts[key], st.T, keep, st.scale, st.soft_cap,
-                                  st.mm_dtype, st.keep_all, row_max, st.mask is None, st.pack)
+            scores = chunk_scores(items[i].q[t], kts[key][0:reach], st.T, keep, st.scale,
+                                  st.soft_cap, st.mm_dtype, st.keep_all, row_max,
+                                  st.mask is None, st.pack, cols)
         if t + 1 == len(tiles) or tiles[t + 1][0] != h0:
             kts.pop(key)                  # its tiles are free from here on
         return scores
@@ -752,8 +760,11 @@ def fold_items(st, items, count, masked, finished=True, prep=None, fresh=False):
         if deferred:                      # (s_ps, keep, row max) made ahead, evicted now
             scores = evict_scores(scores[0], scores[1], st.scale, st.soft_cap, st.keep_all,
                                   scores[2], st.mask is None)
+        views = _v_views(step(i, s))
+        reach = -(-diagonal_columns(st, diagonal, counts[i], width[i], s, t, len(views))
+                  // st.T)
         halves.append(softmax_begin(states[i][t], scores, tiles[t][1],
-                                    _v_views(step(i, s)), tiles[t][0], st.D, st.mm_dtype,
+                                    views[0:reach], tiles[t][0], st.D, st.mm_dtype,
                                     st.state_copy_engine,
                                     _stats_column(stats, t % K) if K > 1 else None, st.dma_pT,
                                     first, acc_on_gpsimd(st, tiles[t])))
@@ -772,6 +783,28 @@ def fold_items(st, items, count, masked, finished=True, prep=None, fresh=False):
                 finish(st, items[i - 1])         # (see items_iteration)
     for half in halves:
         softmax_end(half)
+
+
+# Columns a tile's narrowed softmax step keeps come in multiples of this (``diagonal_columns``)
+DIAGONAL_COLUMNS = 32
+
+
+def diagonal_columns(st, diagonal, count, width, s, t, have):
+    """Of the ``have`` chunks of softmax step s of a whole unit's tail of ``count`` chunk slots
+    (``width`` a step), the score columns query tile t keeps: all ``have * T`` unless
+    ``diagonal``; else the ones its causal keys can reach, in multiples of DIAGONAL_COLUMNS,
+    at least one multiple. A tail ends at its unit's keys' end LEN (its last slot holds key
+    LEN - 1 or lies past it), and a unit's query rows end at its last query
+    (``work.right_aligned``: row qi at position LEN - Qb + qi), so tile t's rows (q0 .. q0 +
+    Qt - 1) need no tail slot from count * T - Qb + q0 + Qt on, whatever LEN is. The step's
+    first columns are the ones kept: every row's softmax state sees each step (a row with no
+    key there is wiped by the rescale, as any masked row is)."""
+    if not diagonal:
+        return have * st.T
+    q0 = st.tiles[t][2]
+    reach = count * st.T - st.Qb + q0 + st.Qt - s * width * st.T
+    reach = -(-reach // DIAGONAL_COLUMNS) * DIAGONAL_COLUMNS
+    return max(DIAGONAL_COLUMNS, min(have * st.T, reach))
 
 
 def _pipeline(st, items, count, masked):
@@ -910,14 +943,14 @@ def merge_split(st, states, b, bank=None):
         write(st, states, b, bank)
 
 
-def unit(st, i):
+def unit(st, i, diagonal=True):
     """Whole unit i: its chunks in loops nested in the item, masked ones in pairs and the mask-free
     ones in CHUNK_BLOCKS of 2 chunks or more (as many of each size as fit, largest first); an odd
     mask-free chunk left over joins the masked chunks after it (masked by bounds that keep all
     its keys), saving its own loop's barrier and pipeline fill; the chunks from C1 on, a tail
     of ``st.unit_tail`` slots, fold first without a loop (``work.with_unit_tail``). Returns the
     item, its states complete."""
-    items, _ = unit_group_begin(st, i, 1)
+    items, _ = unit_group_begin(st, i, 1, diagonal=diagonal)
     return unit_loops(st, items[0])
 
 
@@ -939,12 +972,14 @@ def unit_setup(st, i, slot, slots):
 TAIL_GATHERS_AHEAD = 2
 
 
-def unit_group_begin(st, i, n, slots=None):
+def unit_group_begin(st, i, n, slots=None, diagonal=True):
     """Whole units i .. i+n-1 of one loop iteration set up, then their tails (``slots`` chunk
     slots, ``st.unit_tail`` when None) folded as one software pipeline (``fold_items``: a
     unit's tail gathers while the one before it computes; the first TAIL_GATHERS_AHEAD tails'
     first gathers issued with their setups); returns the items, their loops still to run
-    (``unit_loops``)."""
+    (``unit_loops``). ``diagonal``: each tile scores only the tail chunks its causal keys
+    reach (``diagonal_columns``; False for a core's part of a unit split between the cores,
+    whose tail may end before the unit's keys do)."""
     if slots is None:
         slots = st.unit_tail
     sizes = []                         # per unit (``work.tail_profile``), or one for all
@@ -959,7 +994,8 @@ def unit_group_begin(st, i, n, slots=None):
         if tail is not None:
             tails.append(tail)
     if tails:
-        fold_items(st, tails, sizes[0:len(tails)], True, finished=False, fresh=tail_first(st))
+        fold_items(st, tails, sizes[0:len(tails)], True, finished=False, fresh=tail_first(st),
+                   diagonal=diagonal)
     taken = None
     if n > 1 and st.unit_tail and st.blocked and st.indirect:
         taken = group_rounds(st, items)

@@ -267,7 +267,7 @@ def k_transposed(k_sb, h0, n, D, mm_dtype, vector_share):
 
 
 def chunk_scores(q_pads, kTs, T, keep, scale, soft_cap, mm_dtype, keep_all=None, row_max=None,
-                 plain_mask=False, blocks=1):
+                 plain_mask=False, blocks=1, columns=None):
     """The scores of W chunks (``kTs``: each chunk's ``k_transposed``) for a tile of query rows,
     as (SBUF [n*G, W*T] fp32, row max or None, exponent scale), issued ahead of the softmax
     (``softmax_begin``) so TensorE makes the next scores while VectorE and ScalarE work on
@@ -276,9 +276,12 @@ def chunk_scores(q_pads, kTs, T, keep, scale, soft_cap, mm_dtype, keep_all=None,
     Without a soft cap, one VectorE pass (``select_reduce``) evicts the raw PSUM scores, puts
     NEG_BIG where ``keep`` (``mask_keep``; ``keep_all``, a tile of ones, for a mask-free chunk)
     is 0 and takes each row's max; the scale joins the exponent. With a cap, ScalarE scales and
-    caps (copy, tanh), VectorE multiplies back and selects the mask (with the row max)."""
-    return evict_scores(raw_scores(q_pads, kTs, T, mm_dtype, blocks), keep, scale, soft_cap,
-                        keep_all, row_max, plain_mask)
+    caps (copy, tanh), VectorE multiplies back and selects the mask (with the row max).
+    ``columns``: only the first ones are evicted (``kernel_items.diagonal_columns``)."""
+    s_ps = raw_scores(q_pads, kTs, T, mm_dtype, blocks)
+    if columns is not None and columns < s_ps.shape[1]:
+        s_ps = s_ps[:, 0:columns]
+    return evict_scores(s_ps, keep, scale, soft_cap, keep_all, row_max, plain_mask)
 
 
 def evict_scores(s_ps, keep, scale, soft_cap, keep_all=None, row_max=None, plain_mask=False):
@@ -421,12 +424,13 @@ def softmax_begin(state, scores, heads, v_tiles, h0, D, p_dtype, copy_engine=Non
         _copy_max(negm, negm_new, copy_engine)   # state lives in tiles made before the loop
     pTs = []
     for c in range(len(v_tiles)):
-        pT = nl.ndarray((T, R), p_dtype, buffer=nl.sbuf, name="pT")
+        w = min(T, WT - c * T)                 # (a narrowed step's last chunk: part of it)
+        pT = nl.ndarray((w, R), p_dtype, buffer=nl.sbuf, name="pT")
         if dma_pT:
-            nisa.dma_transpose(dst=pT, src=p[:, c * T:(c + 1) * T])
+            nisa.dma_transpose(dst=pT, src=p[:, c * T:c * T + w])
         else:
-            pT_ps = nl.ndarray((T, R), transpose_dtype(p_dtype), buffer=nl.psum, name="pT_ps")
-            nisa.nc_transpose(dst=pT_ps, data=p[:, c * T:(c + 1) * T])
+            pT_ps = nl.ndarray((w, R), transpose_dtype(p_dtype), buffer=nl.psum, name="pT_ps")
+            nisa.nc_transpose(dst=pT_ps, data=p[:, c * T:c * T + w])
             nisa.activation(dst=pT, op=nl.copy, data=pT_ps)
         pTs.append(pT)
     return SoftmaxHalf(state=state, alpha=alpha, row_sum=None if group is not None else row_sum,
@@ -473,8 +477,16 @@ def _pv_one_head(pTs, v_tiles, h0, D, rows):
     R = pTs[0].shape[1]
     pv = nl.ndarray((R, D), nl.float32, buffer=nl.psum, name="pv_ps")
     for c, (pT, v_sb) in enumerate(zip(pTs, v_tiles)):
-        nisa.nc_matmul(dst=pv, stationary=pT, moving=v_sb.head(h0, 0, D), accumulate=c != 0)
+        nisa.nc_matmul(dst=pv, stationary=pT, moving=_key_rows(v_sb.head(h0, 0, D), pT),
+                       accumulate=c != 0)
     return pv
+
+
+def _key_rows(v, pT):
+    """V rows [keys, D] of a chunk, the first ``pT``'s keys of them (a narrowed step's last
+    chunk scores only part of its keys, ``kernel_items.diagonal_columns``)."""
+    keys = pT.shape[0]
+    return v if keys == v.shape[0] else v[0:keys, :]
 
 
 def _pv_heads(pTs, v_tiles, h0, D, rows):
@@ -491,8 +503,8 @@ def _pv_heads(pTs, v_tiles, h0, D, rows):
         for j in range(R // rows):
             cols = slice(j * rows, (j + 1) * rows)
             for c, (pT, v_sb) in enumerate(zip(pTs, v_tiles)):
-                nisa.nc_matmul(dst=pvT_ps[:, cols], stationary=v_sb.head(h0 + j, d0, dp),
-                               moving=pT[:, cols], accumulate=c != 0)
+                nisa.nc_matmul(dst=pvT_ps[:, cols], stationary=_key_rows(
+                    v_sb.head(h0 + j, d0, dp), pT), moving=pT[:, cols], accumulate=c != 0)
         pvT = _f32((dp, R), "pvT")
         nisa.activation(dst=pvT, op=nl.copy, data=pvT_ps)
         nisa.nc_transpose(dst=pv[:, d0:d0 + dp], data=pvT)

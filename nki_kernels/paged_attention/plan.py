@@ -25,9 +25,9 @@ from .work import (C0, C1, LATE_TAILS, NO_WINDOW, NullItems, capacity_chunks, ch
                    decode_work, item_query_bytes, items_per_iteration, lead_units, null_pages,
                    query_blocks, score_tiling, section_parts, split_work, static_core_rows,
                    static_full_slots, static_pack, static_pass, static_row_bytes,
-                   static_row_chunks, static_rows_of, static_sections, static_slot_rows,
-                   static_work, tail_items, token_table, unit_tail_chunks, unit_tail_slots,
-                   whole_group_units, whole_units, window_span)
+                   right_aligned, static_row_chunks, static_rows_of, static_sections,
+                   static_slot_rows, static_work, tail_items, token_table, unit_tail_chunks,
+                   unit_tail_slots, whole_group_units, whole_units, window_span)
 
 
 def cache_rows(paged_kv_cache, D):
@@ -466,6 +466,8 @@ def plan_prefill(prob, q_lens, qo_indptr, paged_kv_cache, causal,
         tails = LATE_TAILS
     unit_tail, lead_sizes = _unit_tail(prob, paged_kv_cache, masks, qb, causal and masks is None,
                                        items)
+    if unit_tail:                      # (causal, no custom mask) tiles score their diagonal
+        items = right_aligned(items, q_lens, qb)
     # one query per item and no custom mask: a decode step, static when batch_decode's would be
     pack = _pack(prob, paged_kv_cache, bucket(n_items), cores)
     chunks = (static_pass(items, prob.geo.page_size, bucket(n_items), cores, host_nc_version(),
@@ -489,9 +491,12 @@ def plan_prefill(prob, q_lens, qo_indptr, paged_kv_cache, causal,
                           table_capacity(prob.geo, prob.table), 1 if qb == 1 else bucket(n_items),
                           whole_units(qb), null, tails, unit_tail, group, tiles, lead,
                           lead_sizes)
-    # item k covers tokens q0 .. q0 + qb of its request, at padded rows k*qb ..
+    # item k covers tokens q0 .. q0 + qb of its request, at padded rows k*qb .. (rows before
+    # first_row: padding)
     tok = items.q0[:, None] + np.arange(qb)[None, :]
     real = tok < q_lens[items.request][:, None]
+    if items.first_row is not None:
+        real &= np.arange(qb)[None, :] >= items.first_row[:, None]
     gather = np.full((bucket(n_items), qb), -1, np.int64)
     gather[item_rows] = np.where(real, qo_indptr[items.request].astype(np.int64)[:, None] + tok,
                                  -1)

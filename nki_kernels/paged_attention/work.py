@@ -92,6 +92,7 @@ class _Requests(NamedTuple):
     hi_base: np.ndarray    # query row qi's keys end min(hi_base + qi, L) (causal) or L
     q_base: np.ndarray     # query row qi's position + 1 (for its window start)
     w_span: int            # window_left + 1, or NO_WINDOW
+    first_row: object = None   # the item's first real row (``right_aligned``), None: row 0
 
     def items(self, idx, a, e, page_size):
         """[n, META_COLS] int64 rows of work items: requests ``idx`` over chunks [a, e) (a
@@ -153,6 +154,20 @@ def query_blocks(kv_indptr, kv_lens, qo_lens, q_block, window_left, causal, page
     ptr = np.asarray(kv_indptr, np.int64)[:kv.size][req]
     return _Requests(ptr, L, W, c0, c1, full_lo, full_hi, np.arange(req.size) * q_block, req, q0,
                      hi_base, q_base, span)
+
+
+def right_aligned(req: _Requests, qo_lens, q_block: int) -> _Requests:
+    """``query_blocks``' causal items with each request's last block of queries at the end of
+    its rows (padding rows first, not last), so row qi of every item sits at position
+    LEN - q_block + qi: which of a whole unit's tail slots a tile of its rows can need is then
+    static (``kernel_items.diagonal_chunks``). Only the rows move: the items' keys (L, W and
+    the chunk bounds, set by their real rows) stay; a padding row (before ``first_row``; its
+    bounds may hold no key, or keys the item does not gather) has its output dropped."""
+    ql = np.asarray(qo_lens, np.int64)[req.request]
+    last = np.maximum(np.minimum(ql - req.q0, q_block), 1) - 1
+    shift = q_block - 1 - last
+    return req._replace(q0=req.q0 - shift, hi_base=req.hi_base - shift,
+                        q_base=req.q_base - shift, first_row=shift)
 
 
 def window_span(window_left: int) -> int:
