@@ -657,23 +657,20 @@ def fold(st, item, count, masked):
     fold_items(st, [item], count, masked)
 
 
-def fold_items(st, items, count, masked, finished=True, prep=None, fresh=False,
-               diagonal=False):
+def fold_items(st, items, count, masked, finished=True, prep=None, fresh=False, diagonal=False):
     """The ``count`` chunks of each of ``items`` (one loop iteration's items of one kind; a
     list: each item's own, whole units' tails of several sizes, whose last step may be
     narrower), ``width`` per softmax step (one [rows, width*T] score tile), software-pipelined
     in program order across the items: gathers run two steps ahead and scores up to
     SCORES_AHEAD tiles ahead of the softmax (a whole step when it has no more tiles), the next
     item's first gathers and scores included, so TensorE makes the next scores while VectorE
-    and ScalarE finish these, and the DMAs overlap both. A mask-free block's gathers take ``group`` tokens
-    per partition, folded ``width`` chunks per softmax step (``per_load`` steps per gather).
+    and ScalarE finish these, and the DMAs overlap both. A mask-free block's gathers take
+    ``group`` tokens a partition, ``width`` chunks a softmax step (``per_load`` steps a gather).
     Item k-1 is ``finish``ed after item k's first softmax step (its DMAs then sit behind
     gathers already issued) unless not ``finished`` (whole units' tails: their loops follow);
-    ``item.loads``: gathers issued before; ``prep(k)``: makes the queries and masks of items up
-    to k not made yet (a static pass's, ``kernel.static_prep``), PREP_AHEAD items ahead.
-    ``fresh``: the items' states are blank (``tail_first``): the first step sets them.
-    ``diagonal``: whole units' tails ending at their keys' end (``diagonal_columns``): a
-    tile of early queries scores only the columns its causal keys reach."""
+    ``item.loads``: gathers issued before; ``prep(k)``: the queries and masks of items up to k
+    (``kernel.static_prep``), PREP_AHEAD items ahead; ``fresh``: blank states (``tail_first``),
+    set by the first step; ``diagonal``: tiles keep their keys' columns (``diagonal_columns``)."""
     counts, group, width, per_load, units, order, first_step = _pipeline(st, items, count,
                                                                          masked)
     tiles = st.tiles
@@ -708,10 +705,8 @@ def fold_items(st, items, count, masked, finished=True, prep=None, fresh=False,
             for chunk in loaded:
                 kts[key].append(k_transposed(chunk[0][0], h0, n, st.D, st.mm_dtype, share))
         cols = diagonal_columns(st, diagonal, counts[i], width[i], s, t, len(loaded))
-        reach = -(-cols // st.T)
-        keep = _step_keep(st, items[i], loaded[0:reach], t, s * width[i], reach)
-        if cols < reach * st.T and keep is not None and not isinstance(keep, KeyRange):
-            keep = keep[:, 0:cols]
+        reach = reached_chunks(st, diagonal, counts[i], width[i], s, t, len(loaded))
+        keep = _step_keep(st, items[i], loaded[0:reach], t, s * width[i], reach, cols)
         row_max = None
         if K > 1:                         # into its column of the group's row maxima
             if t % K == 0:
@@ -761,10 +756,9 @@ def fold_items(st, items, count, masked, finished=True, prep=None, fresh=False,
             scores = evict_scores(scores[0], scores[1], st.scale, st.soft_cap, st.keep_all,
                                   scores[2], st.mask is None)
         views = _v_views(step(i, s))
-        reach = -(-diagonal_columns(st, diagonal, counts[i], width[i], s, t, len(views))
-                  // st.T)
+        views = views[0:reached_chunks(st, diagonal, counts[i], width[i], s, t, len(views))]
         halves.append(softmax_begin(states[i][t], scores, tiles[t][1],
-                                    views[0:reach], tiles[t][0], st.D, st.mm_dtype,
+                                    views, tiles[t][0], st.D, st.mm_dtype,
                                     st.state_copy_engine,
                                     _stats_column(stats, t % K) if K > 1 else None, st.dma_pT,
                                     first, acc_on_gpsimd(st, tiles[t])))
@@ -805,6 +799,11 @@ def diagonal_columns(st, diagonal, count, width, s, t, have):
     reach = count * st.T - st.Qb + q0 + st.Qt - s * width * st.T
     reach = -(-reach // DIAGONAL_COLUMNS) * DIAGONAL_COLUMNS
     return max(DIAGONAL_COLUMNS, min(have * st.T, reach))
+
+
+def reached_chunks(st, diagonal, count, width, s, t, have):
+    """The chunks ``diagonal_columns``' columns touch (the last one perhaps in part)."""
+    return -(-diagonal_columns(st, diagonal, count, width, s, t, have) // st.T)
 
 
 def _pipeline(st, items, count, masked):
@@ -1140,16 +1139,17 @@ def masked_pairs(st, item, a, e):
     nl.fori_loop(pairs, e, blocks(st, item, 1, True))
 
 
-def _step_keep(st, item, loaded, t, c0, width):
+def _step_keep(st, item, loaded, t, c0, width, cols=None):
     """The mask predicate of tile t's softmax step over the item's chunks c0..c0+width
-    (``loaded``): a static block's columns of its predicate, a masked step's chunks'
-    predicates side by side, or None (mask-free)."""
+    (``loaded``): a static block's columns of its predicate (its first ``cols`` when given:
+    ``diagonal_columns``), a masked step's chunks' predicates side by side, or None
+    (mask-free)."""
     rows = st.tiles[t][1] * st.GQ
     j = st.tiles[t][2] // st.Qt                # the tile's query tokens
     if item.keep is not None and isinstance(item.keep[j], KeyRange):
         return item.keep[j].window(rows, c0 * st.T)
     if item.keep is not None:
-        return item.keep[j][0:rows, c0 * st.T:(c0 + width) * st.T]
+        return item.keep[j][0:rows, c0 * st.T:c0 * st.T + (cols or width * st.T)]
     if loaded[0][1] is not None:
         return _joined_keep(loaded, j, rows, st.T)
     return None
