@@ -582,8 +582,9 @@ def _log2_sums(ln_l, negm):
 def finalize_bank(bank, tiles, out, lse, b, G, Qb, v_scale):
     """``finalize`` of every tile of a ``state_bank`` (no sinks): 1 / max(l, 1) and the LSE of
     all tiles in one instruction each, then per tile its output rows and LSE written; with one
-    kv head a tile, the heads' scaled copies alternate between ScalarE and VectorE (a loop
-    iteration's end waits on them: a chunked-prefill launch of 3289 queries 2864 -> 2826 us).
+    kv head a tile, the heads' scaled copies take ScalarE, VectorE and GpSimd in turn (a loop
+    iteration's end waits on them: a chunked-prefill launch of 3289 queries 2864 -> 2826 us
+    with two engines; thirteen multi-unit launches 0.3% faster with the third).
     ``tiles``: (first kv head, kv heads, first query token) per tile, as ``Step.tiles``."""
     R = bank.shape[0]
     n = len(tiles)
@@ -594,6 +595,7 @@ def finalize_bank(bank, tiles, out, lse, b, G, Qb, v_scale):
     rl = _inverse_sums(l, v_scale)
     ln_l = _log2_sums(ln_l, negm)
     heads = head_major(tiles)
+    engines = 3 if nisa.get_nc_version() >= nisa.nc_version.gen3 else 2
     if side_by_side(tiles):     # tiles of n kv heads each, one block of queries: one DMA each
         o = nl.ndarray((R, n * D), out.dtype, buffer=nl.sbuf, name="o")
         for t in range(n):
@@ -611,7 +613,7 @@ def finalize_bank(bank, tiles, out, lse, b, G, Qb, v_scale):
             for h in range(heads):
                 t = h * blocks + j
                 _scaled_copy(o[:, h * D:(h + 1) * D], bank[:, t * E + 2:(t + 1) * E],
-                             rl[:, t:t + 1], h % 2)
+                             rl[:, t:t + 1], h % engines)
             # rows (token, g) of tile (h, j); free (h, d): out[b + q0 + token, h * G + g, d]
             nisa.dma_copy(dst=rows_at(out, [[HQ * D, Qb], [D, G], [G * D, heads], [1, D]],
                                       q0 * HQ * D, b), src=o)
@@ -627,9 +629,13 @@ def finalize_bank(bank, tiles, out, lse, b, G, Qb, v_scale):
         _write_rows(lse, ln_l[:, t:t + 1], b, h0, G, Qb, q0)
 
 
-def _scaled_copy(dst, src, scale, on_vector):
-    """dst = src * scale ([R, 1] per row): on ScalarE, or VectorE when ``on_vector``."""
-    if on_vector:
+def _scaled_copy(dst, src, scale, engine):
+    """dst = src * scale ([R, 1] per row, ``src`` in SBUF): ``engine`` 0 ScalarE, 1 VectorE,
+    2 GpSimd (NeuronCore-v3+: on v2 VectorE and GpSimd cannot share SBUF at once)."""
+    if engine == 2:
+        nisa.tensor_scalar(dst=dst, data=src, op0=nl.multiply, operand0=scale,
+                           engine=nisa.engine.gpsimd)
+    elif engine:
         nisa.tensor_scalar(dst=dst, data=src, op0=nl.multiply, operand0=scale)
     else:
         nisa.activation(dst=dst, op=nl.copy, data=src, scale=scale)
