@@ -229,12 +229,13 @@ def item_queries(st, item, slot=0, tile_rows=None):
 
 
 def static_out_row(st, i):
-    """A static pass's output row of its table row ``i`` (an int there), as ``work.static_work``
-    lays them out: row b writes row b, a split bucket's two rows both row 0. Its queries and
-    output then move by static DMAs (no descriptors made at run time). None elsewhere."""
+    """A static pass's first output row of its table row ``i`` (an int there), as
+    ``work.static_work`` lays them out: row b writes rows from b * Qb, a split bucket's two rows
+    both from row 0. Its queries and output then move by static DMAs (no descriptors made at
+    run time). None elsewhere."""
     if not isinstance(i, int) or st.scratch is not None or st.whole:
         return None
-    return 0 if static_split(st.q.shape[0] // st.Qb, st.cores) else i
+    return 0 if static_split(st.q.shape[0] // st.Qb, st.cores) else i * st.Qb
 
 
 def _lean_rows(st, item, head, count, masked):

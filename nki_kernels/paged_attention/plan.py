@@ -85,10 +85,11 @@ def _chunk_bytes(prob, paged_kv_cache) -> int:
     return prob.geo.num_heads * (chunk_tokens(prob.geo.page_size) + prob.geo.head_dim) * itemsize
 
 
-def _row_bytes(prob, paged_kv_cache) -> int:
-    """Bytes per partition of one decode row's query stationaries (``work.static_row_bytes``)."""
+def _row_bytes(prob, paged_kv_cache, q_block=1) -> int:
+    """Bytes per partition of one row's query stationaries (``work.static_row_bytes``)."""
     mm_bytes = _matmul_dtype(split_cache(paged_kv_cache)[0].dtype)[1]
-    return static_row_bytes(prob.geo.num_heads, prob.group, prob.geo.head_dim, mm_bytes)
+    return static_row_bytes(prob.geo.num_heads, prob.group, prob.geo.head_dim, mm_bytes,
+                            q_block)
 
 
 def _pack(prob, paged_kv_cache, rows, cores) -> int:
@@ -194,14 +195,14 @@ def _prepare_decode(q, paged_kv_cache, kv_indptr, kv_indices, kv_last_page_len, 
     return DecodeLaunch(arrays, statics, prob.batch, rows, order)
 
 
-def _static_plan(req, page_size, batch_rows, chunks, null, cores, pack=1):
+def _static_plan(req, page_size, batch_rows, chunks, null, cores, pack=1, q_block=1):
     """A static pass's work table, static arguments (chunks, full slots:
     ``work.static_full_slots``; in sections, ``work.static_sections``, also ((rows a core,
     chunks, full slots) of each section, ``work.section_parts``) and each item's table row
     (``work.static_rows_of``). ``work.static_pass_menu`` lists every value they can take."""
     sections = static_sections(req, batch_rows, cores, chunks, pack)
     rows = static_rows_of(req, batch_rows, cores, sections)
-    work = static_work(req, page_size, batch_rows, chunks, null, cores, rows, sections)
+    work = static_work(req, page_size, batch_rows, chunks, null, cores, rows, sections, q_block)
     if not sections:
         return (work, (chunks, static_full_slots(req, page_size, batch_rows, chunks, cores)),
                 rows)
@@ -468,17 +469,19 @@ def plan_prefill(prob, q_lens, qo_indptr, paged_kv_cache, causal,
                                        items)
     if unit_tail:                      # (causal, no custom mask) tiles score their diagonal
         items = right_aligned(items, q_lens, qb)
-    # one query per item and no custom mask: a decode step, static when batch_decode's would be
-    pack = _pack(prob, paged_kv_cache, bucket(n_items), cores)
+    # items of one tile of query rows and no custom mask (a decode step, or verification's
+    # drafts): a static pass when the loops would cost more; decode's requests may share a tile
+    pack = _pack(prob, paged_kv_cache, bucket(n_items), cores) if qb == 1 else 1
+    one_tile = qb <= 128 // prob.group and not whole_units(qb)
     chunks = (static_pass(items, prob.geo.page_size, bucket(n_items), cores, host_nc_version(),
-                          _chunk_bytes(prob, paged_kv_cache), _row_bytes(prob, paged_kv_cache),
-                          pack)
-              if qb == 1 and masks is None else 0)
+                          _chunk_bytes(prob, paged_kv_cache),
+                          _row_bytes(prob, paged_kv_cache, qb), pack)
+              if one_tile and masks is None else 0)
     static, lead = (), 0
     item_rows = np.arange(n_items)                 # the padded block of each item
     if chunks:
         work, static, item_rows = _static_plan(items, prob.geo.page_size, bucket(n_items),
-                                               chunks, null, cores, pack)
+                                               chunks, null, cores, pack, qb)
     else:
         mm_bytes = _matmul_dtype(split_cache(paged_kv_cache)[0].dtype)[1]
         tiles, rows = score_tiling(prob.geo.num_heads, prob.group, qb)[2:]

@@ -1081,20 +1081,22 @@ STATIC_MAX_CHUNK_BYTES = 8 * 1024
 STATIC_MAX_ROW_BYTES = 64 * 1024
 
 
-def static_row_bytes(kv_heads: int, group: int, head_dim: int, mm_bytes: int) -> int:
-    """Bytes per partition one decode row keeps for a whole static pass: its query rows, one
-    [rows, head_dim] tile per tile of score rows (``score_tiling`` of one query; its zero-padded
-    stationaries come from a pool of a few and its mask is made a few rows ahead,
-    ``kernel.static_prep``)."""
-    tiles = score_tiling(kv_heads, group, 1)[2]
+def static_row_bytes(kv_heads: int, group: int, head_dim: int, mm_bytes: int,
+                     q_block: int = 1) -> int:
+    """Bytes per partition one row (``q_block`` queries: 1 for decode) keeps for a whole static
+    pass: its query rows, one [rows, head_dim] tile per tile of score rows (``score_tiling``;
+    its zero-padded stationaries come from a pool of a few and its mask is made a few rows
+    ahead, ``kernel.static_prep``)."""
+    tiles = score_tiling(kv_heads, group, q_block)[2]
     return tiles * head_dim * mm_bytes
 
 
 def static_pass(req: _Requests, page_size: int, batch_rows: int, cores: int = 1,
                 nc_version: int = 3, chunk_bytes: int = 0, row_bytes: int = 0,
                 pack: int = 1) -> int:
-    """Chunks per item of a static pass over one-query items ``req`` (``query_blocks`` of
-    q_block 1: a decode step), or 0 when the step runs device loops: a bucket too large or
+    """Chunks per item of a static pass over items of one tile of query rows ``req``
+    (``query_blocks`` of q_block 1, a decode step, or a verification step's drafts), or 0 when
+    the step runs device loops: a bucket too large or
     cheaper looped (``cores``: under LNC=2 each core takes half the rows, or half the chunk
     slots of a bucket of one, ``static_split``; the loops half the work), or no block of masked
     chunks to gather at once (NeuronCore-v2: no indirect DMA; pages over 128 tokens), or a
@@ -1461,9 +1463,10 @@ def static_rows_of(req: _Requests, batch_rows: int, cores: int = 1,
 
 def static_work(req: _Requests, page_size: int, batch_rows: int, chunks: int,
                 null: NullItems, cores: int = 1, rows: np.ndarray = None,
-                sections=()) -> DecodeWork:
-    """The table of a static pass: item b at row ``rows[b]`` (``static_rows_of``, computed when
-    not given) over ``chunks`` chunks from its first (a row of the bucket holding no item reads
+                sections=(), q_block: int = 1) -> DecodeWork:
+    """The table of a static pass: item b (``q_block`` queries, its output from padded row
+    ``rows[b] * q_block``) at row ``rows[b]`` (``static_rows_of``, computed when not given)
+    over ``chunks`` chunks from its first (a row of the bucket holding no item reads
     no keys: LEN 0 on the sentinel pages, ``null``); split between two cores
     (``static_split``), row p the core's half: chunks from c0 + p * chunks. In sections
     (``static_sections``) a row takes its section's chunks (``static_row_chunks``). The spans
@@ -1488,15 +1491,16 @@ def static_work(req: _Requests, page_size: int, batch_rows: int, chunks: int,
         rows = static_rows_of(req, batch_rows, cores, sections)
     counts = static_row_chunks(batch_rows, cores, chunks, sections)
     if B:
-        if (req.out != np.arange(B)).any():     # the host maps request b to row rows[b]
-            raise AssertionError("a static pass's rows are its one-query units in output order")
+        if (req.out != np.arange(B) * q_block).any():     # the host maps item b to row rows[b]
+            raise AssertionError("a static pass's rows are its units in output order")
         if (req.c1 - req.c0 > counts[rows]).any():
             raise AssertionError("a static pass's row holds fewer chunk slots than its request")
         table[rows] = req.items(np.arange(B), req.c0, req.c0 + counts[rows], page_size)
-        table[rows, OUT] = rows                  # the kernel writes row r's output at row r
+        table[rows, OUT] = rows * q_block        # the kernel writes row r's output at row r
     empty = np.setdiff1d(np.arange(batch_rows), rows)       # rows holding no item
     table[empty, PTR] = table[empty, SLOT0] = null.slot
-    table[empty, C1], table[empty, OUT], table[empty, W_SPAN] = counts[empty], empty, NO_WINDOW
+    table[empty, C1], table[empty, W_SPAN] = counts[empty], NO_WINDOW
+    table[empty, OUT] = empty * q_block
     U = items_per_iteration(1)
     spans = np.zeros((1, span_cols(U)), np.int64)
     return DecodeWork(table.astype(np.int32), spans.astype(np.int32),
