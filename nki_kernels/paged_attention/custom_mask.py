@@ -151,11 +151,12 @@ def mask_chunks(kv_lens, page_size) -> int:
     return bucket(max(1, -(-longest // T))) + TAIL_CHUNKS - 1
 
 
-def mask_table(masks, items, q_block, rows, page_size):
+def mask_table(masks, items, q_block, rows, page_size, item_rows=None):
     """uint8 [rows * C, ceil(T / 8)]: padded query row r's bits for chunk c at row r * C + c
     (bit k of byte j: key c*T + 8j + k, little order); zero bits for padding rows and keys past
     a request's end. ``items``: the launch's work items (``work.query_blocks``), q_block queries
-    each at padded rows k * q_block.."""
+    each at padded rows k * q_block.. (``item_rows[k]`` * q_block.. when given: a static pass's
+    rows, ``work.static_rows_of``)."""
     T = chunk_tokens(page_size)
     TB = -(-T // 8)
     C = mask_chunks([m.shape[1] for m in masks], page_size)
@@ -170,7 +171,8 @@ def mask_table(masks, items, q_block, rows, page_size):
         padded = np.zeros((n, C * T), bool)
         padded[:, :kv] = m[q0:q0 + n]
         bits[:, :, :T] = padded.reshape(n, C, T)
-        table[k * q_block:k * q_block + n] = np.packbits(bits, axis=-1, bitorder="little")
+        r = k if item_rows is None else int(item_rows[k])
+        table[r * q_block:r * q_block + n] = np.packbits(bits, axis=-1, bitorder="little")
     return table.reshape(rows * C, TB)
 
 

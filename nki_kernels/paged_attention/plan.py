@@ -469,19 +469,22 @@ def plan_prefill(prob, q_lens, qo_indptr, paged_kv_cache, causal,
                                        items)
     if unit_tail:                      # (causal, no custom mask) tiles score their diagonal
         items = right_aligned(items, q_lens, qb)
-    # items of one tile of query rows and no custom mask (a decode step, or verification's
-    # drafts): a static pass when the loops would cost more; decode's requests may share a tile
-    pack = _pack(prob, paged_kv_cache, bucket(n_items), cores) if qb == 1 else 1
+    # items of one tile of query rows (a decode step, or verification's drafts, a tree's too): a
+    # static pass when the loops would cost more; decode's requests without a mask share tiles
+    pack = _pack(prob, paged_kv_cache, bucket(n_items), cores) if qb == 1 and masks is None else 1
     one_tile = qb <= 128 // prob.group and not whole_units(qb)
     chunks = (static_pass(items, prob.geo.page_size, bucket(n_items), cores, host_nc_version(),
                           _chunk_bytes(prob, paged_kv_cache),
                           _row_bytes(prob, paged_kv_cache, qb), pack)
-              if one_tile and masks is None else 0)
+              if one_tile else 0)
     static, lead = (), 0
     item_rows = np.arange(n_items)                 # the padded block of each item
     if chunks:
+        # (its empty rows are null items even with a custom mask: their table rows exist)
         work, static, item_rows = _static_plan(items, prob.geo.page_size, bucket(n_items),
-                                               chunks, null, cores, pack, qb)
+                                               chunks, null_items(prob.geo, prob.table,
+                                                                  bucket(n_items) * qb),
+                                               cores, pack, qb)
     else:
         mm_bytes = _matmul_dtype(split_cache(paged_kv_cache)[0].dtype)[1]
         tiles, rows = score_tiling(prob.geo.num_heads, prob.group, qb)[2:]
@@ -509,7 +512,7 @@ def plan_prefill(prob, q_lens, qo_indptr, paged_kv_cache, causal,
     row_tab = None if qb == 1 else (np.arange(prob.group * qb) // prob.group).astype(
         np.int32).reshape(-1, 1)
     mask_bits = (None if masks is None else
-                 mask_table(masks, items, qb, gather.size, prob.geo.page_size))
+                 mask_table(masks, items, qb, gather.size, prob.geo.page_size, item_rows))
     arrays, statics = kernel_arguments(prob, paged_kv_cache, work, row_tab,
                                        sinks, soft_cap(logits_soft_cap), k_scale, v_scale,
                                        mask_bits, static, window_left,

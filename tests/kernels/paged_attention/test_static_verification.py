@@ -1,5 +1,5 @@
 """Verification steps in a static pass: items of one tile of query rows (a request's drafts,
-q_len up to 128 / group) take the decode static pass's plan (``work.static_pass``: no device
+q_len up to 128 / group, under a custom mask too) take the decode static pass's plan (``work.static_pass``: no device
 loops when they would cost more), each table row writing its Qb output rows from row * Qb.
 Checked: the policy's choice, the rows' outputs, and the kernel against the reference over odd
 lengths, drafts, windows, sinks and soft caps on trn2 (LNC=1 and 2: halves, a split request,
@@ -101,3 +101,18 @@ def test_trn1_keeps_the_loops(rng):
     with simulate.use_target("trn1"):
         check(args, causal=True)
         assert _loops()
+
+
+@pytest.mark.sim_only
+@pytest.mark.parametrize("lnc", [1, 2])
+def test_tree_masks_in_a_static_pass_follow_their_rows(rng, lnc):
+    """Drafts under custom masks (trees) in the static pass: a spread batch's rows are dealt by
+    length (LNC=2 halves, sections), each row's mask bits where its row is, not its request
+    index; decode rows with masks too."""
+    from .test_custom_mask import check as check_masked, random_masks
+    for q_lens, kv_lens in (([8, 8, 8, 5, 8], [2048, 300, 1500, 64, 900]),
+                            ([1, 1, 1], [17, 200, 1])):
+        args = make_prefill_case(rng, q_lens, kv_lens, 16, 2, 4, 32)
+        with simulate.use_target("trn2"):
+            check_masked(args, random_masks(rng, q_lens, kv_lens), lnc=lnc)
+            assert not [loop for loop in _loops() if loop["iterations"]]
