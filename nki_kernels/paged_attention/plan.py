@@ -458,9 +458,6 @@ def plan_prefill(prob, q_lens, qo_indptr, paged_kv_cache, causal,
     if masks is not None:
         items = with_mask_free_chunks(items, masks, qb, prob.geo.page_size)
     n_items = items.L.size
-    # (whole units take no null items, only a row past the launch's: a custom mask is no bar)
-    null = null_items(prob.geo, prob.table, bucket(n_items) * qb,
-                      None if whole_units(qb) else masks)
     # blocks of queries end their units in tails; one query per item (decode) in late ones
     tails = _tails(prob, paged_kv_cache, qb) and (qb > 1 or masks is None)
     if tails and qb == 1:
@@ -477,14 +474,15 @@ def plan_prefill(prob, q_lens, qo_indptr, paged_kv_cache, causal,
                           _chunk_bytes(prob, paged_kv_cache),
                           _row_bytes(prob, paged_kv_cache, qb), pack)
               if one_tile else 0)
+    # (whole units and static passes take no null items past the launch's rows, only a row
+    # past them or the bucket's empty rows: a custom mask is no bar)
+    null = null_items(prob.geo, prob.table, bucket(n_items) * qb,
+                      None if whole_units(qb) or chunks else masks)
     static, lead = (), 0
     item_rows = np.arange(n_items)                 # the padded block of each item
     if chunks:
-        # (its empty rows are null items even with a custom mask: their table rows exist)
         work, static, item_rows = _static_plan(items, prob.geo.page_size, bucket(n_items),
-                                               chunks, null_items(prob.geo, prob.table,
-                                                                  bucket(n_items) * qb),
-                                               cores, pack, qb)
+                                               chunks, null, cores, pack, qb)
     else:
         mm_bytes = _matmul_dtype(split_cache(paged_kv_cache)[0].dtype)[1]
         tiles, rows = score_tiling(prob.geo.num_heads, prob.group, qb)[2:]

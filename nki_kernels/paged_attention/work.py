@@ -139,7 +139,7 @@ def query_blocks(kv_indptr, kv_lens, qo_lens, q_block, window_left, causal, page
     nblocks = np.maximum(-(-ql // q_block), 1)
     req = np.repeat(np.arange(kv.size), nblocks)
     q0 = (np.arange(req.size) - np.repeat(np.cumsum(nblocks) - nblocks, nblocks)) * q_block
-    last = np.maximum(np.minimum(ql[req] - q0, q_block), 1) - 1       # the block's last real row
+    last = _last_rows(ql[req], q0, q_block)
     L_req = kv[req]
     q_base = L_req - ql[req] + q0 + 1                 # row 0's causal keys end
     hi_base = q_base if causal else L_req
@@ -156,16 +156,21 @@ def query_blocks(kv_indptr, kv_lens, qo_lens, q_block, window_left, causal, page
                      hi_base, q_base, span)
 
 
+def _last_rows(q_lens, q0, q_block):
+    """Each block's last real row: of a request of ``q_lens`` queries, the block from its query
+    ``q0`` (row 0 when it has none)."""
+    return np.maximum(np.minimum(q_lens - q0, q_block), 1) - 1
+
+
 def right_aligned(req: _Requests, qo_lens, q_block: int) -> _Requests:
     """``query_blocks``' causal items with each request's last block of queries at the end of
     its rows (padding rows first, not last), so row qi of every item sits at position
     LEN - q_block + qi: which of a whole unit's tail slots a tile of its rows can need is then
-    static (``kernel_items.diagonal_chunks``). Only the rows move: the items' keys (L, W and
+    static (``kernel_items.diagonal_columns``). Only the rows move: the items' keys (L, W and
     the chunk bounds, set by their real rows) stay; a padding row (before ``first_row``; its
     bounds may hold no key, or keys the item does not gather) has its output dropped."""
     ql = np.asarray(qo_lens, np.int64)[req.request]
-    last = np.maximum(np.minimum(ql - req.q0, q_block), 1) - 1
-    shift = q_block - 1 - last
+    shift = q_block - 1 - _last_rows(ql, req.q0, q_block)
     return req._replace(q0=req.q0 - shift, hi_base=req.hi_base - shift,
                         q_base=req.q_base - shift, first_row=shift)
 
@@ -1496,7 +1501,7 @@ def static_work(req: _Requests, page_size: int, batch_rows: int, chunks: int,
         if (req.c1 - req.c0 > counts[rows]).any():
             raise AssertionError("a static pass's row holds fewer chunk slots than its request")
         table[rows] = req.items(np.arange(B), req.c0, req.c0 + counts[rows], page_size)
-        table[rows, OUT] = rows * q_block        # the kernel writes row r's output at row r
+        table[rows, OUT] = rows * q_block        # row r writes output rows from r * q_block
     empty = np.setdiff1d(np.arange(batch_rows), rows)       # rows holding no item
     table[empty, PTR] = table[empty, SLOT0] = null.slot
     table[empty, C1], table[empty, W_SPAN] = counts[empty], NO_WINDOW
