@@ -93,8 +93,8 @@ from .kernel_cursor import Geometry, partition_iota, query_of_row
 from .kernel_items import (PREP_AHEAD, SCORES_AHEAD, batched_chunks, finish, fold_items,
                            first_chunks, fold_shape, gathered, item_queries, item_row, k_first,
                            loader, merge_split, prepare, static_block, static_block_keep,
-                           static_block_rows, static_rows, unit, unit_group_begin, unit_loops,
-                           write)
+                           static_block_rows, static_rows, unit, unit_group_begin,
+                           unit_group_fold, unit_group_setup, unit_loops, write)
 from .kernel_load import (PSUM_BANK_BYTES, ROW_LIMIT, group_entry_rows, kt_dma_layout,
                           zero_rows)
 from .kernel_mask import custom_mask
@@ -401,10 +401,19 @@ def run_whole_units(st, span):
     first, end = nisa.scalar_load(span[0:1, 0:1]), nisa.scalar_load(span[0:1, 1:2])
     lead = lead_groups(st.lead_units, per)
     body = 0
-    for g in range(len(lead)):     # groups the bucket guarantees: no loop, so no barrier and no
-        make_group(lead[g], profile[body])(first)       # fill between them
+    done = []                      # groups the bucket guarantees: no loop, so no barrier and no
+    for g in range(len(lead)):     # fill between them; a group's outputs written after the
+        items, tails, sizes = unit_group_setup(st, first, lead[g], profile[body])  # the next
+        for item in done:                                                           # one's setup
+            write(st, item.states, item.b, item.bank)
+        units, taken = unit_group_fold(st, items, tails, sizes)
+        for item in units:
+            unit_loops(st, item, taken)
+        done = units
         first = first + lead[g]
         body = body + 1
+    for item in done:
+        write(st, item.states, item.b, item.bank)
     while per > 1:                 # groups of per units, then of half as many (at most one)
         grouped = first + ((end - first) // per) * per
         nl.fori_loop(first, grouped, make_group(per, profile[body]), step=per)

@@ -966,20 +966,27 @@ def unit_setup(st, i, slot, slots):
 
 
 # The tails whose first gather is issued right after their own unit's setup rather than after
-# the whole group's (as many as ``fold_items`` keeps ahead): the group's first gathers then
-# wait on one setup, not four (the setups' small instructions queue on GpSimd, which also
-# makes the gathers' descriptors)
-TAIL_GATHERS_AHEAD = 2
+# the whole group's: the group's first gathers then wait on one setup, not four (the setups'
+# small instructions queue on GpSimd, which also makes the gathers' descriptors). One, not two:
+# the second unit's gather took the DMA engines the first unit's queries and gathers wanted
+# (cost model, trn2, thirteen multi-unit prefill launches 7486.8 -> 7445.4 us LNC=1, 3879.5 ->
+# 3853.3 LNC=2; twelve chunks of 96 over 100-1000 keys 446.2 -> 438.2 / 222.8 -> 219.5)
+TAIL_GATHERS_AHEAD = 1
 
 
 def unit_group_begin(st, i, n, slots=None, diagonal=True):
-    """Whole units i .. i+n-1 of one loop iteration set up, then their tails (``slots`` chunk
-    slots, ``st.unit_tail`` when None) folded as one software pipeline (``fold_items``: a
-    unit's tail gathers while the one before it computes; the first TAIL_GATHERS_AHEAD tails'
-    first gathers issued with their setups); returns the items, their loops still to run
-    (``unit_loops``). ``diagonal``: each tile scores only the tail chunks its causal keys
-    reach (``diagonal_columns``; False for a core's part of a unit split between the cores,
-    whose tail may end before the unit's keys do)."""
+    """Whole units i .. i+n-1 of one loop iteration set up (``unit_group_setup``), then their
+    tails folded (``unit_group_fold``); returns the items, their loops still to run
+    (``unit_loops``), and the chunks the group's rounds took."""
+    items, tails, sizes = unit_group_setup(st, i, n, slots)
+    return unit_group_fold(st, items, tails, sizes, diagonal)
+
+
+def unit_group_setup(st, i, n, slots=None):
+    """Whole units i .. i+n-1 set up (their rows, queries, states, tails' cache rows and
+    bounds; the first TAIL_GATHERS_AHEAD tails' first gathers issued with their setups),
+    nothing folded: (items, tails, each tail's slots: ``slots``, one for all or per unit,
+    ``st.unit_tail`` when None)."""
     if slots is None:
         slots = st.unit_tail
     sizes = []                         # per unit (``work.tail_profile``), or one for all
@@ -993,11 +1000,21 @@ def unit_group_begin(st, i, n, slots=None, diagonal=True):
             tail.loads = {"0": k_first(st, loader(st, tail, sizes[k], True), 0)}
         if tail is not None:
             tails.append(tail)
+    return items, tails, sizes
+
+
+def unit_group_fold(st, items, tails, sizes, diagonal=True):
+    """``unit_group_setup``'s units' tails folded as one software pipeline (``fold_items``: a
+    unit's tail gathers while the one before it computes), then their rounds
+    (``group_rounds``); returns (items, the chunks the rounds took or None).
+    ``diagonal``: each tile scores only the tail chunks its causal keys reach
+    (``diagonal_columns``; False for a core's part of a unit split between the cores, whose
+    tail may end before the unit's keys do)."""
     if tails:
         fold_items(st, tails, sizes[0:len(tails)], True, finished=False, fresh=tail_first(st),
                    diagonal=diagonal)
     taken = None
-    if n > 1 and st.unit_tail and st.blocked and st.indirect:
+    if len(items) > 1 and st.unit_tail and st.blocked and st.indirect:
         taken = group_rounds(st, items)
     return items, taken
 
