@@ -142,6 +142,20 @@ def tail_profile_mode() -> str:
     return text
 
 
+PROGRAMS_ENV = "NKI_KERNELS_TAIL_PROGRAMS"
+
+
+def tail_programs() -> int:
+    """Exact tail profiles a bucket of chunked-prefill launches may add in this process
+    (``paged_attention.tail_programs``): ``NKI_KERNELS_TAIL_PROGRAMS`` unset or 0: none (the
+    profile mode's programs alone); K: a launch takes the sizes its units need while its
+    bucket has made fewer than K such programs, or one made before that holds them."""
+    text = os.environ.get(PROGRAMS_ENV, "").strip() or "0"
+    if not text.isdigit():
+        raise ValueError(f"{PROGRAMS_ENV}={text!r} must be a whole number of programs (0: none)")
+    return int(text)
+
+
 SECTIONS_ENV = "NKI_KERNELS_STATIC_SECTIONS"
 
 

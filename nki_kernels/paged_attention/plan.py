@@ -10,6 +10,7 @@ path build and run the same plan.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -18,7 +19,7 @@ from nki_kernels.buckets import bucket, bucket_floor, pad_rows, tail_slots_mode
 from nki_kernels.launch_options import host_nc_version
 from nki_kernels.paged_cache.layout import split_cache
 
-from . import plan_cache
+from . import plan_cache, tail_programs
 from .checks import check_batch_decode_inputs, soft_cap
 from .custom_mask import mask_table, with_mask_free_chunks
 from .work import (C0, C1, LATE_TAILS, NO_WINDOW, NullItems, capacity_chunks, chunk_tokens,
@@ -488,13 +489,15 @@ def plan_prefill(prob, q_lens, qo_indptr, paged_kv_cache, causal,
         tiles, rows = score_tiling(prob.geo.num_heads, prob.group, qb)[2:]
         group = whole_group_units(tiles, rows, prob.geo.head_dim, mm_bytes, host_nc_version(),
                                   bucket_floor(bucket(n_items)) // cores)
-        lead = lead_units(bucket(n_items), cores, whole_units(qb))
+        lead = lead_units(bucket(n_items), cores, whole_units(qb), group)
         work = split_work(items, prob.geo.page_size, bucket(n_items), cores,
                           items_per_iteration(qb, item_query_bytes(
                               prob.geo.num_heads * prob.group, qb, prob.geo.head_dim, mm_bytes)),
                           table_capacity(prob.geo, prob.table), 1 if qb == 1 else bucket(n_items),
                           whole_units(qb), null, tails, unit_tail, group, tiles, lead,
-                          lead_sizes)
+                          lead_sizes, functools.partial(tail_programs.choose, scope=(
+                              prob.geo.num_heads, prob.group, prob.geo.head_dim,
+                              str(split_cache(paged_kv_cache)[0].dtype), window_left, causal)))
     # item k covers tokens q0 .. q0 + qb of its request, at padded rows k*qb .. (rows before
     # first_row: padding)
     tok = items.q0[:, None] + np.arange(qb)[None, :]

@@ -545,30 +545,43 @@ def whole_group_units(tiles: int, rows: int, head_dim: int, mm_bytes: int,
     return per
 
 
-def lead_units(batch_rows: int, cores: int, whole: bool) -> int:
-    """Whole units each core of a launch of ``batch_rows`` unit rows (a bucket) is sure to hold,
-    as a static kernel argument: of the bucket's least size (``buckets.bucket_floor``), a
-    core's share, so the program stays one per bucket; ``kernel.run_whole_units`` folds their
-    ``lead_groups`` without a device loop (no barrier, no pipeline fill between them), and
-    under LNC=2 ``_whole_halves`` gives each core at least that many. 0 for other launches."""
+def lead_units(batch_rows: int, cores: int, whole: bool, per: int = 1) -> int:
+    """Whole units each core of a launch of ``batch_rows`` unit rows (a bucket) is sure to hold
+    and folds without a device loop, as a static kernel argument: of the bucket's least size
+    (``buckets.bucket_floor``), a core's share, so the program stays one per bucket;
+    ``kernel.run_whole_units`` folds their ``lead_groups`` (``per`` units a group at most)
+    without a loop (no barrier, no pipeline fill between them), and under LNC=2
+    ``_whole_halves`` gives each core at least that many. When smaller launches share the
+    bucket, only whole groups of ``per`` (or one power of two below ``per``): a part group
+    would leave the loops after it a part group too (a bucket of 16 on one core: 8 of its
+    9); a bucket no smaller launch shares (``buckets.BucketPolicy(exact=True)``) takes every
+    unit. 0 for other launches."""
     if not whole:
         return 0
-    return bucket_floor(batch_rows) // cores
+    least = bucket_floor(batch_rows)
+    lead = least // cores
+    if least == batch_rows:
+        return lead
+    if lead >= per:
+        return lead // per * per
+    size = 1
+    while 2 * size <= lead:
+        size *= 2
+    return size if size > 1 else 0
 
 
 def lead_groups(lead: int, per: int) -> list:
     """Sizes of the groups of the first ``lead`` units (``lead_units``) that run without a loop,
-    in order: as many groups of ``per`` as they fill, else (fewer than ``per``) one group of
-    the largest power of two they hold, if at least two (a bucket of 5-8 units on two cores:
-    a group of two a core, its loop barrier saved). A group never splits what the loops after
-    it would take whole: with ``per`` or more units, a smaller lead group would leave them a
-    part group."""
-    if lead >= per:
-        return [per] * (lead // per)
-    size = 1
-    while 2 * size <= lead:
-        size *= 2
-    return [size] if size > 1 else []
+    in order: as many groups of ``per`` as they fill, then the rest in powers of two, largest
+    first (a core's six units at four a group: four, then two)."""
+    groups = [per] * (lead // per)
+    rest, size = lead % per, per
+    while rest:
+        size //= 2
+        if rest >= size:
+            groups.append(size)
+            rest -= size
+    return groups
 
 
 def unit_groups(first: int, end: int, per: int, lead: int = 0):
@@ -634,41 +647,33 @@ def _tail_needs(rows, spans, per: int, lead: int, page_size: int) -> list:
     return need
 
 
-def tail_profile(rows, spans, per: int, lead: int, slots: int, lead_tail: int, page_size: int,
+def tail_profile(rows, spans, per: int, lead: int, slots: int, lead_tail, page_size: int,
                  sizes=(2, 4, 8), mode: str = "lead") -> tuple:
     """The static kernel argument of the whole units' tail slots per body of
     ``kernel.run_whole_units`` and unit position (the kernel gives a body past the tuple the
-    launch's ``slots`` at every position). A body's slots are ``lead_tail`` for the first lead
-    group when set, else ``slots``; a position may take fewer when every core's unit there
-    needs fewer (``_tail_needs``): its rows stay the same (a tail's slots past its unit's keys
-    read nothing), only the keys scored shrink. ``mode`` (``buckets.tail_profile_mode``;
-    ``_split_table`` keeps "lead" to LNC=2): "lead": the first lead group's positions take
-    half the slots where all units there fit and half is one of ``sizes``, the sizes falling
-    along the group (its units are its core's longest, in order), so a bucket compiles a few
-    programs more, not one per length pattern (cost model, trn2, twelve chunks of 96 queries
-    over 100-1000 keys: 254.5 -> 235.1 us under LNC=2); "exact": every body and position the
-    least of TAIL_SIZES that fits (254.5 -> 216.3 us, 471.8 -> 432.8 under LNC=1; but about a
-    program a step in a serving loop); "off": the first lead group's ``lead_tail`` alone, as
-    one size."""
+    launch's ``slots`` at every position). A lead group's body takes its ``lead_tail`` entry
+    (``lead_tail_slots``) when set, other bodies ``slots``; a position may take fewer when
+    every core's unit there needs fewer (``_tail_needs``): its rows stay the same (a tail's
+    slots past its unit's keys read nothing), only the keys scored shrink. ``mode``
+    (``buckets.tail_profile_mode``; ``_split_table`` keeps "lead" to LNC=2): "lead": each lead
+    group's positions take half the slots where all units there fit and half is one of
+    ``sizes``, the sizes falling along the group (its units are its core's longest, in order),
+    so a bucket compiles a few programs more, not one per length pattern (cost model, trn2,
+    twelve chunks of 96 queries over 100-1000 keys: 254.5 -> 235.1 us under LNC=2); "exact":
+    every body and position the least of TAIL_SIZES that fits (254.5 -> 216.3 us, 471.8 -> 432.8
+    under LNC=1; but about a program a step in a serving loop); "off": each lead group's
+    ``lead_tail`` alone, as one size.
+    """
     leading = lead_groups(lead, per)
     if not leading or mode == "off":
-        return ((lead_tail,) * leading[0],) if (leading and lead_tail) else ()
+        return tuple((lead_tail_of(lead_tail, b) or slots,) * leading[b]
+                     for b in range(len(lead_tail)))
     need = _tail_needs(rows, spans, per, lead, page_size)
     profile = []
-    for body in range(len(need) if mode == "exact" else 1):
-        top = lead_tail if (body == 0 and lead_tail) else slots
+    for body in range(len(need) if mode == "exact" else max(1, len(lead_tail))):
+        top = (lead_tail_of(lead_tail, body) if body < len(leading) else 0) or slots
         width = leading[body] if body < len(leading) else max(1, per >> (body - len(leading)))
-        if mode == "exact":
-            menu = [s for s in TAIL_SIZES if s <= top]
-        else:                          # half, when it is a size in use
-            menu = [s for s in (top // 2, top) if s == top or s in sizes]
-        fit = []
-        for k in range(width):
-            want = min(top, need[body].get(k, top))
-            fit.append(min([s for s in menu if s >= want] + [top]))
-        if mode != "exact":            # falling along the group: at most width + 1 patterns
-            for k in range(width - 2, -1, -1):
-                fit[k] = max(fit[k], fit[k + 1])
+        fit = _position_fits([need[body].get(k, top) for k in range(width)], top, mode, sizes)
         profile.append(tuple(fit))
     while profile and all(s == slots for s in profile[-1]):
         profile.pop()                  # the kernel's default: the launch's slots
@@ -709,14 +714,14 @@ def rounds_taken(unit_tail: int, group_units: int, page_size: int, batch_rows: i
 
 
 def with_rounds(rows, spans, per: int, page_size: int, batch_rows: int, cores: int,
-                untailed=None, slots: int = 0, lead: int = 0, lead_tail: int = 0):
+                untailed=None, slots: int = 0, lead: int = 0, lead_tail=()):
     """Whole units' rows with their loop iterations' rounds: each core's units sorted by the
     mask-free chunks that end at their tails (like units share iterations), then per group of
     ``unit_groups`` (``lead`` units' lead groups first) ROUNDS / ROUNDS1 (``group_rounds_of``)
     and each unit's ROUND_SLOT. With ``untailed`` (the rows before ``with_unit_tail``, same
     order) each group's tail starts are chosen with its rounds (``group_tails``), over
-    ``slots`` tail slots, or ``lead_tail`` for each core's first lead group when set
-    (``lead_tail_slots``). A bucket of one unit, or of two on two cores, runs no loop over
+    ``slots`` tail slots, or a lead group's own (``lead_tail``: ``lead_tail_slots``) when
+    set. A bucket of one unit, or of two on two cores, runs no loop over
     units: no rounds."""
     if batch_rows == 1 or (cores == 2 and batch_rows == 2):
         return rows
@@ -726,7 +731,7 @@ def with_rounds(rows, spans, per: int, page_size: int, batch_rows: int, cores: i
         for g in range(len(groups)):
             start, n = groups[g]
             if untailed is not None:
-                tail = lead_tail if (lead_tail and g == 0 and leading) else slots
+                tail = (lead_tail_of(lead_tail, g) if g < leading else 0) or slots
                 fours, ones, starts = group_tails(untailed[start:start + n], tail)
                 for k in range(n):
                     rows[start + k] = with_unit_tail(untailed[start + k], tail, page_size,
@@ -741,11 +746,13 @@ def with_rounds(rows, spans, per: int, page_size: int, batch_rows: int, cores: i
 
 def unit_order(rows, spans, per: int, lead: int, untailed=None) -> list:
     """Sorts each core's whole units ``rows`` (and ``untailed`` alike) in place by the mask-free
-    chunks that end at their tails, most first; returns per core its ``unit_groups``."""
+    chunks that end at their tails, most first, then by length, longest first (a lead group's
+    tail sizes fall along it, ``tail_profile``); returns per core its ``unit_groups``."""
     groups = []
     for first, end in spans[:, :2]:
         first, end = int(first), int(end)
-        order = sorted(range(first, end), key=lambda k: -_rounds_free(rows[k]))
+        order = sorted(range(first, end),
+                       key=lambda k: (-_rounds_free(rows[k]), -int(rows[k][LEN])))
         rows[first:end] = [rows[k] for k in order]
         if untailed is not None:
             untailed[first:end] = [untailed[k] for k in order]
@@ -753,26 +760,74 @@ def unit_order(rows, spans, per: int, lead: int, untailed=None) -> list:
     return groups
 
 
-def lead_tail_slots(rows, untailed, spans, per: int, lead: int, slots: int, sizes) -> int:
-    """Tail slots of every core's first lead group (``lead_groups``: it holds the core's
-    longest units, ``unit_order``, and runs without a device loop): of ``sizes`` (larger than
-    the launch's ``slots``, up to ``unit_tail_chunks``), the one ``unit_tail_slots`` picks
-    over those groups' units when it is larger than ``slots``, else 0 (the launch's). One
-    static kernel argument for both cores: a launch whose longest units would loop over
-    their chunks before a tail of ``slots`` folds them in one longer tail instead (cost
-    model, trn2, twelve chunks of 96 queries over 100-1000 keys: three loop barriers fewer a
-    core under LNC=2, 289.2 -> 261.0 us)."""
+def lead_tail_slots(rows, untailed, spans, per: int, lead: int, slots: int, sizes,
+                    mode: str = "off", menu=(2, 4, 8)) -> tuple:
+    """Tail slots of each lead group (``lead_groups``, every core's g-th; they hold the cores'
+    longest units in order, ``unit_order``, and run without a device loop), 0 for the
+    launch's ``slots``: of ``sizes`` (larger than ``slots``, up to ``unit_tail_chunks``), the
+    one whose loop iterations and slots cost least over those groups' units, each position's
+    slots as ``tail_profile`` (``mode``, ``menu``: its sizes) will shrink them, when it is
+    larger than ``slots``. One static kernel argument for both cores (trailing zeros
+    dropped): a launch whose long units would loop over their chunks before a tail of
+    ``slots`` folds them in one longer tail instead (cost model, trn2, twelve chunks of 96
+    queries over 100-1000 keys: three loop barriers fewer a core under LNC=2, 289.2 -> 261.0
+    us, with the first group's alone)."""
     sizes = tuple(size for size in sizes if size > slots)
-    if not (sizes and slots and lead_groups(lead, per)):
-        return 0
+    leading = lead_groups(lead, per)
+    if not (sizes and slots and leading):
+        return ()
     rows, untailed = list(rows), list(untailed)
-    units = []
-    for groups in unit_order(rows, spans, per, lead, untailed):
-        start, n = groups[0]
-        for row in untailed[start:start + n]:
-            units.append(tuple(int(row[k]) for k in (C0, FULL_LO, FULL_HI, C1)))
-    best = unit_tail_slots(max(sizes), units, (slots,) + sizes)
-    return best if best > slots else 0
+    groups = unit_order(rows, spans, per, lead, untailed)
+    tails = []
+    for g in range(len(leading)):
+        positions = [[tuple(int(untailed[core[g][0] + k][c]) for c in (C0, FULL_LO, FULL_HI, C1))
+                      for core in groups] for k in range(leading[g])]
+        costs = {size: _profiled_tail_cost(positions, size, mode, menu)
+                 for size in (slots,) + sizes}
+        best = min(costs, key=lambda size: (costs[size] - 1e-9 * (size == slots), size))
+        tails.append(best if best > slots else 0)
+    while tails and not tails[-1]:
+        tails.pop()
+    return tuple(tails)
+
+
+def _profiled_tail_cost(positions, size: int, mode: str, menu) -> float:
+    """``unit_tail_slots``' cost of a group's units under tails of ``size`` slots (positions:
+    per unit position, each core's (C0, FULL_LO, FULL_HI, C1)), each position's empty slots
+    counted after ``tail_profile`` shrinks it (``_position_fits``)."""
+    needs, loops = [], 0.0
+    for units in positions:
+        need = 1
+        for c0, lo, hi, c1 in units:
+            cost, ts = unit_tail_cost(c0, lo, hi, c1, size)
+            loops += cost - UNIT_TAIL_EMPTY_SLOT * (size - (c1 - ts))
+            need = max(need, c1 - ts)
+        needs.append(need)
+    fits = _position_fits(needs, size, mode, menu)
+    empty = sum((fit - need) * len(units) for fit, need, units in zip(fits, needs, positions))
+    return loops + UNIT_TAIL_EMPTY_SLOT * empty + UNIT_TAIL_SLOT * sum(fits)
+
+
+def _position_fits(needs, top: int, mode: str, menu) -> list:
+    """The tail slots ``tail_profile`` gives a body's unit positions that need ``needs`` chunks
+    (at most ``top``): "exact" the least of TAIL_SIZES that fits, "lead" half of ``top`` where
+    it fits and is in ``menu``, falling along the group, "off" ``top``."""
+    if mode == "off":
+        return [top] * len(needs)
+    if mode == "exact":
+        choices = [s for s in TAIL_SIZES if s <= top]
+    else:
+        choices = [s for s in (top // 2, top) if s == top or s in menu]
+    fit = [min([s for s in choices if s >= min(top, want)] + [top]) for want in needs]
+    if mode != "exact":
+        for k in range(len(fit) - 2, -1, -1):
+            fit[k] = max(fit[k], fit[k + 1])
+    return fit
+
+
+def lead_tail_of(lead_tails, g: int) -> int:
+    """Lead group g's tail slots of ``lead_tail_slots``' tuple, 0 for the launch's."""
+    return lead_tails[g] if g < len(lead_tails) else 0
 
 
 def group_tails(rows, slots: int):
@@ -1671,7 +1726,7 @@ def split_work(req: _Requests, page_size: int, batch_rows: int, cores: int = 1,
                per_iteration: int = 1, capacity: int = None, sharing: int = 1,
                whole: bool = False, null: NullItems = None, tails: bool = False,
                unit_tail: int = 0, group_units: int = 1, unit_tiles: int = None,
-               lead: int = 0, lead_sizes=()) -> DecodeWork:
+               lead: int = 0, lead_sizes=(), tailer=None) -> DecodeWork:
     """decode_work over any work items (requests or query blocks, ``query_blocks``); units are
     numbered by row, ``batch_rows`` of them (a bucket); ``sharing``: see ``table_rows``.
     ``whole``: one item per unit (``whole_units``), the spans [cores, WHOLE_UNIT_SPAN_COLS]:
@@ -1689,7 +1744,8 @@ def split_work(req: _Requests, page_size: int, batch_rows: int, cores: int = 1,
     ``unit_tiles``: a whole unit's tiles of score rows (its chunks' cost against a loop
     iteration's, ``_whole_halves``; None: iterations over units not weighed); ``lead``: whole
     units each core takes at least (``lead_units``); ``lead_sizes``: the tail slots the cores'
-    first lead group may take instead of ``unit_tail`` (``lead_tail_slots``)."""
+    lead groups may take instead of ``unit_tail`` (``lead_tail_slots``); ``tailer``: how the
+    whole units' tails are chosen (``tailed_units`` by default; ``tail_programs.choose``)."""
     args = (req, batch_rows, cores, per_iteration, capacity, whole, null)
     loops = None
     if whole and cores == 2 and req.L.size > 1:
@@ -1701,7 +1757,7 @@ def split_work(req: _Requests, page_size: int, batch_rows: int, cores: int = 1,
         if _iterations(planned) >= _iterations(plain):
             planned = plain
     return _split_table(planned, page_size, batch_rows, cores, sharing, whole, null, unit_tail,
-                        group_units, lead, lead_sizes)
+                        group_units, lead, lead_sizes, tailer)
 
 
 class _Planned(NamedTuple):
@@ -1891,32 +1947,56 @@ def whole_unit_loops(req: _Requests, unit_tail: int, rounds: bool) -> np.ndarray
     return loops
 
 
+def tailed_units(untailed, spans, per, lead, slots, page_size, batch_rows, cores, mode, sizes,
+                 lead_tail=None, profile=None, key=None):
+    """(rows, lead tails, profile) of whole units ``untailed`` (rows before ``with_unit_tail``)
+    under tail-profile ``mode``: the lead groups' tails (``lead_tail_slots`` over
+    ``sizes`` = (the sizes a lead group may take, the launch's menu), or ``lead_tail``), the
+    rows with their rounds (``with_rounds``, which sorts them) and the profile
+    (``tail_profile``, or ``profile``). The inputs are not changed; ``key`` is ignored
+    (``_split_table``'s default choice; ``tail_programs.choose`` takes it too)."""
+    lead_sizes, menu = sizes
+    untailed = [row.copy() for row in untailed]
+    rows = [with_unit_tail(row, slots, page_size, True) for row in untailed]
+    if lead_tail is None:
+        lead_tail = lead_tail_slots(rows, untailed, spans, per, lead, slots, lead_sizes, mode,
+                                    menu)
+    rows = with_rounds(rows, spans, per, page_size, batch_rows, cores, untailed, slots, lead,
+                       lead_tail)
+    if profile is None:
+        profile = tail_profile(rows, spans, per, lead, slots, lead_tail, page_size, menu, mode)
+    return rows, lead_tail, profile
+
+
 def _split_table(planned: _Planned, page_size: int, batch_rows: int, cores: int, sharing: int,
                  whole: bool, null, unit_tail: int, group_units: int = 1,
-                 lead: int = 0, lead_sizes=()) -> DecodeWork:
-    """The device tables of ``planned`` (``split_work``; ``lead``: ``lead_units``)."""
+                 lead: int = 0, lead_sizes=(), tailer=None) -> DecodeWork:
+    """The device tables of ``planned`` (``split_work``; ``lead``: ``lead_units``; ``tailer``:
+    how whole units' tails are chosen, as ``tailed_units``, which it defaults to)."""
     req, plan, split, cut, loads, U, pad, capacity = planned
-    lead_tail, profile = 0, ()
+    lead_tail, profile = (), ()
     if whole:
         rows, spans = _whole_rows(req, plan, split, cut, page_size)
         rounds = rounds_taken(unit_tail, group_units, page_size, batch_rows, cores)
         untailed = list(rows)
         rows = [with_unit_tail(row, unit_tail, page_size, rounds) for row in rows]
+        # the default under LNC=2 only: under LNC=1 the chunked replays paid more programs
+        # than it saved (cost model, trn2, chunks of 64: 405.9 -> 403.6 us a step for 11 ->
+        # 16 fused-kernel compiles; of 128 488.1 -> 485.5 for 19 -> 21; the suite's LNC=1
+        # rows unchanged); under LNC=2 the spread chunked-prefill row 254.5 -> 235.1 us
+        mode = tail_profile_mode()
+        if mode == "lead" and cores == 1:
+            mode = "off"
         if rounds and GROUP_TAILS:
-            lead_tail = lead_tail_slots(rows, untailed, spans, group_units, lead, unit_tail,
-                                        lead_sizes)
-        if rounds:
-            rows = with_rounds(rows, spans, group_units, page_size, batch_rows, cores,
-                               untailed if GROUP_TAILS else None, unit_tail, lead, lead_tail)
-            # the default under LNC=2 only: under LNC=1 the chunked replays paid more programs
-            # than it saved (cost model, trn2, chunks of 64: 405.9 -> 403.6 us a step for 11 ->
-            # 16 fused-kernel compiles; of 128 488.1 -> 485.5 for 19 -> 21; the suite's LNC=1
-            # rows unchanged); under LNC=2 the spread chunked-prefill row 254.5 -> 235.1 us
-            mode = tail_profile_mode()
-            if mode == "lead" and cores == 1:
-                mode = "off"
-            profile = tail_profile(rows, spans, group_units, lead, unit_tail, lead_tail,
-                                   page_size, tail_slots_mode(), mode)
+            key = (batch_rows, cores, group_units, lead, unit_tail, page_size)
+            rows, lead_tail, profile = (tailer or tailed_units)(
+                untailed, spans, group_units, lead, unit_tail, page_size, batch_rows, cores,
+                mode, (lead_sizes, tail_slots_mode()), key=key)
+        elif rounds:
+            rows = with_rounds(rows, spans, group_units, page_size, batch_rows, cores, None,
+                               unit_tail, lead)
+            profile = tail_profile(rows, spans, group_units, lead, unit_tail, (), page_size,
+                                   tail_slots_mode(), mode)
     else:
         rows, spans = _kind_rows(req, plan, split, page_size, batch_rows, cores, U,
                                  null if pad else None)

@@ -1,8 +1,9 @@
-"""The cores' first lead group of whole units (their longest, folded without a device loop)
-may take more tail slots than the launch's other units (``work.lead_tail_slots``): its units'
-chunks then fold in the tail instead of loops. Checked: the host's choice (taken only when
-larger and cheaper, over both cores' first groups), the rows it writes, and the kernel against
-the reference with the choice on and off."""
+"""Each lead group of whole units (the cores' longest, folded without a device loop) may take
+more tail slots than the launch's other units (``work.lead_tail_slots``): its units' chunks
+then fold in the tail instead of loops. Checked: the host's choice per group (taken only when
+larger and cheaper, over both cores' groups, each position's slots as the tail profile will
+shrink them), the rows it writes, and the kernel against the reference with the choice on and
+off."""
 
 import numpy as np
 import pytest
@@ -27,10 +28,11 @@ def _rows(ends):
     return rows
 
 
-def _choice(ends, spans, lead, slots=4, sizes=(8,), per=4):
+def _choice(ends, spans, lead, slots=4, sizes=(8,), per=4, mode="off", menu=(2, 3, 4, 8)):
     untailed = _rows(ends)
     tailed = [with_unit_tail(row, slots, 16, rounds=True) for row in untailed]
-    return lead_tail_slots(tailed, untailed, np.array(spans), per, lead, slots, sizes)
+    return lead_tail_slots(tailed, untailed, np.array(spans), per, lead, slots, sizes, mode,
+                           menu)
 
 
 ONE_CORE = [[0, 8, 0, 0]]
@@ -39,7 +41,24 @@ ONE_CORE = [[0, 8, 0, 0]]
 def test_long_units_in_the_first_lead_group_take_the_longer_tail():
     """Four units of 7-8 chunks among four of 1-3 (one core, a lead group of four): with four
     slots the long ones would each loop over their first chunks; eight fold them all."""
-    assert _choice((3, 8, 2, 7, 1, 8, 2, 7), ONE_CORE, 5) == 8
+    assert _choice((3, 8, 2, 7, 1, 8, 2, 7), ONE_CORE, 5) == (8,)
+
+
+TWELVE = [[0, 12, 0, 0]]
+
+
+def test_each_lead_group_chooses_its_own_tail():
+    """Two lead groups of four over 6-8 chunks and four short units: both groups fold their
+    units in eight slots, which three slots would loop over."""
+    assert _choice((8, 8, 7, 7, 7, 6, 6, 6, 1, 2, 1, 2), TWELVE, 8, 3, (4, 8)) == (8, 8)
+
+
+def test_a_groups_choice_counts_the_slots_its_profile_keeps():
+    """The second group's units need 6, 6, 3, 3 chunks: eight slots each leave ten empty (the
+    launch keeps three); a profile that halves the short units' tails leaves four."""
+    ends = (8, 8, 7, 7, 6, 6, 3, 3, 1, 2, 1, 2)
+    assert _choice(ends, TWELVE, 8, 3, (4, 8)) == (8,)
+    assert _choice(ends, TWELVE, 8, 3, (4, 8), mode="lead") == (8, 8)
 
 
 @pytest.mark.parametrize("ends, spans, lead, sizes, slots", [
@@ -49,16 +68,16 @@ def test_long_units_in_the_first_lead_group_take_the_longer_tail():
     ((3, 8, 2, 7, 1, 8, 2, 7), ONE_CORE, 5, (8,), 0),      # no tails at all
 ])
 def test_the_launchs_tail_stays_otherwise(ends, spans, lead, sizes, slots):
-    assert _choice(ends, spans, lead, slots, sizes) == 0
+    assert _choice(ends, spans, lead, slots, sizes) == ()
 
 
 def test_both_cores_first_groups_choose_together():
     """LNC=2, two units a core in its lead group: one static size serves both cores, weighed
     over both first groups (core 0's pay its empty slots)."""
     spans = [[0, 4, 0, 0], [4, 8, 0, 0]]
-    assert _choice((5, 4, 1, 1, 8, 8, 7, 2), spans, 2, per=2) == 8
+    assert _choice((5, 4, 1, 1, 8, 8, 7, 2), spans, 2, per=2) == (8,)
     # core 0's two short units (ten empty slots more) outweigh core 1's one long unit's loop
-    assert _choice((2, 2, 1, 1, 8, 2, 1, 1), spans, 2, per=2) == 0
+    assert _choice((2, 2, 1, 1, 8, 2, 1, 1), spans, 2, per=2) == ()
 
 
 def test_rows_of_the_first_lead_group_fold_every_chunk_in_the_tail():
@@ -66,12 +85,12 @@ def test_rows_of_the_first_lead_group_fold_every_chunk_in_the_tail():
     tailed = [with_unit_tail(row, 4, 16, rounds=True) for row in untailed]
     spans = np.array(ONE_CORE)
     out = with_rounds(list(tailed), spans, 4, 16, 8, 1, untailed=list(untailed), slots=4,
-                      lead=5, lead_tail=8)
+                      lead=4, lead_tail=(8,))
     assert [int(r[C1]) for r in out[:4]] == [0, 0, 0, 0]       # no loop: all in the tail
     assert [int(r[FULL_HI]) for r in out[:4]] == [0, 0, 0, 0]
     assert [int(r[C1]) for r in out[4:]] == [0, 0, 0, 0]       # four slots hold the rest
     plain = with_rounds(list(tailed), spans, 4, 16, 8, 1, untailed=list(untailed), slots=4,
-                        lead=5)
+                        lead=4)
     assert [int(r[C1]) for r in plain[:4]] == [4, 4, 4, 4]     # their first chunks loop
 
 
@@ -93,7 +112,7 @@ def test_a_longer_lead_tail_matches_the_reference_with_fewer_barriers(rng, monke
     with simulate.use_target(target):
         longer, _ = check(args, causal=True, lnc=lnc)
         barriers = _barriers(target)
-        monkeypatch.setattr(work, "lead_tail_slots", lambda *a: 0)
+        monkeypatch.setattr(work, "lead_tail_slots", lambda *a: ())
         plain, _ = check(args, causal=True, lnc=lnc)
         if target == "trn2":
             assert barriers < _barriers(target)

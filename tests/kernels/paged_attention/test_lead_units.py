@@ -15,23 +15,28 @@ from .test_prefill import check, make_prefill_case
 
 
 def test_lead_units_is_a_cores_share_of_the_buckets_least_size():
-    assert work.lead_units(16, 1, True) == 9             # 9..16 units
-    assert work.lead_units(16, 2, True) == 4             # each core at least 4 of 9
-    assert work.lead_units(8, 1, True) == 5
-    assert work.lead_units(8, 2, True) == 2              # 5 units: 2 a core
-    assert work.lead_units(16, 1, False) == 0            # not whole units
+    assert work.lead_units(16, 1, True, 4) == 8          # 9..16 units: two whole groups
+    assert work.lead_units(16, 1, True, 8) == 8
+    assert work.lead_units(16, 2, True, 4) == 4          # each core at least 4 of 9
+    assert work.lead_units(8, 1, True, 4) == 4           # 5..8: one group, the rest loops
+    assert work.lead_units(8, 2, True, 4) == 2           # 5 units: 2 a core
+    assert work.lead_units(4, 1, True, 4) == 2           # 3..4: one group of two
+    assert work.lead_units(16, 1, False, 4) == 0         # not whole units
     old = set_bucket_policy(BucketPolicy(exact=True))
-    try:
-        assert work.lead_units(10, 1, True) == 10
+    try:                                                 # no smaller launch shares the bucket:
+        assert work.lead_units(10, 1, True, 4) == 10     # every unit, part groups included
+        assert work.lead_units(12, 2, True, 4) == 6
+        assert work.lead_units(9, 2, True, 4) == 4
     finally:
         set_bucket_policy(old)
 
 
 @pytest.mark.parametrize("lead, per, groups", [
-    (9, 4, [4, 4]), (8, 8, [8]), (5, 4, [4]), (4, 4, [4]),   # whole groups: the loops take
-    (3, 4, [2]), (2, 4, [2]), (7, 8, [4]), (1, 4, []),       # the rest whole; else one part
-    (17, 1, [1] * 17), (0, 4, [])])                          # group (NeuronCore-v2: ones)
-def test_lead_groups_are_whole_groups_or_one_part_group(lead, per, groups):
+    (8, 4, [4, 4]), (8, 8, [8]), (4, 4, [4]), (2, 4, [2]),   # whole groups, then the rest in
+    (9, 4, [4, 4, 1]), (6, 4, [4, 2]), (7, 4, [4, 2, 1]),    # powers of two, largest first
+    (3, 4, [2, 1]), (7, 8, [4, 2, 1]), (0, 4, []),
+    (17, 1, [1] * 17)])                                      # (NeuronCore-v2: ones)
+def test_lead_groups_are_whole_groups_then_powers_of_two(lead, per, groups):
     assert work.lead_groups(lead, per) == groups
 
 
@@ -89,9 +94,30 @@ def test_a_bucket_compiles_once_and_its_lead_groups_need_no_loop(rng, lnc, targe
                 check(args, lnc=lnc, causal=True)
                 barriers[lead, n] = _barriers(simulate.last_trace(), target)
         assert simulate.compile_stats(batch_decode_kernel)["compilations"] == 1
-    assert leads == [9 // lnc] * 2 + [0] * 2
+    # whole groups of a bucket of 16 (nine units at least): one-unit groups on NeuronCore-v2,
+    # eight on trn2 (four a core under LNC=2)
+    assert leads == [{"trn1": 9, "trn2": 8}[target] // lnc] * 2 + [0] * 2
     assert barriers[True, 9] < barriers[False, 9]
     assert barriers[True, 16] < barriers[False, 16]
+
+
+@pytest.mark.sim_only
+@pytest.mark.parametrize("lnc, n", [(1, 7), (2, 12), (2, 7)])
+def test_exact_buckets_fold_every_unit_without_a_loop(rng, lnc, n):
+    """A bucket no smaller launch shares (exact bucketing) folds all its units in lead groups,
+    part groups too: no loop barrier, and the outputs are the reference's (under LNC=2 an
+    odd count leaves one unit to the loop)."""
+    old = set_bucket_policy(BucketPolicy(exact=True))
+    try:
+        q_lens = [40 + 7 * (b % 3) for b in range(n)]
+        kv_lens = [q + 30 * b + 3 for b, q in enumerate(q_lens)]
+        args = make_prefill_case(rng, q_lens, kv_lens, 16, 2, 4, 32)
+        with simulate.use_target("trn2"):
+            check(args, lnc=lnc, causal=True)
+            barriers = _barriers(simulate.last_trace(), "trn2")
+    finally:
+        set_bucket_policy(old)
+    assert barriers == (1 if n % lnc else 0)
 
 
 def test_groups_of_eight_only_when_each_core_is_sure_of_eight():

@@ -28,7 +28,7 @@ def _rows(chunks, starts=None):
     return rows
 
 
-def _profile(chunks, spans, lead, slots=4, lead_tail=0, per=4, sizes=(2, 4, 8), mode="lead",
+def _profile(chunks, spans, lead, slots=4, lead_tail=(), per=4, sizes=(2, 4, 8), mode="lead",
              starts=None):
     return tail_profile(_rows(chunks, starts), np.array(spans), per, lead, slots, lead_tail, 16,
                         sizes, mode)
@@ -41,23 +41,23 @@ def test_the_lead_groups_short_units_take_half_the_slots():
     """LNC=2, a lead group of four a core (its longest units first): the positions where both
     cores' units fit in four of eight slots take four."""
     chunks = (8, 7, 3, 3, 2, 1) + (7, 6, 4, 2, 3, 2)
-    assert _profile(chunks, TWO_CORES, 4, lead_tail=8) == ((8, 8, 4, 4),)
+    assert _profile(chunks, TWO_CORES, 4, lead_tail=(8,)) == ((8, 8, 4, 4),)
     chunks = (8, 7, 5, 3, 2, 1) + (7, 6, 3, 3, 3, 2)    # a five: its position keeps eight
-    assert _profile(chunks, TWO_CORES, 4, lead_tail=8) == ((8, 8, 8, 4),)
+    assert _profile(chunks, TWO_CORES, 4, lead_tail=(8,)) == ((8, 8, 8, 4),)
 
 
 def test_the_default_profile_falls_along_the_group():
     """A short unit before a long one (its core's order is by mask-free chunks, not by need)
     does not shrink alone: the sizes fall, so a group of n has n + 1 patterns at most."""
     chunks = (8, 3, 7, 2, 1, 1) + (8, 2, 6, 2, 1, 1)
-    assert _profile(chunks, TWO_CORES, 4, lead_tail=8) == ((8, 8, 8, 4),)
+    assert _profile(chunks, TWO_CORES, 4, lead_tail=(8,)) == ((8, 8, 8, 4),)
 
 
 def test_the_default_profile_is_one_of_few_patterns(rng):
     seen = set()
     for _ in range(300):
         chunks = tuple(int(c) for c in rng.integers(1, 9, 12))
-        profile = _profile(chunks, TWO_CORES, 4, lead_tail=8)
+        profile = _profile(chunks, TWO_CORES, 4, lead_tail=(8,))
         assert len(profile) <= 1
         if profile:
             sizes = profile[0]
@@ -78,7 +78,7 @@ def test_nothing_shrinks_and_the_profile_is_empty(chunks, sizes):
 
 def test_off_keeps_the_lead_groups_one_size():
     chunks = (8, 7, 5, 3, 2, 1) + (7, 6, 3, 3, 3, 2)
-    assert _profile(chunks, TWO_CORES, 4, lead_tail=8, mode="off") == ((8, 8, 8, 8),)
+    assert _profile(chunks, TWO_CORES, 4, lead_tail=(8,), mode="off") == ((8, 8, 8, 8),)
     assert _profile(chunks, TWO_CORES, 4, mode="off") == ()
 
 
@@ -87,7 +87,7 @@ def test_exact_sizes_every_body_and_position():
     lead group, the loop over pairs, the loop over single units; bodies after the last that
     differs from the launch's slots left out)."""
     chunks = (8, 7, 5, 3, 2, 1) + (7, 6, 6, 3, 3, 2)
-    profile = _profile(chunks, TWO_CORES, 4, lead_tail=8, mode="exact")
+    profile = _profile(chunks, TWO_CORES, 4, lead_tail=(8,), mode="exact")
     assert profile[0] == (8, 8, 6, 3)              # 7 -> 8, 6 -> 6 (no 5 nor 7 among the sizes)
     assert profile[2] == (3, 2)                    # the pair after the lead group, per position
     assert len(profile) <= unit_bodies(4, 4) and set(flat_sizes(profile)) <= set(TAIL_SIZES)
@@ -132,3 +132,15 @@ def test_profiles_match_the_reference_and_score_fewer_keys(rng, monkeypatch, lnc
             check(args, causal=True, lnc=lnc)
             scored[mode] = _scored_keys()
     assert scored["exact"] < scored["off"] and scored["lead"] <= scored["off"]
+
+
+def test_every_lead_group_takes_its_own_slots():
+    """One core, two lead groups of four with their own tails (``lead_tail_slots``): each body
+    shrinks from its own size; "off" keeps each at its size, a group with no tail of its own
+    at the launch's slots."""
+    chunks = (8, 7, 7, 6, 6, 5, 3, 3, 2, 1, 1, 1)
+    one = [[0, 12, 0, 0]]
+    assert _profile(chunks, one, 8, 3, lead_tail=(8, 6), sizes=(2, 3, 4, 8)) == (
+        (8, 8, 8, 8), (6, 6, 3, 3))
+    assert _profile(chunks, one, 8, 3, lead_tail=(8, 6), mode="off") == ((8,) * 4, (6,) * 4)
+    assert _profile(chunks, one, 8, 3, lead_tail=(0, 8), mode="off") == ((3,) * 4, (8,) * 4)
