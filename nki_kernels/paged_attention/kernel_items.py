@@ -970,8 +970,18 @@ def unit_setup(st, i, slot, slots):
 # small instructions queue on GpSimd, which also makes the gathers' descriptors). One, not two:
 # the second unit's gather took the DMA engines the first unit's queries and gathers wanted
 # (cost model, trn2, thirteen multi-unit prefill launches 7486.8 -> 7445.4 us LNC=1, 3879.5 ->
-# 3853.3 LNC=2; twelve chunks of 96 over 100-1000 keys 446.2 -> 438.2 / 222.8 -> 219.5)
+# 3853.3 LNC=2; twelve chunks of 96 over 100-1000 keys 446.2 -> 438.2 / 222.8 -> 219.5); two
+# for units of WIDE_UNIT_TILES score tiles or more, whose setups are long (seven launches of
+# 128-512 queries a unit 4794.3 -> 4783.7 / 2524.1 -> 2520.0)
 TAIL_GATHERS_AHEAD = 1
+WIDE_UNIT_TILES = 48
+
+
+def tail_gathers_ahead(st):
+    """How many of a group's tails issue their first gather with their own unit's setup."""
+    if len(st.tiles) >= WIDE_UNIT_TILES:
+        return TAIL_GATHERS_AHEAD + 1
+    return TAIL_GATHERS_AHEAD
 
 
 def unit_group_begin(st, i, n, slots=None, diagonal=True):
@@ -984,7 +994,7 @@ def unit_group_begin(st, i, n, slots=None, diagonal=True):
 
 def unit_group_setup(st, i, n, slots=None):
     """Whole units i .. i+n-1 set up (their rows, queries, states, tails' cache rows and
-    bounds; the first TAIL_GATHERS_AHEAD tails' first gathers issued with their setups),
+    bounds; the first ``tail_gathers_ahead`` tails' first gathers issued with their setups),
     nothing folded: (items, tails, each tail's slots: ``slots``, one for all or per unit,
     ``st.unit_tail`` when None)."""
     if slots is None:
@@ -996,7 +1006,7 @@ def unit_group_setup(st, i, n, slots=None):
     for k in range(n):
         item, tail = unit_setup(st, i + k, k, sizes[k])
         items.append(item)
-        if tail is not None and k < TAIL_GATHERS_AHEAD:     # before the next unit's setup
+        if tail is not None and k < tail_gathers_ahead(st):   # before the next unit's setup
             tail.loads = {"0": k_first(st, loader(st, tail, sizes[k], True), 0)}
         if tail is not None:
             tails.append(tail)
