@@ -793,19 +793,24 @@ def lead_tail_slots(rows, untailed, spans, per: int, lead: int, slots: int, size
 
 def _profiled_tail_cost(positions, size: int, mode: str, menu) -> float:
     """``unit_tail_slots``' cost of a group's units under tails of ``size`` slots (positions:
-    per unit position, each core's (C0, FULL_LO, FULL_HI, C1)), each position's empty slots
-    counted after ``tail_profile`` shrinks it (``_position_fits``)."""
-    needs, loops = [], 0.0
+    per unit position, each core's (C0, FULL_LO, FULL_HI, C1)): their loop iterations, and
+    each unit's empty slots and slots after ``tail_profile`` shrinks its position
+    (``_position_fits``: to what the position's neediest unit takes)."""
+    needs, own, loops = [], [], 0.0
     for units in positions:
-        need = 1
+        chunks = []
         for c0, lo, hi, c1 in units:
             cost, ts = unit_tail_cost(c0, lo, hi, c1, size)
             loops += cost - UNIT_TAIL_EMPTY_SLOT * (size - (c1 - ts))
-            need = max(need, c1 - ts)
-        needs.append(need)
+            chunks.append(max(1, c1 - ts))
+        needs.append(max(chunks + [1]))
+        own.append(chunks)
     fits = _position_fits(needs, size, mode, menu)
-    empty = sum((fit - need) * len(units) for fit, need, units in zip(fits, needs, positions))
-    return loops + UNIT_TAIL_EMPTY_SLOT * empty + UNIT_TAIL_SLOT * sum(fits)
+    total = loops
+    for fit, chunks in zip(fits, own):
+        for need in chunks:
+            total += UNIT_TAIL_EMPTY_SLOT * (fit - need) + UNIT_TAIL_SLOT * fit
+    return total
 
 
 def _position_fits(needs, top: int, mode: str, menu) -> list:

@@ -53,6 +53,14 @@ def test_each_lead_group_chooses_its_own_tail():
     assert _choice((8, 8, 7, 7, 7, 6, 6, 6, 1, 2, 1, 2), TWELVE, 8, 3, (4, 8)) == (8, 8)
 
 
+def test_each_unit_counts_its_own_empty_slots():
+    """LNC=2, a lead group of two a core: a position holds a 10-chunk unit on one core and a
+    4-chunk one on the other; eight slots there leave the short one four empty, which its
+    neighbour's need does not excuse: the launch keeps its four."""
+    spans = [[0, 3, 0, 0], [3, 5, 0, 0]]
+    assert _choice((14, 4, 2, 12, 10), spans, 2, per=2, mode="lead") == ()
+
+
 def test_a_groups_choice_counts_the_slots_its_profile_keeps():
     """The second group's units need 6, 6, 3, 3 chunks: eight slots each leave ten empty (the
     launch keeps three); a profile that halves the short units' tails leaves four."""
