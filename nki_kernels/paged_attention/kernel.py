@@ -401,10 +401,12 @@ def run_whole_units(st, span):
     first, end = nisa.scalar_load(span[0:1, 0:1]), nisa.scalar_load(span[0:1, 1:2])
     lead = lead_groups(st.lead_units, per)
     body = 0
-    done = []                      # groups the bucket guarantees: no loop, so no barrier and no
-    for g in range(len(lead)):     # fill between them; a group's outputs written after the
-        items, tails, sizes = unit_group_setup(st, first, lead[g], profile[body])  # the next
-        for item in done:                                                           # one's setup
+    # the groups the bucket guarantees: no loop, so no barrier and no fill between them; a
+    # group's outputs are written after the next group's setup (whose DMAs then go first)
+    done = []
+    for g in range(len(lead)):
+        items, tails, sizes = unit_group_setup(st, first, lead[g], profile[body])
+        for item in done:
             write(st, item.states, item.b, item.bank)
         units, taken = unit_group_fold(st, items, tails, sizes)
         for item in units:
