@@ -132,7 +132,7 @@ PROFILE_MODES = ("lead", "exact", "off")
 def tail_profile_mode() -> str:
     """How a chunked-prefill launch's whole units size their tails per unit
     (``paged_attention.work.tail_profile``): ``NKI_KERNELS_TAIL_PROFILE`` unset or "lead":
-    under LNC=2 the first lead group's shorter units take half the slots (a few programs more
+    under LNC=2 the lead groups' shorter units take half the slots (a few programs more
     a bucket; LNC=1 as "off"); "exact": every unit position the slots its units need
     (fastest, but about a program for each new length pattern: for batches whose shapes
     repeat); "off": one size a group."""
