@@ -19,7 +19,7 @@ from nki_kernels.buckets import tail_programs
 
 from .work import (C0, C1, FULL_HI, FULL_LO, LEN, ROUND_CHUNKS, ROUNDS, ROUNDS1,
                    UNIT_TAIL_EMPTY_SLOT, UNIT_TAIL_SLOT, _tail_needs, _unit_loop_cost,
-                   chunk_tokens, lead_groups, tailed_units, unit_groups)
+                   body_groups, chunk_tokens, lead_groups, tailed_units)
 
 # Exact profiles made per bucket key in this process, in the order first taken
 _made: dict = {}
@@ -43,25 +43,18 @@ def plan_cost(rows, spans, per, lead, slots, profile, page_size) -> float:
     group's rounds, each group's rounds, UNIT_TAIL_EMPTY_SLOT an empty tail slot and
     UNIT_TAIL_SLOT a slot (``work.unit_tail_cost``'s terms), over the kernel's bodies."""
     T = chunk_tokens(page_size)
-    leading = len(lead_groups(lead, per))
     cost = 0.0
-    for first, end in spans[:, :2]:
-        first, end = int(first), int(end)
-        groups = unit_groups(first, end, per, lead)
-        done = sum(n for _, n in groups)
-        groups.extend((a, 1) for a in range(first + done, end))
-        for g, (start, n) in enumerate(groups):
-            body = g if g < leading else leading + (per // n).bit_length() - 1
-            sizes = profile[body] if body < len(profile) else (slots,) * n
-            lead_row = rows[start]
-            taken = int(lead_row[ROUNDS]) * ROUND_CHUNKS + int(lead_row[ROUNDS1])
-            cost += int(lead_row[ROUNDS]) + int(lead_row[ROUNDS1]) if n > 1 else 0
-            for k in range(n):
-                row = rows[start + k]
-                need = max(1, -(-int(row[LEN]) // T) - int(row[C1]))
-                cost += _unit_loop_cost(int(row[C0]), int(row[FULL_LO]), int(row[FULL_HI]),
-                                        int(row[C1]) - (taken if n > 1 else 0))
-                cost += UNIT_TAIL_EMPTY_SLOT * max(0, sizes[k] - need) + UNIT_TAIL_SLOT * sizes[k]
+    for body, start, n in body_groups(spans, per, lead):
+        sizes = profile[body] if body < len(profile) else (slots,) * n
+        lead_row = rows[start]
+        taken = int(lead_row[ROUNDS]) * ROUND_CHUNKS + int(lead_row[ROUNDS1])
+        cost += int(lead_row[ROUNDS]) + int(lead_row[ROUNDS1]) if n > 1 else 0
+        for k in range(n):
+            row = rows[start + k]
+            need = max(1, -(-int(row[LEN]) // T) - int(row[C1]))
+            cost += _unit_loop_cost(int(row[C0]), int(row[FULL_LO]), int(row[FULL_HI]),
+                                    int(row[C1]) - (taken if n > 1 else 0))
+            cost += UNIT_TAIL_EMPTY_SLOT * max(0, sizes[k] - need) + UNIT_TAIL_SLOT * sizes[k]
     return cost
 
 

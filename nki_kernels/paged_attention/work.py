@@ -627,23 +627,30 @@ def flat_sizes(profile) -> list:
     return sizes
 
 
-def _tail_needs(rows, spans, per: int, lead: int, page_size: int) -> list:
-    """Per body of ``kernel.run_whole_units`` (``unit_bodies``), per unit position: the most
-    chunks any core's unit there holds from its tail start (C1) to its last key (at least 1)."""
-    T = chunk_tokens(page_size)
+def body_groups(spans, per: int, lead: int):
+    """(body, first row, units) of every group ``kernel.run_whole_units`` folds, core by core:
+    its ``unit_groups`` and then the loop over single units; a body (``unit_bodies``) is a
+    lead group's own, or the loop over groups of its size."""
     leading = len(lead_groups(lead, per))
-    need = [dict() for _ in range(unit_bodies(lead, per))]
     for first, end in spans[:, :2]:
         first, end = int(first), int(end)
         groups = unit_groups(first, end, per, lead)
         done = sum(n for _, n in groups)
         groups.extend((a, 1) for a in range(first + done, end))     # the single units' loop
         for g, (start, n) in enumerate(groups):
-            body = g if g < leading else leading + (per // n).bit_length() - 1
-            for k in range(n):
-                row = rows[start + k]
-                chunks = -(-int(row[LEN]) // T) - int(row[C1])
-                need[body][k] = max(need[body].get(k, 1), chunks)
+            yield (g if g < leading else leading + (per // n).bit_length() - 1), start, n
+
+
+def _tail_needs(rows, spans, per: int, lead: int, page_size: int) -> list:
+    """Per body of ``kernel.run_whole_units`` (``unit_bodies``), per unit position: the most
+    chunks any core's unit there holds from its tail start (C1) to its last key (at least 1)."""
+    T = chunk_tokens(page_size)
+    need = [dict() for _ in range(unit_bodies(lead, per))]
+    for body, start, n in body_groups(spans, per, lead):
+        for k in range(n):
+            row = rows[start + k]
+            chunks = -(-int(row[LEN]) // T) - int(row[C1])
+            need[body][k] = max(need[body].get(k, 1), chunks)
     return need
 
 
@@ -1983,8 +1990,6 @@ def _split_table(planned: _Planned, page_size: int, batch_rows: int, cores: int,
     if whole:
         rows, spans = _whole_rows(req, plan, split, cut, page_size)
         rounds = rounds_taken(unit_tail, group_units, page_size, batch_rows, cores)
-        untailed = list(rows)
-        rows = [with_unit_tail(row, unit_tail, page_size, rounds) for row in rows]
         # the default under LNC=2 only: under LNC=1 the chunked replays paid more programs
         # than it saved (cost model, trn2, chunks of 64: 405.9 -> 403.6 us a step for 11 ->
         # 16 fused-kernel compiles; of 128 488.1 -> 485.5 for 19 -> 21; the suite's LNC=1
@@ -1995,9 +2000,11 @@ def _split_table(planned: _Planned, page_size: int, batch_rows: int, cores: int,
         if rounds and GROUP_TAILS:
             key = (batch_rows, cores, group_units, lead, unit_tail, page_size)
             rows, lead_tail, profile = (tailer or tailed_units)(
-                untailed, spans, group_units, lead, unit_tail, page_size, batch_rows, cores,
+                rows, spans, group_units, lead, unit_tail, page_size, batch_rows, cores,
                 mode, (lead_sizes, tail_slots_mode()), key=key)
-        elif rounds:
+        else:
+            rows = [with_unit_tail(row, unit_tail, page_size, rounds) for row in rows]
+        if rounds and not GROUP_TAILS:
             rows = with_rounds(rows, spans, group_units, page_size, batch_rows, cores, None,
                                unit_tail, lead)
             profile = tail_profile(rows, spans, group_units, lead, unit_tail, (), page_size,
