@@ -2,6 +2,7 @@
 set against its floor, instead of one benchmark shape.
 
     python3 benchmarks/workloads.py [--targets trn2 trn2-lnc2 trn1] [--out benchmarks/results]
+        [--only NAME ...] [--env NKI_KERNELS_LEAD=launch ...] [--table workloads.md]
 
 One Llama-3-8B attention layer (8 kv / 32 query heads, head_dim 128, bf16, pages of 16). Each
 row: the step's launches modelled (scheduled, the estimate) and how many compiled, the floor
@@ -104,7 +105,16 @@ def main(argv=None) -> int:
                         help="trn1, trn2, trn2-lnc2 (both cores of a trn2 logical core)")
     parser.add_argument("--out", default=os.path.join("benchmarks", "results"))
     parser.add_argument("--only", nargs="*", help="workloads whose name contains one of these")
+    parser.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
+                        help="a setting the planning reads (NKI_KERNELS_LEAD, _TAIL_PROFILE, "
+                             "...), set for this run; repeatable")
+    parser.add_argument("--table", default="workloads.md", help="the results file's name")
     args = parser.parse_args(argv)
+    for setting in args.env:
+        name, eq, value = setting.partition("=")
+        if not eq or not name.startswith("NKI_KERNELS_"):
+            parser.error(f"--env {setting!r}: expected NKI_KERNELS_<NAME>=<value>")
+        os.environ[name] = value
     rows = []
     for where in args.targets:
         target, _, lnc = where.partition("-lnc")
@@ -116,8 +126,10 @@ def main(argv=None) -> int:
             print(f"{name} ({where}): {row['us']:.1f} us, {row['ratio']:.2f}x the floor",
                   flush=True)
     table = markdown(rows)
+    if args.env:
+        table = f"Settings: {', '.join(args.env)}\n\n{table}"
     print(table)
-    write_table(args.out, "workloads.md", table)
+    write_table(args.out, args.table, table)
     return 0
 
 

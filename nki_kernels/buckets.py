@@ -126,14 +126,16 @@ def tail_slots_mode():
 
 
 PROFILE_ENV = "NKI_KERNELS_TAIL_PROFILE"
-PROFILE_MODES = ("lead", "exact", "off")
+PROFILE_MODES = ("lead", "ladder", "exact", "off")
 
 
 def tail_profile_mode() -> str:
     """How a chunked-prefill launch's whole units size their tails per unit
     (``paged_attention.work.tail_profile``): ``NKI_KERNELS_TAIL_PROFILE`` unset or "lead":
     under LNC=2 the lead groups' shorter units take half the slots (a few programs more
-    a bucket; LNC=1 as "off"); "exact": every unit position the slots its units need
+    a bucket; LNC=1 as "off"); "ladder": on one core or two, each lead group position
+    the least of its group's size and 3/4, 1/2 and 3/8 of it that holds its units (more
+    programs, fewer empty slots); "exact": every unit position the slots its units need
     (fastest, but about a program for each new length pattern: for batches whose shapes
     repeat); "off": one size a group."""
     text = os.environ.get(PROFILE_ENV, "").strip() or "lead"
@@ -154,6 +156,22 @@ def tail_programs() -> int:
     if not text.isdigit():
         raise ValueError(f"{PROGRAMS_ENV}={text!r} must be a whole number of programs (0: none)")
     return int(text)
+
+
+LEAD_ENV = "NKI_KERNELS_LEAD"
+LEAD_MODES = ("bucket", "launch")
+
+
+def lead_mode() -> str:
+    """How many whole units a chunked-prefill launch folds per core without a device loop
+    (``paged_attention.work.launch_lead``): ``NKI_KERNELS_LEAD`` unset or "bucket": what every
+    launch of its bucket holds (one program a bucket); "launch": that, or the level halfway
+    to the bucket's top, or the top, whichever this launch's units reach (up to three
+    programs a bucket, fewer loop iterations)."""
+    text = os.environ.get(LEAD_ENV, "").strip() or "bucket"
+    if text not in LEAD_MODES:
+        raise ValueError(f"{LEAD_ENV}={text!r} must be one of {', '.join(LEAD_MODES)}")
+    return text
 
 
 SECTIONS_ENV = "NKI_KERNELS_STATIC_SECTIONS"

@@ -570,6 +570,25 @@ def lead_units(batch_rows: int, cores: int, whole: bool, per: int = 1) -> int:
     return size if size > 1 else 0
 
 
+def launch_lead(lead: int, batch_rows: int, cores: int, units: int) -> int:
+    """``lead_units``' count raised, for a launch of ``units`` whole units, to the highest
+    level it reaches of ``lead``, ``lead`` + step and ``lead`` + 2 step (capped at the bucket's
+    share a core, ``batch_rows // cores``; step the largest power of two from 2 at most half
+    the way there): the levels ``buckets.lead_mode`` "launch" adds, each a program of its
+    own (a launch of six units in a bucket of eight on two cores keeps its lead of two: a
+    lead group of one unit would fold its prefix in loops of its own). A
+    launch of twelve units in a bucket of 16 folds 12 a core without a loop on one core, 6 on
+    two (``lead_units``: 8 and 4; cost model, trn2, twelve chunks of 96 queries over 100-1000
+    keys 434.1 -> 421.2 us LNC=1, 219.5 -> 207.6 LNC=2). ``lead`` itself when it is 0."""
+    top = batch_rows // cores
+    if not lead or top <= lead:
+        return lead
+    step = 2                           # (a lead group of one unit alone folds no rounds)
+    while 2 * step <= (top - lead) // 2:
+        step *= 2
+    return lead + max(0, min(top, units // cores) - lead) // step * step
+
+
 def lead_groups(lead: int, per: int) -> list:
     """Sizes of the groups of the first ``lead`` units (``lead_units``) that run without a loop,
     in order: as many groups of ``per`` as they fill, then the rest in powers of two, largest
@@ -668,8 +687,10 @@ def tail_profile(rows, spans, per: int, lead: int, slots: int, lead_tail, page_s
     so a bucket compiles a few programs more, not one per length pattern (cost model, trn2,
     twelve chunks of 96 queries over 100-1000 keys: 254.5 -> 235.1 us under LNC=2); "exact":
     every body and position the least of TAIL_SIZES that fits (254.5 -> 216.3 us, 471.8 -> 432.8
-    under LNC=1; but about a program a step in a serving loop); "off": each lead group's
-    ``lead_tail`` alone, as one size.
+    under LNC=1; but about a program a step in a serving loop); "ladder": as "lead", on one
+    core too, each position the least of the group's size and its LADDER_EIGHTHS that fits
+    (434.1 -> 394.8 us LNC=1, 219.5 -> 210.6 LNC=2, for more programs: ``_position_fits``);
+    "off": each lead group's ``lead_tail`` alone, as one size.
     """
     leading = lead_groups(lead, per)
     if not leading or mode == "off":
@@ -820,14 +841,24 @@ def _profiled_tail_cost(positions, size: int, mode: str, menu) -> float:
     return total
 
 
+# The "ladder" profile's steps below a lead group's size, in eighths of it (8 slots: 6, 4, 3),
+# where they are whole sizes of LADDER_SIZES
+LADDER_EIGHTHS = (6, 4, 3)
+LADDER_SIZES = (2, 3, 4, 6, 8)
+
+
 def _position_fits(needs, top: int, mode: str, menu) -> list:
     """The tail slots ``tail_profile`` gives a body's unit positions that need ``needs`` chunks
     (at most ``top``): "exact" the least of TAIL_SIZES that fits, "lead" half of ``top`` where
-    it fits and is in ``menu``, falling along the group, "off" ``top``."""
+    it fits and is in ``menu``, "ladder" the least of ``top`` and its LADDER_EIGHTHS that fits,
+    both falling along the group, "off" ``top``."""
     if mode == "off":
         return [top] * len(needs)
     if mode == "exact":
         choices = [s for s in TAIL_SIZES if s <= top]
+    elif mode == "ladder":
+        choices = [top] + [top * k // 8 for k in LADDER_EIGHTHS
+                           if top * k % 8 == 0 and top * k // 8 in LADDER_SIZES]
     else:
         choices = [s for s in (top // 2, top) if s == top or s in menu]
     fit = [min([s for s in choices if s >= min(top, want)] + [top]) for want in needs]
@@ -1990,10 +2021,10 @@ def _split_table(planned: _Planned, page_size: int, batch_rows: int, cores: int,
     if whole:
         rows, spans = _whole_rows(req, plan, split, cut, page_size)
         rounds = rounds_taken(unit_tail, group_units, page_size, batch_rows, cores)
-        # the default under LNC=2 only: under LNC=1 the chunked replays paid more programs
-        # than it saved (cost model, trn2, chunks of 64: 405.9 -> 403.6 us a step for 11 ->
-        # 16 fused-kernel compiles; of 128 488.1 -> 485.5 for 19 -> 21; the suite's LNC=1
-        # rows unchanged); under LNC=2 the spread chunked-prefill row 254.5 -> 235.1 us
+        # "lead" under LNC=2 only: under LNC=1 the chunked replays paid more programs than
+        # it saved (cost model, trn2, chunks of 64: 405.9 -> 403.6 us a step for 11 -> 16
+        # fused-kernel compiles; of 128 488.1 -> 485.5 for 19 -> 21; the suite's LNC=1 rows
+        # unchanged); under LNC=2 the spread chunked-prefill row 254.5 -> 235.1 us
         mode = tail_profile_mode()
         if mode == "lead" and cores == 1:
             mode = "off"

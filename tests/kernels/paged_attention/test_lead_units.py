@@ -178,3 +178,51 @@ def test_two_cores_sure_of_two_units_each_run_a_group_of_two_without_a_loop(rng,
                                  .schedule.barriers.values())
     assert leads == [2, 0]
     assert barriers[True] < barriers[False]
+
+
+@pytest.mark.parametrize("bucket, cores, lead, levels", [
+    (16, 1, 8, {9: 8, 11: 8, 12: 12, 15: 12, 16: 16}),    # halfway (12) and the top (16)
+    (16, 2, 4, {9: 4, 11: 4, 12: 6, 13: 6, 16: 8}),
+    (8, 1, 4, {5: 4, 6: 6, 7: 6, 8: 8}),
+    (8, 2, 2, {5: 2, 6: 2, 7: 2, 8: 4}),                  # steps of two: no lead group of one
+    (32, 1, 16, {17: 16, 23: 16, 24: 24, 31: 24, 32: 32}),
+    (16, 1, 0, {12: 0})])                                 # no lead stays none
+def test_a_launch_lead_takes_the_levels_its_units_reach(bucket, cores, lead, levels):
+    for units, want in levels.items():
+        assert work.launch_lead(lead, bucket, cores, units) == want
+
+
+def test_the_lead_mode_is_read_from_the_environment(monkeypatch):
+    from nki_kernels.buckets import LEAD_ENV, lead_mode
+    monkeypatch.delenv(LEAD_ENV, raising=False)
+    assert lead_mode() == "bucket"
+    monkeypatch.setenv(LEAD_ENV, "launch")
+    assert lead_mode() == "launch"
+    monkeypatch.setenv(LEAD_ENV, "exact")
+    with pytest.raises(ValueError, match="NKI_KERNELS_LEAD='exact' must be one of bucket"):
+        lead_mode()
+
+
+@pytest.mark.sim_only
+@pytest.mark.parametrize("lnc, n, leads, fewer", [
+    (1, 11, [8, 8], False), (1, 13, [8, 12], True), (2, 12, [4, 6], True),
+    (2, 13, [4, 6], False), (2, 16, [4, 8], True)])
+def test_a_launch_lead_matches_the_reference_with_fewer_barriers(rng, monkeypatch, lnc, n,
+                                                                 leads, fewer):
+    """``NKI_KERNELS_LEAD=launch``: a launch of a bucket of 16 that reaches a level past what
+    the bucket guarantees folds that many units a core without a loop; every output is the
+    reference's, with no more loop barriers than the bucket's own lead (fewer unless a core's
+    last unit still loops: thirteen on two cores), and a launch that reaches none is the
+    bucket's program (counts straddling the levels, odd key lengths)."""
+    from nki_kernels.buckets import LEAD_ENV
+    seen, barriers = statics_spy(monkeypatch, plan.LEAD_UNITS), {}
+    q_lens = [40 + 7 * (b % 3) for b in range(n)]
+    kv_lens = [q + 23 * b + 5 for b, q in enumerate(q_lens)]
+    args = make_prefill_case(rng, q_lens, kv_lens, 16, 2, 4, 32)
+    for mode in ("bucket", "launch"):
+        monkeypatch.setenv(LEAD_ENV, mode)
+        with simulate.use_target("trn2"):
+            check(args, lnc=lnc, causal=True)
+            barriers[mode] = _barriers(simulate.last_trace(), "trn2")
+    assert seen == leads
+    assert barriers["launch"] <= barriers["bucket"] - fewer

@@ -127,11 +127,12 @@ def test_profiles_match_the_reference_and_score_fewer_keys(rng, monkeypatch, lnc
                              16, 2, 4, 32)
     scored = {}
     with simulate.use_target("trn2"):
-        for mode in ("off", "lead", "exact"):
+        for mode in ("off", "lead", "ladder", "exact"):
             monkeypatch.setenv("NKI_KERNELS_TAIL_PROFILE", mode)
             check(args, causal=True, lnc=lnc)
             scored[mode] = _scored_keys()
     assert scored["exact"] < scored["off"] and scored["lead"] <= scored["off"]
+    assert scored["exact"] <= scored["ladder"] < scored["off"]
 
 
 def test_every_lead_group_takes_its_own_slots():
@@ -144,3 +145,19 @@ def test_every_lead_group_takes_its_own_slots():
         (8, 8, 8, 8), (6, 6, 3, 3))
     assert _profile(chunks, one, 8, 3, lead_tail=(8, 6), mode="off") == ((8,) * 4, (6,) * 4)
     assert _profile(chunks, one, 8, 3, lead_tail=(0, 8), mode="off") == ((3,) * 4, (8,) * 4)
+
+
+def test_the_ladder_steps_down_by_eighths_of_the_groups_size():
+    """"ladder": each position the least of the group's size and 6/8, 4/8, 3/8 of it (whole
+    sizes of two slots or more) that its units fit, falling along the group; on one core too
+    (the launch's "lead" keeps one size there)."""
+    one = [[0, 12, 0, 0]]
+    chunks = (8, 7, 6, 5, 4, 3, 3, 2, 2, 1, 1, 1)
+    assert _profile(chunks, one, 8, 3, lead_tail=(8, 8), mode="ladder") == (
+        (8, 8, 6, 6), (4, 3, 3, 3))
+    assert _profile(chunks, one, 8, 3, lead_tail=(8, 4), mode="ladder") == (
+        (8, 8, 6, 6), (4, 3, 3, 2))                  # 4: steps 3 and 2
+    assert _profile((6, 5, 3, 2) + (1,) * 8, one, 4, 3, lead_tail=(6,), mode="ladder") == (
+        (6, 6, 3, 3),)                               # 6: only 3 (4.5 and 2.25 are no sizes)
+    chunks = (8, 5, 3, 1, 1, 1) + (7, 6, 4, 2, 3, 2)
+    assert _profile(chunks, TWO_CORES, 4, lead_tail=(8,), mode="ladder") == ((8, 6, 4, 3),)
