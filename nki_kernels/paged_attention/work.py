@@ -571,22 +571,24 @@ def lead_units(batch_rows: int, cores: int, whole: bool, per: int = 1) -> int:
 
 
 def launch_lead(lead: int, batch_rows: int, cores: int, units: int) -> int:
-    """``lead_units``' count raised, for a launch of ``units`` whole units, to the highest
-    level it reaches of ``lead``, ``lead`` + step and ``lead`` + 2 step (capped at the bucket's
-    share a core, ``batch_rows // cores``; step the largest power of two from 2 at most half
-    the way there): the levels ``buckets.lead_mode`` "launch" adds, each a program of its
-    own (a launch of six units in a bucket of eight on two cores keeps its lead of two: a
-    lead group of one unit would fold its prefix in loops of its own). A
-    launch of twelve units in a bucket of 16 folds 12 a core without a loop on one core, 6 on
-    two (``lead_units``: 8 and 4; cost model, trn2, twelve chunks of 96 queries over 100-1000
-    keys 434.1 -> 421.2 us LNC=1, 219.5 -> 207.6 LNC=2). ``lead`` itself when it is 0."""
+    """``lead_units``' count raised, for a launch of ``units`` whole units, to the highest level
+    it reaches of ``lead``, the level halfway from there to the bucket's share a core
+    (``batch_rows // cores``; skipped when it is less than two units past ``lead``: a lead group
+    of one unit alone folds no rounds) and that share: the levels ``buckets.lead_mode``
+    "launch" adds, each a program of its own. A launch of twelve units in a bucket of 16 folds
+    12 a core without a loop on one core, 6 on two (``lead_units``: 8 and 4; cost model, trn2,
+    twelve chunks of 96 queries over 100-1000 keys 434.1 -> 421.2 us LNC=1, 219.5 -> 207.6
+    LNC=2). ``lead`` itself when it is 0."""
     top = batch_rows // cores
     if not lead or top <= lead:
         return lead
-    step = 2                           # (a lead group of one unit alone folds no rounds)
-    while 2 * step <= (top - lead) // 2:
-        step *= 2
-    return lead + max(0, min(top, units // cores) - lead) // step * step
+    have = min(top, units // cores)
+    mid = lead + (top - lead + 1) // 2
+    if have == top:
+        return top
+    if have >= mid and mid - lead >= 2:
+        return mid
+    return lead
 
 
 def lead_groups(lead: int, per: int) -> list:

@@ -186,6 +186,7 @@ def test_two_cores_sure_of_two_units_each_run_a_group_of_two_without_a_loop(rng,
     (8, 1, 4, {5: 4, 6: 6, 7: 6, 8: 8}),
     (8, 2, 2, {5: 2, 6: 2, 7: 2, 8: 4}),                  # steps of two: no lead group of one
     (32, 1, 16, {17: 16, 23: 16, 24: 24, 31: 24, 32: 32}),
+    (16, 1, 9, {9: 9, 12: 9, 13: 13, 15: 13, 16: 16}),    # one unit a group (NeuronCore-v2)
     (16, 1, 0, {12: 0})])                                 # no lead stays none
 def test_a_launch_lead_takes_the_levels_its_units_reach(bucket, cores, lead, levels):
     for units, want in levels.items():
