@@ -24,9 +24,8 @@ from .checks import check_batch_decode_inputs, soft_cap
 from .custom_mask import mask_table, with_mask_free_chunks
 from .work import (C0, C1, LATE_TAILS, NO_WINDOW, NullItems, capacity_chunks, chunk_tokens,
                    decode_work, item_query_bytes, items_per_iteration, launch_lead, lead_units,
-                   null_pages,
-                   query_blocks, score_tiling, section_parts, split_work, static_core_rows,
-                   static_full_slots, static_pack, static_pass, static_row_bytes,
+                   null_pages, query_blocks, score_tiling, section_parts, split_work,
+                   static_core_rows, static_full_slots, static_pack, static_pass, static_row_bytes,
                    right_aligned, static_row_chunks, static_rows_of, static_sections,
                    static_slot_rows, static_work, tail_items, token_table, unit_tail_chunks,
                    unit_tail_slots, whole_group_units, whole_units, window_span)
@@ -491,9 +490,10 @@ def plan_prefill(prob, q_lens, qo_indptr, paged_kv_cache, causal,
         group = whole_group_units(tiles, rows, prob.geo.head_dim, mm_bytes, host_nc_version(),
                                   bucket_floor(bucket(n_items)) // cores)
         lead = lead_units(bucket(n_items), cores, whole_units(qb), group)
-        if lead_mode() == "launch" and launch_lead(lead, bucket(n_items), cores, n_items) > lead:
-            # (the kernel's groups follow its lead: whole_units_per_iteration)
-            lead = launch_lead(lead, bucket(n_items), cores, n_items)
+        raised = (launch_lead(lead, bucket(n_items), cores, n_items)
+                  if lead_mode() == "launch" else lead)
+        if raised > lead:          # (the kernel's groups follow its lead: its
+            lead = raised          # whole_units_per_iteration)
             group = whole_group_units(tiles, rows, prob.geo.head_dim, mm_bytes,
                                       host_nc_version(), lead)
         work = split_work(items, prob.geo.page_size, bucket(n_items), cores,

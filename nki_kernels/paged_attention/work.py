@@ -844,9 +844,9 @@ def _profiled_tail_cost(positions, size: int, mode: str, menu) -> float:
 
 
 # The "ladder" profile's steps below a lead group's size, in eighths of it (8 slots: 6, 4, 3),
-# where they are whole sizes of LADDER_SIZES
+# where they are whole tail sizes of two slots or more
 LADDER_EIGHTHS = (6, 4, 3)
-LADDER_SIZES = (2, 3, 4, 6, 8)
+LADDER_SIZES = tuple(size for size in TAIL_SIZES if size >= 2)
 
 
 def _position_fits(needs, top: int, mode: str, menu) -> list:
