@@ -20,7 +20,7 @@ import sys
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from workloads import LAYER, write_table  # noqa: E402
+from workloads import LAYER, settings, write_table  # noqa: E402
 
 MODES = (("one section", "1"), ("the menu (default)", None), ("any split", "any"))
 ENV = "NKI_KERNELS_STATIC_SECTIONS"
@@ -81,13 +81,8 @@ def main(argv=None) -> int:
     steps = batches()
     lines = ["| sections | spread, LNC=1 / LNC=2 (us) | long among short, LNC=1 / LNC=2 (us) "
              "| loop programs, LNC=1 / LNC=2 |", "|---|---|---|---|"]
-    saved = os.environ.get(ENV)
-    try:
-        for name, value in MODES:
-            if value is None:
-                os.environ.pop(ENV, None)
-            else:
-                os.environ[ENV] = value
+    for name, value in MODES:
+        with settings({} if value is None else {ENV: value}, (ENV,)):
             total = {}
             for kind, lens in steps:
                 for lnc in (1, 2):
@@ -96,12 +91,7 @@ def main(argv=None) -> int:
             lines.append(f"| {name} | {total['spread', 1]:.1f} / {total['spread', 2]:.1f} | "
                          f"{total['long among short', 1]:.1f} / "
                          f"{total['long among short', 2]:.1f} | {programs[0]} / {programs[1]} |")
-            print(lines[-1], flush=True)
-    finally:
-        if saved is None:
-            os.environ.pop(ENV, None)
-        else:
-            os.environ[ENV] = saved
+        print(lines[-1], flush=True)
     write_table(args.out, "decode_sections.md", "\n".join(lines))
     return 0
 

@@ -22,7 +22,7 @@ import sys
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from workloads import LAYER, write_table  # noqa: E402
+from workloads import LAYER, settings, write_table  # noqa: E402
 
 POLICIES = (
     ("default", {}),
@@ -74,26 +74,16 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     lines = [f"| policy | LNC=1: us a step, programs ({args.steps} steps) | LNC=2: us a step, "
              "programs |", "|---|---|---|"]
-    saved = {name: os.environ.get(name) for name in SETTINGS}
-    try:
-        for policy, settings in POLICIES:
-            if args.policies and policy not in args.policies:
-                continue
-            for name in SETTINGS:
-                os.environ.pop(name, None)
-            os.environ.update(settings)
-            cells = []
+    for policy, values in POLICIES:
+        if args.policies and policy not in args.policies:
+            continue
+        cells = []
+        with settings(values, SETTINGS):
             for lnc in (1, 2):
                 us, programs = serving_loop(lnc, args.steps)
                 cells.append(f"{us:.1f}, {programs}")
-            lines.append(f"| {policy} | {cells[0]} | {cells[1]} |")
-            print(lines[-1], flush=True)
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
+        lines.append(f"| {policy} | {cells[0]} | {cells[1]} |")
+        print(lines[-1], flush=True)
     write_table(args.out, "prefill_programs.md", "\n".join(lines))
     return 0
 

@@ -16,6 +16,7 @@ uncertain constant at its fastest and slowest plausible value (profile/constants
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 
@@ -110,27 +111,47 @@ def main(argv=None) -> int:
                              "...), set for this run; repeatable")
     parser.add_argument("--table", default="workloads.md", help="the results file's name")
     args = parser.parse_args(argv)
+    values = {}
     for setting in args.env:
         name, eq, value = setting.partition("=")
         if not eq or not name.startswith("NKI_KERNELS_"):
             parser.error(f"--env {setting!r}: expected NKI_KERNELS_<NAME>=<value>")
-        os.environ[name] = value
+        values[name] = value
     rows = []
-    for where in args.targets:
-        target, _, lnc = where.partition("-lnc")
-        for name, kernel, sizes in SUITE:
-            if args.only and not any(o in name for o in args.only):
-                continue
-            row = run_case(kernel, sizes, target, int(lnc or 1))
-            rows.append(dict(workload=name, target=target, lnc=int(lnc or 1), **row))
-            print(f"{name} ({where}): {row['us']:.1f} us, {row['ratio']:.2f}x the floor",
-                  flush=True)
+    with settings(values):
+        for where in args.targets:
+            target, _, lnc = where.partition("-lnc")
+            for name, kernel, sizes in SUITE:
+                if args.only and not any(o in name for o in args.only):
+                    continue
+                row = run_case(kernel, sizes, target, int(lnc or 1))
+                rows.append(dict(workload=name, target=target, lnc=int(lnc or 1), **row))
+                print(f"{name} ({where}): {row['us']:.1f} us, {row['ratio']:.2f}x the floor",
+                      flush=True)
     table = markdown(rows)
     if args.env:
         table = f"Settings: {', '.join(args.env)}\n\n{table}"
     print(table)
     write_table(args.out, args.table, table)
     return 0
+
+
+@contextlib.contextmanager
+def settings(values: dict, unset=()):
+    """The environment with ``values`` set and the names ``unset`` removed for the block; as it
+    was before, after it."""
+    saved = {name: os.environ.get(name) for name in set(values) | set(unset)}
+    try:
+        for name in unset:
+            os.environ.pop(name, None)
+        os.environ.update(values)
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def write_table(out: str, name: str, table: str):
