@@ -195,6 +195,11 @@ def static_sections_mode(default: int):
     return int(text), False
 
 
+# Every setting above that the host's planning reads: a plan made under one is not another's
+# (``paged_attention.plan_cache`` keys on their values)
+PLANNING_SETTINGS = (ENV, TAIL_ENV, SECTIONS_ENV, PROFILE_ENV, PROGRAMS_ENV, LEAD_ENV)
+
+
 def pad_rows(a, rows: int):
     """``a`` with zero rows appended along dim 0 up to ``rows`` (a NumPy array or a torch
     tensor; returned as is when already that long)."""

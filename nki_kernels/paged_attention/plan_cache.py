@@ -80,8 +80,7 @@ def stats() -> dict:
 
 def plan_key(make, args, shaped=()) -> tuple:
     """The digest that keys ``make``'s plan of ``args`` (raises ``_Uncacheable``)."""
-    from nki_kernels.buckets import (ENV, LEAD_ENV, PROFILE_ENV, PROGRAMS_ENV, SECTIONS_ENV,
-                                     TAIL_ENV)
+    from nki_kernels.buckets import PLANNING_SETTINGS
     from nki_kernels.launch_options import host_nc_version
     h = hashlib.blake2b(digest_size=20)
     h.update(f"{make.__module__}.{make.__qualname__};".encode())
@@ -90,8 +89,7 @@ def plan_key(make, args, shaped=()) -> tuple:
             _shape_of(h, a)
         else:
             _digest(h, a)
-    settings = tuple(os.environ.get(e, "") for e in (ENV, TAIL_ENV, SECTIONS_ENV, PROFILE_ENV,
-                                                       PROGRAMS_ENV, LEAD_ENV))
+    settings = tuple(os.environ.get(e, "") for e in PLANNING_SETTINGS)
     _digest(h, (host_nc_version(), settings))
     try:
         values = tuple(read(namespace) for namespace, read in _planning_constants())

@@ -108,3 +108,19 @@ def test_unplannable_arguments_are_not_cached(rng):
         plan_cache.plan_key(batch_prefill, (object(),), ())
     check(args)
     assert plan_cache.stats()["kept"] >= 1
+
+
+def test_every_planning_setting_keys_the_plan(monkeypatch):
+    """Each NKI_KERNELS_* setting ``buckets`` reads is one ``plan_key`` digests: a plan made
+    under one value is not handed to a call under another."""
+    from nki_kernels import buckets
+    names = {v for k, v in vars(buckets).items()
+             if k.endswith("ENV") and isinstance(v, str) and v.startswith("NKI_KERNELS_")}
+    assert names == set(buckets.PLANNING_SETTINGS)
+    args = ((np.zeros(3),), ())
+    for name in buckets.PLANNING_SETTINGS:
+        monkeypatch.delenv(name, raising=False)
+        before = plan_cache.plan_key(check, *args)
+        monkeypatch.setenv(name, "x")
+        assert plan_cache.plan_key(check, *args) != before, name
+        monkeypatch.delenv(name)
